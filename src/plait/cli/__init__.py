@@ -1,0 +1,1 @@
+"""The `plait` command line: thin parsers that build configs and call down into the library."""

@@ -1,0 +1,95 @@
+"""`plait run -n N script.py [args...]`: run a script as N ranks on this machine.
+
+Each rank runs `python script.py args...` (or `python -m module args...` with `-m`) with the
+torchrun environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
+`MASTER_PORT`, ...), so `plait.init()` and `torch.distributed.init_process_group()` work
+unchanged. Every output line is prefixed `[rank R]`. If a rank fails, the others are stopped
+and its traceback is printed last; Ctrl-C stops every rank.
+
+This launcher is single-node. For several machines, use `torchrun` (`--nnodes`,
+`--node-rank`, `--rdzv-endpoint`): it sets the same variables and plait reads them the same
+way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from plait.launch import launch
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `plait run` on the sub-command parser `sub`."""
+    p = sub.add_parser(
+        "run",
+        help="launch a script on N local processes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-n",
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="number of processes (ranks) to start on this machine (default: 1)",
+    )
+    p.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="SCRIPT is a module name, run like `python -m SCRIPT`",
+    )
+    p.add_argument(
+        "--master-addr",
+        default="127.0.0.1",
+        help="rendezvous address given to every rank as MASTER_ADDR (default: 127.0.0.1)",
+    )
+    p.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        help="rendezvous port given as MASTER_PORT (default: a free port on this machine)",
+    )
+    p.add_argument("script", metavar="SCRIPT", help="the Python script (or module, with -m)")
+    p.add_argument(
+        "script_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="arguments passed to the script unchanged",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the arguments, launch the job, and return its exit status (2 on bad input)."""
+    if args.nproc < 1:
+        return _usage_error(f"-n/--nproc must be at least 1, got {args.nproc}")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        return _usage_error(f"--master-port must be in 1..65535, got {args.master_port}")
+    if args.module:
+        cmd = [sys.executable, "-m", args.script, *args.script_args]
+    elif not os.path.isfile(args.script):
+        what = "a directory" if os.path.isdir(args.script) else "no such file"
+        hint = ""
+        if not args.script.endswith(".py") and os.sep not in args.script:
+            hint = f"; to run a module, use `plait run -m {args.script}`"
+        return _usage_error(
+            f"expected a Python script to run, got {args.script!r} ({what}, "
+            f"relative to {os.getcwd()}){hint}"
+        )
+    else:
+        cmd = [sys.executable, args.script, *args.script_args]
+    return launch(
+        cmd,
+        args.nproc,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+    )
+
+
+def _usage_error(message: str) -> int:
+    print(f"plait run: error: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,15 @@
+"""plait's own collective algorithms, written as schedules over point-to-point messages.
+
+Each module works in place on 1-D contiguous buffers through a `plait.comm.p2p.Channel`:
+
+- `ring`: reduce-scatter, all-gather and pipelined allreduce (bandwidth-optimal, p-1 latency).
+- `halving_doubling`: Rabenseifner's allreduce with the non-power-of-two fold (lg p latency).
+- `tree`: binomial reduce, broadcast and allreduce (small messages).
+- `direct`: gather, scatter, alltoall, small all-gather and the dissemination barrier.
+
+Reduction ops are "sum", "prod", "min" and "max"; "avg" is the caller's business.
+"""
+
+from plait.comm.algorithms import direct, halving_doubling, ring, tree
+
+__all__ = ["direct", "halving_doubling", "ring", "tree"]

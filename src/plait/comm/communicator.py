@@ -1,0 +1,543 @@
+"""The Communicator: ranks, topology, and every collective, over plait's engine or gloo.
+
+Words: a *rank* is a position in this communicator (0..size-1); a *global rank* is a
+position in the whole job; a *node* is a host (ranks with the same PLAIT_NODE_ID or
+hostname). Collectives are called by every rank of the communicator, in the same order.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from plait.comm import messaging, native, select
+from plait.comm.algorithms import direct, halving_doubling, ring, tree
+from plait.comm.calls import Call, agree, check_enabled, dtype_from_name, dtype_name, record_bytes
+from plait.comm.engine import Engine, Request
+from plait.comm.handle import Handle, Worker
+from plait.comm.ops import check_op, finish_avg
+
+T = TypeVar("T")
+
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "allreduce": ("auto", "native", "ring", "halving_doubling", "tree"),
+    "broadcast": ("auto", "native", "tree"),
+    "reduce": ("auto", "native", "tree"),
+    "allgather": ("auto", "native", "ring"),
+    "reduce_scatter": ("auto", "native", "ring"),
+}
+
+
+class _Channel:
+    """One collective call's private message stream (see comm/p2p.py)."""
+
+    __slots__ = ("_engine", "_ranks", "_tag", "rank", "size")
+
+    def __init__(self, engine: Engine, ranks: list[int], rank: int, tag: int) -> None:
+        self._engine, self._ranks, self._tag = engine, ranks, tag
+        self.rank, self.size = rank, len(ranks)
+
+    def isend(self, buf: torch.Tensor, peer: int) -> Request:
+        return self._engine.isend(buf, self._ranks[peer], self._tag)
+
+    def irecv(self, buf: torch.Tensor, peer: int) -> Request:
+        return self._engine.irecv(buf, self._ranks[peer], self._tag)
+
+
+def _tensor(t: object, name: str = "tensor") -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    dtype_name(t.dtype)  # raises TypeError for unsupported dtypes
+    return t
+
+
+def _algorithm(kind: str, algorithm: str) -> str:
+    if algorithm not in ALGORITHMS[kind]:
+        accepted = ", ".join(map(repr, ALGORITHMS[kind]))
+        raise ValueError(f"{kind} algorithm must be one of {accepted}; got {algorithm!r}")
+    return algorithm
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.view(-1)
+
+
+def _rows(shape: Sequence[int]) -> int:
+    """Elements per row (everything after the first dimension)."""
+    n = 1
+    for d in shape[1:]:
+        n *= d
+    return n
+
+
+class Communicator:
+    """A group of ranks that run collectives together.
+
+    Get the job-wide one from `plait.init()`; make smaller ones with `split`.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        ranks: list[int],
+        nodes: list[str],
+        comm_id: int,
+        pg: dist.ProcessGroup | None = None,
+    ) -> None:
+        self._engine = engine
+        self.ranks = ranks  # global rank of each member
+        self.rank = ranks.index(engine.rank)
+        self.size = len(ranks)
+        self._nodes = nodes
+        order = list(dict.fromkeys(nodes))  # nodes in order of their lowest rank
+        self.node_rank = order.index(nodes[self.rank])
+        self.num_nodes = len(order)
+        self.local_rank = nodes[: self.rank].count(nodes[self.rank])
+        self.local_size = nodes.count(nodes[self.rank])
+        self._id = comm_id
+        self._pg = pg
+        self._seq = 0
+        self._worker = Worker(f"plait-comm-{comm_id}")
+
+    def __repr__(self) -> str:
+        return (
+            f"Communicator(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, "
+            f"local_size={self.local_size}, node_rank={self.node_rank}, "
+            f"num_nodes={self.num_nodes})"
+        )
+
+    # ------------------------------------------------------------------ machinery
+    def _channel(self, seq: int, sub: int) -> _Channel:
+        tag = (self._id << 33) | ((seq & 0xFFFFFFFF) << 1) | sub
+        return _Channel(self._engine, self.ranks, self.rank, tag)
+
+    def _issue(self, fn: Callable[[int], T], async_op: bool = False) -> Any:
+        """Give the call its sequence number now; run it inline, or after queued async calls."""
+        if self._engine.error is not None:
+            raise self._engine.error
+        seq = self._seq
+        self._seq += 1
+        if async_op:
+            return self._worker.submit(lambda: fn(seq))
+        if self._worker.idle:
+            return fn(seq)
+        return self._worker.submit(lambda: fn(seq)).wait()
+
+    def _exchange(self, seq: int, call: Call, needed: bool = False) -> list[Call] | None:
+        """Share every rank's call; raise CollectiveMismatchError on disagreement."""
+        if self.size == 1 or not (needed or check_enabled()):
+            return None
+        n = record_bytes(self.size)
+        mine = torch.frombuffer(bytearray(call.encode(self.size)), dtype=torch.uint8)
+        blocks = [torch.empty(n, dtype=torch.uint8) for _ in range(self.size)]
+        direct.allgather_small(self._channel(seq, 0), mine, blocks)
+        calls = [Call.decode(b.numpy().tobytes()) for b in blocks]
+        agree(calls)
+        return calls
+
+    def _native_group(self) -> dist.ProcessGroup:
+        if self._pg is None:  # sub-communicators create their gloo group on first native use
+            self._pg = dist.new_group(self.ranks, use_local_synchronization=True)
+        return self._pg
+
+    def _native(self, what: str, start: Callable[[dist.ProcessGroup], dist.Work | None]) -> None:
+        group = self._native_group()
+        native.run(self._engine, what, lambda: start(group))
+
+    # ----------------------------------------------------------------- allreduce
+    def allreduce(
+        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
+    ) -> torch.Tensor:
+        """Reduce `tensor` over all ranks; return the result as a new tensor on every rank."""
+        return self.allreduce_(_tensor(tensor).clone(), op, algorithm)
+
+    def allreduce_(
+        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
+    ) -> torch.Tensor:
+        """Reduce `tensor` over all ranks in place; return it."""
+        return self._issue(self._allreduce_fn(tensor, op, algorithm))
+
+    def allreduce_async(
+        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
+    ) -> Handle[torch.Tensor]:
+        """Start an allreduce into a new tensor; `handle.wait()` returns it."""
+        return self.allreduce_async_(_tensor(tensor).clone(), op, algorithm)
+
+    def allreduce_async_(
+        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
+    ) -> Handle[torch.Tensor]:
+        """Start an in-place allreduce; `tensor` must not be touched until `wait()`."""
+        return self._issue(self._allreduce_fn(tensor, op, algorithm), async_op=True)
+
+    def _allreduce_fn(
+        self, tensor: torch.Tensor, op: str, algorithm: str
+    ) -> Callable[[int], torch.Tensor]:
+        t, op, algorithm = _tensor(tensor), check_op(op), _algorithm("allreduce", algorithm)
+        call = Call.of("allreduce", t, op=op, algorithm=algorithm)
+
+        def run(seq: int) -> torch.Tensor:
+            self._exchange(seq, call)
+            if self.size == 1 or t.numel() == 0:
+                return t
+            buf = t if t.is_contiguous() else t.contiguous()
+            name = algorithm
+            if name == "auto":
+                name = select.allreduce(buf.numel() * buf.element_size(), self)
+            base = "sum" if op == "avg" else op
+            if name == "native":
+                self._native(
+                    "allreduce",
+                    lambda g: dist.all_reduce(buf, native.TORCH_OPS[op], group=g, async_op=True),
+                )
+            else:
+                ch = self._channel(seq, 1)
+                if name == "ring":
+                    ring.allreduce(ch, _flat(buf), base)
+                elif name == "halving_doubling":
+                    halving_doubling.allreduce(ch, _flat(buf), base)
+                else:
+                    tree.allreduce(ch, _flat(buf), base)
+            if op == "avg":
+                finish_avg(buf, self.size)
+            if buf is not t:
+                t.copy_(buf)
+            return t
+
+        return run
+
+    # ------------------------------------------------------- broadcast and reduce
+    def broadcast(
+        self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto"
+    ) -> torch.Tensor:
+        """Return the root's `tensor` on every rank, as a new tensor."""
+        return self.broadcast_(_tensor(tensor).clone(), root, algorithm)
+
+    def broadcast_(
+        self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto"
+    ) -> torch.Tensor:
+        """Overwrite `tensor` with the root's, in place; return it."""
+        t, algorithm = _tensor(tensor), _algorithm("broadcast", algorithm)
+        root = self._root(root)
+        call = Call.of("broadcast", t, root=root, algorithm=algorithm)
+
+        def run(seq: int) -> torch.Tensor:
+            self._exchange(seq, call)
+            if self.size == 1 or t.numel() == 0:
+                return t
+            buf = t if t.is_contiguous() else t.contiguous()
+            name = (
+                algorithm
+                if algorithm != "auto"
+                else select.broadcast(buf.numel() * buf.element_size(), self)
+            )
+            if name == "native":
+                gr = self.ranks[root]
+                self._native("broadcast", lambda g: dist.broadcast(buf, gr, group=g, async_op=True))
+            else:
+                tree.broadcast(self._channel(seq, 1), _flat(buf), root)
+            if buf is not t:
+                t.copy_(buf)
+            return t
+
+        return self._issue(run)
+
+    def reduce(
+        self, tensor: torch.Tensor, root: int = 0, op: str = "sum", algorithm: str = "auto"
+    ) -> torch.Tensor:
+        """Reduce onto `root`. Returns the result on root, an unchanged copy elsewhere."""
+        t, op, algorithm = _tensor(tensor), check_op(op), _algorithm("reduce", algorithm)
+        root = self._root(root)
+        call = Call.of("reduce", t, op=op, root=root, algorithm=algorithm)
+
+        def run(seq: int) -> torch.Tensor:
+            self._exchange(seq, call)
+            buf = t.clone(memory_format=torch.contiguous_format)
+            if self.size == 1 or t.numel() == 0:
+                return buf
+            name = (
+                algorithm
+                if algorithm != "auto"
+                else select.reduce(buf.numel() * buf.element_size(), self)
+            )
+            if name == "native":
+                gr = self.ranks[root]
+                self._native(
+                    "reduce",
+                    lambda g: dist.reduce(buf, gr, native.TORCH_OPS[op], group=g, async_op=True),
+                )
+            else:
+                work = buf if self.rank == root else buf.clone()  # tree reduce uses it as scratch
+                tree.reduce(self._channel(seq, 1), _flat(work), "sum" if op == "avg" else op, root)
+                buf = work
+            if self.rank != root:
+                return t.clone(memory_format=torch.contiguous_format)
+            if op == "avg":
+                finish_avg(buf, self.size)
+            return buf
+
+        return self._issue(run)
+
+    def _root(self, root: object) -> int:
+        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < self.size:
+            raise ValueError(f"root must be an int rank in [0, {self.size}); got {root!r}")
+        return root
+
+    # ------------------------------------------------------ gather-type collectives
+    def allgather(self, tensor: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
+        """Concatenate every rank's `tensor` along dim 0 (which may differ across ranks)."""
+        t, algorithm = _tensor(tensor), _algorithm("allgather", algorithm)
+        if t.dim() == 0:
+            raise ValueError("allgather needs a tensor with at least one dimension; got a scalar")
+        call = Call.of("allgather", t, algorithm=algorithm)
+        return self._issue(lambda seq: self._allgather(seq, t, call)[0])
+
+    def _allgather(self, seq: int, t: torch.Tensor, call: Call) -> tuple[torch.Tensor, list[int]]:
+        calls = self._exchange(seq, call, needed=True)
+        if calls is None:
+            return t.clone(memory_format=torch.contiguous_format), [t.shape[0]]
+        dims = [c.shape[0] for c in calls]
+        row = _rows(t.shape)
+        bounds = [0]
+        for d in dims:
+            bounds.append(bounds[-1] + d * row)
+        out = torch.empty((sum(dims), *t.shape[1:]), dtype=t.dtype)
+        flat = _flat(out)
+        flat[bounds[self.rank] : bounds[self.rank + 1]] = t.reshape(-1)
+        if call.algorithm == "native" and len(set(dims)) == 1:
+            parts = list(out.chunk(self.size)) if dims[0] else []
+            if parts:
+                self._native(
+                    "allgather",
+                    lambda g: dist.all_gather(parts, t.contiguous(), group=g, async_op=True),
+                )
+        elif flat.numel():
+            ring.allgather(self._channel(seq, 1), flat, bounds)
+        return out, dims
+
+    def reduce_scatter(
+        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
+    ) -> torch.Tensor:
+        """Reduce over ranks and return this rank's part of dim 0 (split as torch.tensor_split)."""
+        t, op, algorithm = _tensor(tensor), check_op(op), _algorithm("reduce_scatter", algorithm)
+        if t.dim() == 0:
+            raise ValueError(
+                "reduce_scatter needs a tensor with at least one dimension; got a scalar"
+            )
+        call = Call.of("reduce_scatter", t, op=op, algorithm=algorithm)
+
+        def run(seq: int) -> torch.Tensor:
+            self._exchange(seq, call)
+            rows = ring.bounds_even(t.shape[0], self.size)
+            lo, hi = rows[self.rank], rows[self.rank + 1]
+            buf = t.clone(memory_format=torch.contiguous_format)
+            if self.size > 1 and buf.numel():
+                even = t.shape[0] % self.size == 0
+                if algorithm == "native" and even:
+                    out = torch.empty((hi - lo, *t.shape[1:]), dtype=t.dtype)
+                    self._native(
+                        "reduce_scatter",
+                        lambda g: dist.reduce_scatter_tensor(
+                            out, buf, native.TORCH_OPS[op], group=g, async_op=True
+                        ),
+                    )
+                    buf = out
+                else:
+                    row = _rows(t.shape)
+                    ring.reduce_scatter(
+                        self._channel(seq, 1),
+                        _flat(buf),
+                        "sum" if op == "avg" else op,
+                        [r * row for r in rows],
+                    )
+                    buf = buf[lo:hi].clone()
+            else:
+                buf = buf[lo:hi].clone()
+            if op == "avg":
+                finish_avg(buf, self.size)
+            return buf
+
+        return self._issue(run)
+
+    def alltoall(self, tensor: torch.Tensor, splits: Sequence[int] | None = None) -> torch.Tensor:
+        """Send rows splits[j] of `tensor` (dim 0) to rank j; return what every rank sent here,
+        concatenated in rank order. Without `splits`, dim 0 is split as torch.tensor_split."""
+        t = _tensor(tensor)
+        if t.dim() == 0:
+            raise ValueError("alltoall needs a tensor with at least one dimension; got a scalar")
+        if splits is None:
+            bounds = ring.bounds_even(t.shape[0], self.size)
+            sizes = [bounds[i + 1] - bounds[i] for i in range(self.size)]
+        else:
+            sizes = [int(s) for s in splits]
+            if len(sizes) != self.size or min(sizes, default=0) < 0 or sum(sizes) != t.shape[0]:
+                raise ValueError(
+                    f"splits must be {self.size} non-negative ints summing to dim 0 "
+                    f"({t.shape[0]}); got {list(splits)}"
+                )
+        call = Call.of("alltoall", t, splits=tuple(sizes))
+
+        def run(seq: int) -> torch.Tensor:
+            calls = self._exchange(seq, call, needed=True)
+            got = [c.splits[self.rank] for c in calls] if calls else sizes
+            out = torch.empty((sum(got), *t.shape[1:]), dtype=t.dtype)
+            send = list(t.contiguous().split(sizes))
+            recv = list(out.split(got))
+            if calls is None:
+                out.copy_(t)
+            else:
+                direct.alltoall(
+                    self._channel(seq, 1), [_flat(s) for s in send], [_flat(r) for r in recv]
+                )
+            return out
+
+        return self._issue(run)
+
+    def gather(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor | None:
+        """Concatenate every rank's `tensor` along dim 0 on `root`; None on the other ranks."""
+        t, root = _tensor(tensor), self._root(root)
+        if t.dim() == 0:
+            raise ValueError("gather needs a tensor with at least one dimension; got a scalar")
+        call = Call.of("gather", t, root=root)
+
+        def run(seq: int) -> torch.Tensor | None:
+            calls = self._exchange(seq, call, needed=True)
+            if calls is None:
+                return t.clone(memory_format=torch.contiguous_format)
+            dims = [c.shape[0] for c in calls]
+            out = (
+                torch.empty((sum(dims), *t.shape[1:]), dtype=t.dtype) if self.rank == root else None
+            )
+            blocks = [_flat(b) for b in out.split(dims)] if out is not None else []
+            direct.gather(self._channel(seq, 1), _flat(t.contiguous()), blocks, root)
+            return out
+
+        return self._issue(run)
+
+    def scatter(self, tensor: torch.Tensor | None, root: int = 0) -> torch.Tensor:
+        """Split root's `tensor` along dim 0 (as torch.tensor_split); rank j receives part j.
+        Other ranks may pass None."""
+        root = self._root(root)
+        t = _tensor(tensor) if self.rank == root else None
+        if t is not None and t.dim() == 0:
+            raise ValueError("scatter needs a tensor with at least one dimension; got a scalar")
+        call = Call.of("scatter", t, root=root)
+
+        def run(seq: int) -> torch.Tensor:
+            calls = self._exchange(seq, call, needed=True)
+            if calls is None:
+                assert t is not None
+                return t.clone(memory_format=torch.contiguous_format)
+            shape, dtype = calls[root].shape, dtype_from_name(calls[root].dtype)
+            rows = ring.bounds_even(shape[0], self.size)
+            out = torch.empty((rows[self.rank + 1] - rows[self.rank], *shape[1:]), dtype=dtype)
+            blocks = []
+            if t is not None:
+                sizes = [rows[i + 1] - rows[i] for i in range(self.size)]
+                blocks = [_flat(b) for b in t.contiguous().split(sizes)]
+            direct.scatter(self._channel(seq, 1), blocks, _flat(out), root)
+            return out
+
+        return self._issue(run)
+
+    def barrier(self) -> None:
+        """Return once every rank has called barrier."""
+
+        def run(seq: int) -> None:
+            if self._exchange(seq, Call("barrier")) is None and self.size > 1:
+                direct.barrier(self._channel(seq, 1))
+
+        self._issue(run)
+
+    # --------------------------------------------- point to point, Python objects
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Request:
+        """Start sending `tensor` to rank `dst`; don't modify it until `wait()`."""
+        return messaging.isend(self, tensor, dst, tag)
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Request:
+        """Start receiving into `tensor` (contiguous, exactly the sent size) from `src`."""
+        return messaging.irecv(self, tensor, src, tag)
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        """Send `tensor` to rank `dst`; returns once it is on its way."""
+        messaging.send(self, tensor, dst, tag)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
+        """Receive from rank `src` into `tensor` (same size as sent); return it."""
+        return messaging.recv(self, tensor, src, tag)
+
+    def broadcast_object(self, obj: Any = None, root: int = 0) -> Any:
+        """Return root's picklable `obj` on every rank."""
+        return messaging.broadcast_object(self, obj, root)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Return every rank's picklable `obj`, in rank order."""
+        return messaging.allgather_object(self, obj)
+
+    # ------------------------------------------------------------ sub-communicators
+    def split(
+        self,
+        ranks: Sequence[int] | None = None,
+        *,
+        color: int | None = None,
+        key: int = 0,
+    ) -> Communicator | None:
+        """Make sub-communicators. Every rank of this communicator must call it.
+
+        `split(ranks=[0, 2])`: one new communicator of those ranks, in that order; ranks not
+        in the list get None. `split(color=c, key=k)`: one communicator per colour, ordered by
+        (key, rank); a rank passing color=None gets None (MPI_Comm_split).
+        """
+        if ranks is not None and color is not None:
+            raise ValueError("pass either ranks or color, not both")
+        wanted: list[int] = []
+        if ranks is not None:
+            wanted = [int(r) for r in ranks]
+            bad = [r for r in wanted if not 0 <= r < self.size]
+            if bad or len(set(wanted)) != len(wanted) or not wanted:
+                raise ValueError(
+                    f"ranks must be distinct ints in [0, {self.size}), at least one; "
+                    f"got {list(ranks)}"
+                )
+            mine: tuple[object, ...] = ("ranks", tuple(wanted))
+        else:
+            if color is not None and (not isinstance(color, int) or color < 0):
+                raise ValueError(f"color must be a non-negative int or None; got {color!r}")
+            mine = ("color", color, int(key))
+        seq = self._seq  # every member has the same, which makes the new ids agree
+        everyone = self.allgather_object(mine)
+        if mine[0] == "ranks":
+            if any(e != mine for e in everyone):
+                from plait.errors import CollectiveMismatchError
+
+                raise CollectiveMismatchError(
+                    [f"split{e[1:]}" for e in everyone], "different ranks"
+                )
+            members = list(wanted)
+            tag = "ranks"
+        else:
+            if any(e[0] != "color" for e in everyone):
+                from plait.errors import CollectiveMismatchError
+
+                raise CollectiveMismatchError(
+                    [f"split{e}" for e in everyone], "ranks and color mixed"
+                )
+            if color is None:
+                return None
+            members = sorted(
+                (r for r, e in enumerate(everyone) if e[1] == color),
+                key=lambda r: (everyone[r][2], r),
+            )
+            tag = f"color{color}"
+        if self.rank not in members:
+            return None
+        ident = zlib.crc32(f"{self._id}:{seq}:{tag}:{members}".encode()) & 0x3FFFFFFF
+        return Communicator(
+            self._engine,
+            [self.ranks[r] for r in members],
+            [self._nodes[r] for r in members],
+            ident or 1,
+        )

@@ -1,0 +1,39 @@
+"""Reduction operators: names users pass, and the in-place kernels algorithms apply."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+#: The reduction names every collective accepts. "avg" is "sum" followed by a division.
+REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
+
+_KERNELS: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
+    "sum": lambda acc, x: acc.add_(x),
+    "prod": lambda acc, x: acc.mul_(x),
+    "min": lambda acc, x: torch.minimum(acc, x, out=acc),
+    "max": lambda acc, x: torch.maximum(acc, x, out=acc),
+}
+
+
+def check_op(op: str) -> str:
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op must be one of {', '.join(map(repr, REDUCE_OPS))}; got {op!r}")
+    return op
+
+
+def reduce_into(acc: torch.Tensor, x: torch.Tensor, op: str) -> None:
+    """acc = op(acc, x), element-wise and in place. `op` is sum, prod, min or max."""
+    _KERNELS[op](acc, x)
+
+
+def finish_avg(t: torch.Tensor, count: int) -> None:
+    """Turn a sum of `count` contributions into their mean, in place.
+
+    Integer tensors are divided with floor rounding, as Python's // does.
+    """
+    if t.is_floating_point():
+        t.div_(count)
+    else:
+        t.div_(count, rounding_mode="floor")

@@ -1,0 +1,180 @@
+"""Finding the other ranks: the torchrun environment contract, the store, and the TCP mesh.
+
+The environment is torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), so a script started by `plait run` or by `torchrun` (one node or many) finds
+its peers the same way. The store is torch.distributed's TCPStore, hosted by rank 0 (or by
+torchrun's agent). Through it every rank publishes the address its engine listens on and
+the host it runs on; then every rank connects to each lower rank, which gives a full mesh.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from plait.errors import PlaitError
+
+_HELLO = struct.Struct("<8sQQQ")  # magic, job token, rank, world size
+_MAGIC = b"plait\x00\x01\x00"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorldEnv:
+    """Where this process sits in the job, as the launcher described it."""
+
+    rank: int
+    size: int
+    local_rank: int | None
+    local_size: int | None
+    master_addr: str
+    master_port: int
+    agent_store: bool  # torchrun's agent already hosts the store at MASTER_PORT
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"WORLD_SIZE must be >= 1; got {self.size}")
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"RANK must be in [0, WORLD_SIZE={self.size}); got {self.rank}")
+
+
+def _int_env(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer; got {raw!r}") from None
+
+
+def world_from_env() -> WorldEnv:
+    """Read torchrun's variables; a process started without them is a world of one."""
+    size = _int_env("WORLD_SIZE", 1)
+    rank = _int_env("RANK", 0)
+    assert size is not None and rank is not None
+    if size > 1 and ("MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ):
+        raise PlaitError(
+            f"WORLD_SIZE={size} but MASTER_ADDR/MASTER_PORT are not set: start the job with "
+            "`plait run -n N script.py` or `torchrun --nproc-per-node N script.py`"
+        )
+    return WorldEnv(
+        rank=rank,
+        size=size,
+        local_rank=_int_env("LOCAL_RANK", None),
+        local_size=_int_env("LOCAL_WORLD_SIZE", None),
+        master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=_int_env("MASTER_PORT", 0) or 0,
+        agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+    )
+
+
+def make_store(env: WorldEnv, timeout: float) -> dist.Store:
+    """The job's key-value store (a HashStore for a world of one)."""
+    if env.size == 1:
+        return dist.HashStore()
+    return dist.TCPStore(
+        env.master_addr,
+        env.master_port,
+        env.size,
+        is_master=env.rank == 0 and not env.agent_store,
+        timeout=timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
+
+
+def listen_host(master_addr: str) -> str:
+    """The local address peers can reach us on: the interface that routes to the master.
+
+    PLAIT_IFADDR overrides it. Never the wildcard address: we listen on one interface only.
+    """
+    if os.environ.get("PLAIT_IFADDR"):
+        return os.environ["PLAIT_IFADDR"]
+    try:
+        if ipaddress.ip_address(socket.gethostbyname(master_addr)).is_loopback:
+            return "127.0.0.1"
+    except (OSError, ValueError):
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_addr, 9))  # UDP connect sends nothing; it only picks a route
+        host: str = probe.getsockname()[0]
+        return host
+
+
+def node_id() -> str:
+    """What makes two ranks 'on the same host': PLAIT_NODE_ID, else the hostname."""
+    return os.environ.get("PLAIT_NODE_ID") or socket.gethostname()
+
+
+def connect_mesh(
+    store: dist.Store, rank: int, size: int, master_addr: str, timeout: float
+) -> dict[int, socket.socket]:
+    """One TCP connection to every other rank. Publishes this rank's address in `store`."""
+    if size == 1:
+        return {}
+    if rank == 0:
+        store.set("plait/token", str(secrets.randbits(63)))
+    token = int(store.get("plait/token"))
+    host = listen_host(master_addr)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((host, 0))
+    listener.listen(size)
+    store.set(f"plait/addr/{rank}", f"{host}:{listener.getsockname()[1]}")
+    deadline = time.monotonic() + timeout
+    socks: dict[int, socket.socket] = {}
+    try:
+        for peer in range(rank):  # connect down...
+            peer_host, port = store.get(f"plait/addr/{peer}").decode().rsplit(":", 1)
+            sock = socket.create_connection((peer_host, int(port)), timeout=timeout)
+            sock.sendall(_HELLO.pack(_MAGIC, token, rank, size))
+            socks[peer] = sock
+        while len(socks) < size - 1:  # ...and accept from above
+            listener.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                missing = sorted(set(range(rank + 1, size)) - set(socks))
+                raise PlaitError(
+                    f"rank {rank}: ranks {missing} did not connect within {timeout:.0f} s"
+                ) from None
+            hello = _check_hello(sock, token, rank, size, socks)
+            if hello is None:
+                sock.close()  # a stranger, or a stale job: not one of ours
+                continue
+            socks[hello] = sock
+    except BaseException:
+        for s in socks.values():
+            s.close()
+        raise
+    finally:
+        listener.close()
+    return socks
+
+
+def _check_hello(
+    sock: socket.socket, token: int, rank: int, size: int, have: dict[int, socket.socket]
+) -> int | None:
+    sock.settimeout(10.0)
+    data = b""
+    try:
+        while len(data) < _HELLO.size:
+            chunk = sock.recv(_HELLO.size - len(data))
+            if not chunk:
+                return None
+            data += chunk
+    except OSError:
+        return None
+    magic, their_token, peer, their_size = _HELLO.unpack(data)
+    if magic != _MAGIC or their_token != token or their_size != size:
+        return None
+    if not rank < peer < size or peer in have:
+        return None
+    sock.settimeout(None)
+    return int(peer)

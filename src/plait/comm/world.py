@@ -1,0 +1,120 @@
+"""plait.init() and plait.shutdown(): the one default communicator of a process."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from plait.comm import rendezvous
+from plait.comm.communicator import Communicator
+from plait.comm.engine import Engine
+from plait.errors import PlaitError
+
+_default: Communicator | None = None
+_lock = threading.Lock()
+_owns_torch_group = False
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0; got {raw!r}")
+    return value
+
+
+def init() -> Communicator:
+    """Join the job described by the environment (plait run / torchrun); idempotent.
+
+    Returns the default Communicator over every rank. A process started without the
+    launcher's variables is a world of one. Timeouts (seconds, from the environment):
+    PLAIT_TIMEOUT (1800) bounds a wait on a live peer; PLAIT_HEARTBEAT_TIMEOUT (8) is the
+    silence after which a peer counts as dead; PLAIT_INIT_TIMEOUT (300) bounds start-up.
+    """
+    global _default, _owns_torch_group
+    with _lock:
+        if _default is not None:
+            return _default
+        env = rendezvous.world_from_env()
+        timeout = _seconds("PLAIT_TIMEOUT", 1800.0)
+        hb_timeout = _seconds("PLAIT_HEARTBEAT_TIMEOUT", 8.0)
+        init_timeout = _seconds("PLAIT_INIT_TIMEOUT", 300.0)
+        if dist.is_initialized():
+            if dist.get_rank() != env.rank or dist.get_world_size() != env.size:
+                raise PlaitError(
+                    f"torch.distributed is already initialised as rank {dist.get_rank()} of "
+                    f"{dist.get_world_size()}, but the environment says rank {env.rank} of "
+                    f"{env.size}"
+                )
+            store = dist.distributed_c10d._get_default_store()
+        else:
+            store = rendezvous.make_store(env, init_timeout)
+            dist.init_process_group(
+                "gloo",
+                store=dist.PrefixStore("gloo", store),
+                rank=env.rank,
+                world_size=env.size,
+                timeout=timedelta(seconds=timeout),
+            )
+            _owns_torch_group = True
+        socks = rendezvous.connect_mesh(store, env.rank, env.size, env.master_addr, init_timeout)
+        engine = Engine(
+            env.rank,
+            socks,
+            timeout=timeout,
+            heartbeat_interval=min(1.0, hb_timeout / 4),
+            heartbeat_timeout=hb_timeout,
+        )
+        store.set(f"plait/node/{env.rank}", rendezvous.node_id())
+        nodes = [store.get(f"plait/node/{r}").decode() for r in range(env.size)]
+        _default = Communicator(engine, list(range(env.size)), nodes, 1, dist.group.WORLD)
+        atexit.register(_at_exit)
+        return _default
+
+
+def is_initialized() -> bool:
+    return _default is not None
+
+
+def default() -> Communicator:
+    """The communicator plait.init() returned; raises if init() was not called."""
+    if _default is None:
+        raise PlaitError("plait is not initialised: call plait.init() first")
+    return _default
+
+
+def shutdown() -> None:
+    """Leave the job: say goodbye to the peers and release sockets. Safe to call twice."""
+    global _default, _owns_torch_group
+    with _lock:
+        comm, _default = _default, None
+        if comm is None:
+            return
+        comm._worker.stop()
+        engine = comm._engine
+        failed = engine.error is not None
+        engine.close()
+        if _owns_torch_group and not failed:
+            dist.destroy_process_group()
+            _owns_torch_group = False
+
+
+def _at_exit() -> None:
+    failed = _default is not None and _default._engine.error is not None
+    shutdown()
+    if failed:
+        # gloo's threads may still be blocked on the dead peer, and torch joins them when the
+        # process group is destroyed at exit: that would hang for PLAIT_TIMEOUT. Leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)

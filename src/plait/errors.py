@@ -1,0 +1,43 @@
+"""The exceptions plait raises. Every one derives from `PlaitError`."""
+
+from __future__ import annotations
+
+
+class PlaitError(Exception):
+    """Base class of every error plait raises on purpose."""
+
+
+class PeerFailureError(PlaitError):
+    """A peer rank died or stopped responding; the communicator is no longer usable.
+
+    Attributes:
+        rank: the global rank of the peer that failed.
+        reason: how the failure was seen ("connection closed", "no heartbeat for 8.0 s", ...).
+    """
+
+    def __init__(self, rank: int, reason: str, *, seen_by: int | None = None) -> None:
+        self.rank = rank
+        self.reason = reason
+        self.seen_by = seen_by
+        where = f" (seen by rank {seen_by})" if seen_by is not None else ""
+        super().__init__(
+            f"rank {rank} failed: {reason}{where}. The job cannot continue on this communicator; "
+            "restart it (plait run stops the other ranks for you)."
+        )
+
+
+class CollectiveMismatchError(PlaitError):
+    """Ranks called different collectives, or the same one with incompatible arguments.
+
+    Attributes:
+        calls: what each rank passed, indexed by rank in the communicator.
+    """
+
+    def __init__(self, calls: list[str], detail: str) -> None:
+        self.calls = calls
+        lines = "\n".join(f"  rank {r}: {c}" for r, c in enumerate(calls))
+        super().__init__(f"ranks disagree on the collective call ({detail}):\n{lines}")
+
+
+class CommTimeoutError(PlaitError, TimeoutError):
+    """A live peer did not answer within the configured timeout (PLAIT_TIMEOUT)."""

@@ -1,0 +1,9 @@
+"""Process launching: N local ranks with the torchrun environment, prefixed logs, teardown."""
+
+from __future__ import annotations
+
+from plait.launch.env import rank_env
+from plait.launch.local import describe_exit, exit_status, launch
+from plait.launch.ports import free_port
+
+__all__ = ["describe_exit", "exit_status", "free_port", "launch", "rank_env"]

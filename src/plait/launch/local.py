@@ -1,0 +1,263 @@
+"""Run one command as N local ranks: spawn, prefix their output, and tear the job down.
+
+The job ends when every rank has exited 0, when one rank fails (the others are stopped), or
+when the launcher gets SIGINT/SIGTERM (every rank is stopped). "Stopped" means: a signal to
+each rank's process group (each rank starts its own session, so whatever it spawned goes
+too), a grace period, then SIGKILL to the groups that are left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from plait.launch.env import rank_env
+from plait.launch.output import LinePump, write_line
+from plait.launch.ports import free_port
+
+_POLL_S = 0.05  # how often ranks are polled; exits are seen within this delay
+_PUMP_JOIN_S = 2.0  # how long to wait for output still in the pipes after the ranks are gone
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    out: LinePump
+    err: LinePump
+
+
+@dataclass
+class _Signals:
+    """What the launcher's SIGINT/SIGTERM handler saw."""
+
+    first: int | None = None
+    count: int = 0
+    wake: threading.Event = field(default_factory=threading.Event)
+
+    def handle(self, signum: int, frame: object) -> None:
+        if self.first is None:
+            self.first = signum
+        self.count += 1
+        self.wake.set()
+
+
+def exit_status(returncode: int) -> int:
+    """Map a `Popen.returncode` to a shell exit status: `-N` (killed by signal N) -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    """Say how a process ended, e.g. "exit code 1" or "killed by SIGKILL"."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"killed by {name}"
+
+
+def launch(
+    cmd: Sequence[str],
+    nproc: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+    grace_s: float = 3.0,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Run `cmd` as `nproc` local ranks with the torchrun environment; return the job's status.
+
+    Args:
+        cmd: the command each rank runs, e.g. `[sys.executable, "train.py", "--lr", "0.1"]`.
+        nproc: the number of ranks (>= 1).
+        env: the environment the rank variables are added to; `os.environ` when None.
+        master_addr: the rendezvous address every rank gets as `MASTER_ADDR`.
+        master_port: the rendezvous port; a free port on this machine when None.
+        grace_s: how long stopped ranks get between the first signal and SIGKILL.
+        stdout: where ranks' stdout lines go, prefixed `[rank R] `; `sys.stdout` when None.
+        stderr: where ranks' stderr lines and the launcher's messages go; `sys.stderr` when None.
+
+    Returns:
+        0 if every rank exited 0; else the first failing rank's exit code (128 + N if it was
+        killed by signal N), or 128 + N if the launcher was stopped by signal N (130 for
+        Ctrl-C). A failed rank's last stderr lines are printed again after everything else.
+
+    Raises:
+        ValueError: `nproc` < 1 or `cmd` is empty.
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    if not cmd:
+        raise ValueError("cmd is empty: expected a program and its arguments")
+    out = sys.stdout if stdout is None else stdout
+    err = sys.stderr if stderr is None else stderr
+    port = free_port(master_addr) if master_port is None else master_port
+
+    sigs = _Signals()
+    ranks: list[_Rank] = []
+    failed: _Rank | None = None
+    with _catch_signals(sigs):
+        try:
+            preexec = _die_with_parent()
+            for r in range(nproc):
+                if sigs.first is not None:
+                    break
+                proc = subprocess.Popen(
+                    list(cmd),
+                    env=rank_env(r, nproc, master_addr=master_addr, master_port=port, base=env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own process group, to kill it and its children
+                    preexec_fn=preexec,
+                )
+                assert proc.stdout is not None and proc.stderr is not None
+                prefix = f"[rank {r}] "
+                ranks.append(
+                    _Rank(
+                        r,
+                        proc,
+                        LinePump(proc.stdout, out, prefix),
+                        LinePump(proc.stderr, err, prefix),
+                    )
+                )
+            # Pumps start only once every rank is forked: preexec_fn and threads mix badly.
+            for rk in ranks:
+                rk.out.start()
+                rk.err.start()
+            if sigs.first is None:
+                failed = _wait(ranks, sigs)
+            if failed is not None:
+                others = sum(rk.proc.poll() is None for rk in ranks)
+                write_line(
+                    err,
+                    f"plait run: rank {failed.rank} failed "
+                    f"({describe_exit(failed.proc.returncode)}); "
+                    f"stopping the other {others} rank(s)\n",
+                )
+        finally:
+            _stop(ranks, sigs, grace_s)
+        for rk in ranks:
+            rk.out.join(_PUMP_JOIN_S)
+            rk.err.join(_PUMP_JOIN_S)
+
+    if failed is not None:
+        _show_traceback(failed, out, err)
+        return exit_status(failed.proc.returncode)
+    if sigs.first is not None:
+        name = signal.Signals(sigs.first).name
+        write_line(err, f"plait run: got {name}; stopped all {len(ranks)} rank(s)\n")
+        return 128 + sigs.first
+    return 0
+
+
+def _wait(ranks: list[_Rank], sigs: _Signals) -> _Rank | None:
+    """Block until every rank is done (None), a rank fails (that rank) or a signal comes."""
+    while sigs.first is None:
+        running = False
+        for rk in ranks:  # lowest rank first, so among same-tick failures the lowest wins
+            code = rk.proc.poll()
+            if code is None:
+                running = True
+            elif code != 0:
+                return rk
+        if not running:
+            return None
+        sigs.wake.wait(_POLL_S)
+    return None
+
+
+def _stop(ranks: list[_Rank], sigs: _Signals, grace_s: float) -> None:
+    """Stop every rank's process group: a signal, up to `grace_s`, then SIGKILL.
+
+    The first signal is the one the launcher received (forwarded) or SIGTERM. A further
+    signal to the launcher during the grace period skips to SIGKILL. Groups whose ranks all
+    exited 0 are still signalled, so nothing a rank spawned outlives the job.
+    """
+    signals_before = sigs.count
+    first = sigs.first if sigs.first is not None else signal.SIGTERM
+    for rk in ranks:
+        _killpg(rk.proc.pid, first)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and sigs.count == signals_before:
+        alive = [rk for rk in ranks if rk.proc.poll() is None or _group_exists(rk.proc.pid)]
+        if not alive:
+            return
+        time.sleep(_POLL_S)
+    for rk in ranks:
+        _killpg(rk.proc.pid, signal.SIGKILL)
+    for rk in ranks:
+        rk.proc.wait()
+
+
+def _show_traceback(failed: _Rank, out: TextIO, err: TextIO) -> None:
+    """Print the failed rank's stderr tail last, under a banner, once the job is gone."""
+    out.flush()
+    lines = failed.err.lines() or [f"(rank {failed.rank} wrote nothing on stderr)\n"]
+    banner = (
+        f"plait run: rank {failed.rank} failed "
+        f"({describe_exit(failed.proc.returncode)}); its traceback:\n"
+    )
+    write_line(err, "=" * 72 + "\n" + banner + "".join(lines))
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
+        os.killpg(pgid, sig)
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def _catch_signals(sigs: _Signals) -> Iterator[None]:
+    """Route SIGINT and SIGTERM to `sigs` while the job runs (only possible in the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, sigs.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """Return a preexec_fn that makes the child get SIGKILL when the launcher dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not after fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
