@@ -1,14 +1,32 @@
 """plait: distributed deep-learning training for PyTorch.
 
-import plait
-comm = plait.init()                   # rank, size, collectives (see Communicator)
-total = comm.allreduce(tensor)        # sum over every rank
+    import plait
+    comm = plait.init()                   # rank, size, collectives (see Communicator)
+    total = comm.allreduce(tensor)        # sum over every rank
+
+Names that need torch are imported on first use, so `plait run` starts in a blink.
 """
 
-from plait.comm.communicator import Communicator
-from plait.comm.handle import Handle
-from plait.comm.world import default, init, is_initialized, shutdown
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from plait.errors import CollectiveMismatchError, CommTimeoutError, PeerFailureError, PlaitError
+
+if TYPE_CHECKING:
+    from plait.comm.communicator import Communicator
+    from plait.comm.handle import Handle
+    from plait.comm.world import default, init, is_initialized, shutdown
+
+_LAZY = {
+    "Communicator": "plait.comm.communicator",
+    "Handle": "plait.comm.handle",
+    "default": "plait.comm.world",
+    "init": "plait.comm.world",
+    "is_initialized": "plait.comm.world",
+    "shutdown": "plait.comm.world",
+}
 
 __all__ = [
     "CollectiveMismatchError",
@@ -23,3 +41,11 @@ __all__ = [
     "shutdown",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'plait' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

@@ -1,14 +1,149 @@
-"""`plait bench ...`: placeholder until the collectives benchmark lands."""
+"""`plait bench collectives`: plait's collective algorithms against torch.distributed."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from plait.bench.units import ALGORITHMS as ALL
+from plait.bench.units import format_size, parse_size
+from plait.launch import launch
+
+DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="benchmarks against the peers")
-    p.set_defaults(func=run)
+    which = p.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    c = which.add_parser(
+        "collectives",
+        help="allreduce: every plait algorithm vs torch.distributed, side by side",
+        description="Time allreduce (float32) for every algorithm and torch.distributed's "
+        "own, in one run; report medians over repeats and the ratio to torch.",
+    )
+    c.add_argument("-n", "--nproc", type=int, default=4, help="ranks (default 4)")
+    c.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help=f"bytes per rank (default {DEFAULT_SIZES})"
+    )
+    c.add_argument(
+        "--algorithms",
+        default=",".join(ALL),
+        help=f"comma-separated subset of {','.join(ALL)} (default: all)",
+    )
+    c.add_argument("--repeats", type=int, default=5, help="timed repeats per cell (default 5)")
+    c.add_argument(
+        "--budget", type=float, default=2.0, help="seconds of timing per size (default 2)"
+    )
+    c.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="first fit each algorithm's cost line for this world size and save it; "
+        "algorithm='auto' uses it from then on",
+    )
+    c.add_argument("--json", metavar="FILE", help="also write the measurements as JSON")
+    c.set_defaults(func=run)
+
+
+def _validate(args: argparse.Namespace) -> str | None:
+    if args.nproc < 1:
+        return f"-n must be >= 1; got {args.nproc}"
+    if args.repeats < 1:
+        return f"--repeats must be >= 1; got {args.repeats}"
+    unknown = [a for a in args.algorithms.split(",") if a not in ALL]
+    if unknown:
+        return f"unknown algorithms {unknown}; expected a subset of {', '.join(ALL)}"
+    try:
+        for s in args.sizes.split(","):
+            parse_size(s)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError("plait bench is not implemented yet")
+    problem = _validate(args)
+    if problem:
+        print(f"plait bench collectives: {problem}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [
+            sys.executable, "-m", "plait.bench.collectives",
+            "--sizes", args.sizes, "--algorithms", args.algorithms,
+            "--repeats", str(args.repeats), "--budget", str(args.budget), "--out", str(out),
+        ]  # fmt: skip
+        if args.calibrate:
+            cmd.append("--calibrate")
+        code = launch(cmd, args.nproc)
+        if code != 0:
+            return code
+        data = json.loads(out.read_text())
+    render(data, Console(width=max(110, Console().width)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1))
+    return 0
+
+
+def summarize(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (size, algorithm): median time, bandwidths, speed relative to torch."""
+    p = data["world_size"]
+    rows = []
+    for size_s, cells in data["results"].items():
+        size = int(size_s)
+        med = {a: statistics.median(ts) for a, ts in cells.items()}
+        for algorithm, t in med.items():
+            algbw = size / t / 1e9
+            rows.append(
+                {
+                    "size": size,
+                    "algorithm": algorithm,
+                    "time_us": t * 1e6,
+                    "algbw_GBps": algbw,
+                    "busbw_GBps": algbw * 2 * (p - 1) / p,  # nccl-tests' allreduce factor
+                    "vs_torch": med["torch"] / t if "torch" in med else None,
+                    "vs_native": med["native"] / t if "native" in med else None,
+                    "auto_choice": data.get("auto_choice", {}).get(size_s),
+                }
+            )
+    return rows
+
+
+def render(data: dict[str, Any], console: Console) -> None:
+    p = data["world_size"]
+    table = Table(title=f"allreduce, float32, {p} ranks — median of repeats; ratio > 1: faster")
+    for col in (
+        "size",
+        "algorithm",
+        "time (us)",
+        "algbw (GB/s)",
+        "busbw (GB/s)",
+        "vs torch",
+        "vs native",
+    ):
+        table.add_column(col, justify="right" if col != "algorithm" else "left")
+    last = None
+    for row in summarize(data):
+        if last is not None and row["size"] != last:
+            table.add_section()
+        last = row["size"]
+        name = row["algorithm"]
+        if name == "auto" and row["auto_choice"]:
+            name = f"auto ({row['auto_choice']})"
+        table.add_row(
+            format_size(row["size"]),
+            name,
+            f"{row['time_us']:.0f}",
+            f"{row['algbw_GBps']:.3f}",
+            f"{row['busbw_GBps']:.3f}",
+            "" if row["vs_torch"] is None else f"{row['vs_torch']:.2f}x",
+            "" if row["vs_native"] is None else f"{row['vs_native']:.2f}x",
+        )
+    console.print(table)

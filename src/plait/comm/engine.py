@@ -48,27 +48,37 @@ def as_bytes(t: torch.Tensor) -> memoryview:
 class Request:
     """A posted send or receive; `wait()` blocks until it is done or its peer failed."""
 
-    __slots__ = ("_done", "_engine", "error", "peer", "view")
+    __slots__ = ("_engine", "_event", "_flag", "error", "peer", "view")
 
     def __init__(self, engine: Engine, peer: int, view: memoryview) -> None:
         self._engine = engine
-        self._done = threading.Event()
+        self._flag = False
+        self._event: threading.Event | None = None  # made only if a second thread must wait
         self.peer = peer
         self.view = view
         self.error: BaseException | None = None
 
     def complete(self, error: BaseException | None = None) -> None:
         self.error = error
-        self._done.set()
+        self._flag = True
+        if self._event is not None:
+            self._event.set()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._flag
 
     def wait(self) -> None:
-        if not self._done.is_set():
+        if not self._flag:
             self._engine.drive(self)
         if self.error is not None:
             raise self.error
+
+    def _park(self, seconds: float) -> None:
+        """Sleep until completed by another thread, or `seconds` pass."""
+        if self._event is None:
+            self._event = threading.Event()
+        if not self._flag:
+            self._event.wait(seconds)
 
 
 class _Conn:
@@ -166,25 +176,37 @@ class Engine:
         return {p: (c.msgs_sent, c.msgs_recv) for p, c in self._conns.items()}
 
     def close(self) -> None:
-        """Say goodbye to every peer, flush what is queued, and stop the thread."""
+        """Leave cleanly: say goodbye, flush, and wait briefly for every peer to hang up.
+
+        Closing a socket with unread bytes in it makes the kernel send a reset, which the
+        peer could not tell from a crash; so each side half-closes after its goodbye and
+        reads until the other side has closed too.
+        """
         if not self._running:
             return
-        for conn in list(self._conns.values()):
-            if not conn.closed:
-                self._send_frame(conn, [memoryview(HEADER.pack(BYE, 0, 0))], None, quiet=True)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(
-            c.out for c in self._conns.values() if not c.closed
-        ):
-            time.sleep(0.005)
         self._running = False
-        self._wake()
+        with self._lock:
+            for conn in self._conns.values():
+                if not conn.closed:
+                    self._push(conn, [memoryview(HEADER.pack(BYE, 0, 0))], None)
+        live = [c for c in self._conns.values() if not c.closed]
+        with self._progress:
+            self._poll_until(lambda: not any(c.out for c in live if not c.closed), 5.0)
+            for conn in live:
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_WR)
+            self._poll_until(lambda: all(c.closed for c in live), 2.0)
         self._thread.join(timeout=5.0)
         for conn in self._conns.values():
             conn.sock.close()
         self._sel.close()
         self._wake_r.close()
         self._wake_w.close()
+
+    def _poll_until(self, finished: Callable[[], bool], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not finished() and time.monotonic() < deadline:
+            self._poll(0.05)
 
     # ------------------------------------------------------------------------- internals
     def _conn(self, peer: int) -> _Conn:
@@ -283,7 +305,7 @@ class Engine:
                     self._progress.release()
             else:  # another thread is polling; it completes our request too
                 self._wake()
-                req._done.wait(0.002)
+                req._park(0.002)
 
     def _loop(self) -> None:
         try:
@@ -361,16 +383,15 @@ class Engine:
             except BlockingIOError:
                 return
             except OSError as e:
-                with self._lock:
-                    self._lost(conn, f"connection error: {os.strerror(e.errno or errno.EIO)}")
-                return
+                n, reason = 0, f"connection error: {os.strerror(e.errno or errno.EIO)}"
+            else:
+                reason = "connection closed (process died)"
             if n == 0:
                 with self._lock:
-                    if conn.said_bye:
-                        conn.closed = True
-                        self._sel.unregister(conn.sock)
+                    if conn.said_bye:  # it said goodbye first: a clean exit
+                        self._hang_up(conn)
                     else:
-                        self._lost(conn, "connection closed (process died)")
+                        self._lost(conn, reason)
                 return
             conn.last_recv = time.monotonic()
             if conn.target is not None:
@@ -455,11 +476,24 @@ class Engine:
                 )
 
     # ------------------------------------------------------------- failure (lock held)
-    def _lost(self, conn: _Conn, reason: str) -> None:
+    def _hang_up(self, conn: _Conn) -> None:
         if not conn.closed:
             conn.closed = True
+            for _, sender in conn.out:
+                if sender is not None:
+                    sender.complete(
+                        PeerFailureError(
+                            conn.rank, "hung up before this message", seen_by=self.rank
+                        )
+                    )
+            conn.out.clear()
             with contextlib.suppress(KeyError, ValueError):
                 self._sel.unregister(conn.sock)
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)  # the peer reads our end-of-stream
+
+    def _lost(self, conn: _Conn, reason: str) -> None:
+        self._hang_up(conn)
         self._record(PeerFailureError(conn.rank, reason, seen_by=self.rank), propagate=True)
 
     def _record(self, err: PeerFailureError, propagate: bool) -> None:

@@ -110,3 +110,25 @@ def broadcast(n: int, comm: Communicator) -> str:
 
 def reduce(n: int, comm: Communicator) -> str:
     return broadcast(n, comm)
+
+
+def save_calibration(
+    size: int, num_nodes: int, collective: str, fits: dict[str, list[float]]
+) -> Path:
+    """Merge one world size's fitted lines into the calibration file (atomically)."""
+    path = calibration_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict) or not isinstance(data.get("fits"), dict):
+        data = {"fits": {}}
+    data["fits"].setdefault(world_key(size, num_nodes), {})[collective] = fits
+    data["note"] = (
+        "t(n) = A + B*n seconds for n bytes; written by plait bench collectives --calibrate"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,133 @@
+"""`plait bench collectives`: every allreduce algorithm against torch.distributed, in one run.
+
+The launcher starts N workers running `python -m plait.bench.collectives`; rank 0 writes the
+measurements as JSON, and the parent prints them in the style of nccl-tests.
+
+Measuring on a shared 2-core machine is noisy, so within each repeat the algorithms take
+turns (round robin), every timing is the slowest rank's, and the report is the median over
+repeats. `torch` is the peer: raw `torch.distributed.all_reduce` (gloo), no plait code on
+the path. `native` is plait's passthrough to the same call, with plait's mismatch check and
+failure watchdog around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from plait.bench.units import format_size, parse_size
+
+CALIBRATION_SIZES = "4K,64K,1M,8M"
+
+
+def _one(comm: Any, algorithm: str, buf: torch.Tensor) -> None:
+    if algorithm == "torch":
+        dist.all_reduce(buf)
+    else:
+        comm.allreduce_(buf, algorithm=algorithm)
+
+
+def _time(comm: Any, algorithm: str, buf: torch.Tensor, iters: int) -> float:
+    """Seconds per call, the slowest rank's."""
+    comm.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        _one(comm, algorithm, buf)
+    mine = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+    return float(comm.allreduce(mine, op="max", algorithm="tree").item())
+
+
+def measure(
+    comm: Any, sizes: list[int], algorithms: list[str], repeats: int, budget_s: float
+) -> dict[str, dict[str, list[float]]]:
+    """{size: {algorithm: [seconds per call, one per repeat]}} for float32 allreduces."""
+    results: dict[str, dict[str, list[float]]] = {}
+    for size in sizes:
+        n = size // 4
+        buf = torch.ones(n)
+        # Check each algorithm once (a benchmark of a wrong answer means nothing) and warm up.
+        for algorithm in algorithms:
+            buf.fill_(comm.rank + 1)
+            _one(comm, algorithm, buf)
+            expected = comm.size * (comm.size + 1) / 2
+            if not bool((buf == expected).all()):
+                raise RuntimeError(f"{algorithm} gave a wrong allreduce at {format_size(size)}")
+        probe = max(_time(comm, a, buf, 1) for a in algorithms)
+        # enough calls per timing to last ~budget_s / (repeats * algorithms) seconds
+        iters = max(1, min(200, int(budget_s / (repeats * len(algorithms) * max(probe, 1e-6)))))
+        row: dict[str, list[float]] = {a: [] for a in algorithms}
+        for _ in range(repeats):
+            for algorithm in algorithms:
+                row[algorithm].append(_time(comm, algorithm, buf, iters))
+        results[str(size)] = row
+        if comm.rank == 0:
+            print(f"measured {format_size(size)} ({iters} calls x {repeats} repeats)", flush=True)
+    return results
+
+
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares t = A + B n, weighted by 1/t so small and large sizes count alike."""
+    w = [1.0 / t for _, t in points]
+    sw = sum(wi * wi for wi in w)
+    sx = sum(wi * wi * n for wi, (n, _) in zip(w, points, strict=True))
+    sy = sum(wi * wi * t for wi, (_, t) in zip(w, points, strict=True))
+    sxx = sum(wi * wi * n * n for wi, (n, _) in zip(w, points, strict=True))
+    sxy = sum(wi * wi * n * t for wi, (n, t) in zip(w, points, strict=True))
+    det = sw * sxx - sx * sx
+    b = (sw * sxy - sx * sy) / det if det else 0.0
+    a = (sy - b * sx) / sw
+    return max(a, 0.0), max(b, 0.0)
+
+
+def worker(args: argparse.Namespace) -> None:
+    import plait
+    from plait.comm import select
+
+    comm = plait.init()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    out: dict[str, Any] = {"world_size": comm.size, "num_nodes": comm.num_nodes}
+    if args.calibrate:
+        fit_algs = ["native", "ring", "halving_doubling", "tree"]
+        cal_sizes = [parse_size(s) for s in CALIBRATION_SIZES.split(",")]
+        data = measure(comm, cal_sizes, fit_algs, args.repeats, args.budget)
+        fits = {
+            a: list(fit_line([(int(s), statistics.median(data[s][a])) for s in data]))
+            for a in fit_algs
+        }
+        if comm.rank == 0:
+            select.save_calibration(comm.size, comm.num_nodes, "allreduce", fits)
+        comm.barrier()
+        select.load_calibration(reload=True)
+        out["calibration"] = fits
+    out["results"] = measure(comm, sizes, algorithms, args.repeats, args.budget)
+    out["auto_choice"] = {str(s): select.allreduce(s, comm) for s in sizes}
+    if comm.rank == 0:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    plait.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m plait.bench.collectives")
+    p.add_argument("--sizes", required=True)
+    p.add_argument("--algorithms", required=True)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--budget", type=float, default=2.0)
+    p.add_argument("--calibrate", action="store_true")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    worker(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

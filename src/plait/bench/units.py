@@ -1,0 +1,27 @@
+"""Sizes as people write them (4K, 64M) and the algorithm names a benchmark accepts."""
+
+from __future__ import annotations
+
+#: What `plait bench collectives` can time: torch.distributed's own allreduce and plait's.
+ALGORITHMS = ("torch", "native", "ring", "halving_doubling", "tree", "auto")
+
+
+def parse_size(text: str) -> int:
+    """'64K' -> 65536; accepts K, M, G suffixes (powers of 1024) and plain byte counts."""
+    text = text.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if scale > 1 else text
+    try:
+        value = int(float(digits) * scale)
+    except ValueError:
+        raise ValueError(f"size must look like 4K, 1M, 64M or 1024; got {text!r}") from None
+    if value <= 0 or value % 4:
+        raise ValueError(f"size must be a positive multiple of 4 bytes (float32); got {text!r}")
+    return value
+
+
+def format_size(n: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)

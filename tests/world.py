@@ -1,0 +1,127 @@
+"""Spawn a world of 1-4 real processes (gloo + plait's engine on loopback) and run a function.
+
+Starting a process costs seconds here (importing torch), so a test spawns a world once and
+runs many checks inside it. Every world has a deadline: a hang fails the test with what
+each rank was doing instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+_CTX = mp.get_context("spawn")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child(
+    rank: int,
+    size: int,
+    port: int,
+    env: dict[str, str],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    out: Any,
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        **env,
+    )
+    import plait
+
+    try:
+        comm = plait.init()
+        result = fn(comm, *args)
+        out.put((rank, "ok", result))
+    except BaseException:
+        out.put((rank, "error", traceback.format_exc()))
+    finally:
+        plait.shutdown()
+
+
+class WorldError(AssertionError):
+    pass
+
+
+def run_world(
+    size: int,
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout: float = 90.0,
+    env: dict[str, str] | None = None,
+    tolerate: Iterable[int] = (),
+) -> list[Any]:
+    """Run fn(comm, *args) on `size` fresh processes; return each rank's result.
+
+    Ranks in `tolerate` may die or freeze (failure tests): their result is None and they are
+    killed at the end. Any other rank that raises, dies or overruns `timeout` fails the call.
+    """
+    tolerate = set(tolerate)
+    port = free_port()
+    out = _CTX.Queue()
+    procs = [
+        _CTX.Process(
+            target=_child, args=(r, size, port, dict(env or {}), fn, args, out), daemon=True
+        )
+        for r in range(size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    needed = set(range(size)) - tolerate
+    try:
+        while not needed <= results.keys():
+            try:
+                rank, status, value = out.get(timeout=0.2)
+                results[rank] = (status, value)
+                continue
+            except Exception:
+                pass
+            dead = [
+                r
+                for r in needed - results.keys()
+                if not procs[r].is_alive() and procs[r].exitcode not in (0, None)
+            ]
+            if dead or time.monotonic() > deadline:
+                time.sleep(0.5)  # let the survivors report what they saw
+                while not out.empty():
+                    rank, status, value = out.get()
+                    results[rank] = (status, value)
+                missing = sorted(needed - results.keys())
+                why = "died" if dead else f"did not finish within {timeout:.0f} s"
+                raise WorldError(f"ranks {missing} {why}; reports: {_report(results)}")
+    finally:
+        for r, p in enumerate(procs):
+            if r in tolerate or time.monotonic() > deadline:
+                p.kill()  # SIGKILL also ends a process frozen with SIGSTOP
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    errors = {r: v for r, (s, v) in results.items() if s == "error"}
+    if errors:
+        raise WorldError(
+            "\n".join(f"--- rank {r} raised:\n{tb}" for r, tb in sorted(errors.items()))
+        )
+    return [results[r][1] if r in results else None for r in range(size)]
+
+
+def _report(results: dict[int, tuple[str, Any]]) -> str:
+    return "; ".join(f"rank {r}: {s} {str(v)[-600:]}" for r, (s, v) in sorted(results.items()))
