@@ -1,0 +1,65 @@
+"""`plait bench collectives` end to end, tiny: every algorithm appears, ratios are computed."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.timeout(120)
+def test_bench_collectives_writes_every_algorithm(tmp_path):
+    out = tmp_path / "bench.json"
+    env_cal = {"PLAIT_CALIBRATION": str(tmp_path / "cal.json")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plait",
+            "bench",
+            "collectives",
+            "-n",
+            "2",
+            "--sizes",
+            "4K,64K",
+            "--repeats",
+            "2",
+            "--budget",
+            "0.2",
+            "--calibrate",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**_env(), **env_cal},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["world_size"] == 2
+    assert set(data["results"]) == {"4096", "65536"}
+    for cells in data["results"].values():
+        assert set(cells) == {"torch", "native", "ring", "halving_doubling", "tree", "auto"}
+        assert all(len(ts) == 2 and min(ts) > 0 for ts in cells.values())
+    assert set(data["calibration"]) == {"native", "ring", "halving_doubling", "tree"}
+    assert json.loads((tmp_path / "cal.json").read_text())["fits"]["p2-n1"]["allreduce"]
+    assert "vs torch" in proc.stdout and "auto (" in proc.stdout
+
+
+def test_bench_rejects_bad_input():
+    proc = subprocess.run(
+        [sys.executable, "-m", "plait", "bench", "collectives", "--algorithms", "ring,fastest"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
+    assert proc.returncode == 2
+    assert "fastest" in proc.stderr and "halving_doubling" in proc.stderr
+
+
+def _env():
+    import os
+
+    return dict(os.environ)

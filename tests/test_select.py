@@ -1,0 +1,69 @@
+"""The cost model behind algorithm="auto", and the calibration file round trip."""
+
+import json
+
+import pytest
+
+from plait.bench.collectives import fit_line
+from plait.bench.units import format_size, parse_size
+from plait.comm import select
+
+
+def test_formulas_follow_thakur():
+    link = select.Link(alpha=1.0, beta=0.0, gamma=0.0)
+    # latency terms only: ring 2(p-1), halving-doubling 2 lg p (+2 to fold), tree 2 lg p
+    assert select.predict("ring", 100, 8, link) == 14
+    assert select.predict("halving_doubling", 100, 8, link) == 6
+    assert select.predict("halving_doubling", 100, 6, link) == 4 + 2
+    assert select.predict("tree", 100, 8, link) == 6
+    link = select.Link(alpha=0.0, beta=1.0, gamma=0.0)
+    # bandwidth terms: ring and HD move 2(p-1)/p n, tree 2 lg p n
+    assert select.predict("ring", 1000, 4, link) == pytest.approx(1500)
+    assert select.predict("tree", 1000, 4, link) == pytest.approx(4000)
+
+
+def test_default_model_prefers_latency_for_small_and_bandwidth_for_large():
+    small = min(("ring", "halving_doubling", "tree"), key=lambda a: select.predict(a, 1024, 8))
+    large = min(("ring", "halving_doubling", "tree"), key=lambda a: select.predict(a, 1 << 28, 8))
+    assert small in ("tree", "halving_doubling")  # 2 lg p latency terms, vs 2(p-1) for ring
+    assert large in ("ring", "halving_doubling")  # tree moves 2 lg p * n bytes
+
+
+def test_fit_line_recovers_a_line():
+    a, b = fit_line([(n, 5e-5 + 2e-9 * n) for n in (4096, 65536, 1 << 20, 8 << 20)])
+    assert a == pytest.approx(5e-5, rel=1e-6)
+    assert b == pytest.approx(2e-9, rel=1e-6)
+
+
+class _Comm:
+    size, num_nodes = 4, 1
+
+
+def test_calibration_round_trip_decides_auto(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "cal.json"))
+    fits = {
+        "native": [1e-3, 1e-10],
+        "ring": [1e-4, 1e-8],
+        "halving_doubling": [2e-4, 1e-8],
+        "tree": [5e-5, 5e-8],
+    }
+    select.save_calibration(4, 1, "allreduce", fits)
+    select.load_calibration(reload=True)
+    try:
+        assert select.allreduce(1024, _Comm()) == "tree"
+        assert select.allreduce(1 << 26, _Comm()) == "native"
+        saved = json.loads((tmp_path / "cal.json").read_text())
+        assert saved["fits"]["p4-n1"]["allreduce"] == fits
+    finally:
+        monkeypatch.delenv("PLAIT_CALIBRATION")
+        select.load_calibration(reload=True)
+
+
+def test_sizes_parse_and_print():
+    assert parse_size("4K") == 4096
+    assert parse_size("64M") == 64 << 20
+    assert format_size(parse_size("16M")) == "16M"
+    with pytest.raises(ValueError, match="4K, 1M"):
+        parse_size("lots")
+    with pytest.raises(ValueError, match="multiple of 4"):
+        parse_size("3")
