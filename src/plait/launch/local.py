@@ -157,6 +157,7 @@ def launch(
             rk.err.join(_PUMP_JOIN_S)
 
     if failed is not None:
+        failed = _root_cause(failed, ranks)
         _show_traceback(failed, out, err)
         return exit_status(failed.proc.returncode)
     if sigs.first is not None:
@@ -180,6 +181,27 @@ def _wait(ranks: list[_Rank], sigs: _Signals) -> _Rank | None:
             return None
         sigs.wake.wait(_POLL_S)
     return None
+
+
+def _root_cause(failed: _Rank, ranks: list[_Rank]) -> _Rank:
+    """The rank to blame: the first to fail, unless it only reported another's failure.
+
+    A rank that raises takes a moment to exit (it says goodbye to its peers first), and a
+    peer waiting on it may exit sooner with plait's PeerFailureError. Blame the rank whose
+    traceback is its own error, not a report of someone else's.
+    """
+
+    def victim(rk: _Rank) -> bool:
+        return any("PeerFailureError" in line for line in rk.err.lines()[-5:])
+
+    if not victim(failed):
+        return failed
+    for rk in ranks:
+        code = rk.proc.returncode
+        raised = code is not None and code > 0 and any("Traceback" in ln for ln in rk.err.lines())
+        if rk is not failed and raised and not victim(rk):
+            return rk
+    return failed
 
 
 def _stop(ranks: list[_Rank], sigs: _Signals, grace_s: float) -> None:
