@@ -1,0 +1,30 @@
+"""Scripts started by torchrun work unchanged: plait.init() reads torchrun's variables."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "launch_scripts" / "allreduce_check.py"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        ["-m", "torch.distributed.run", "--nproc-per-node", "2"],
+        ["-m", "plait", "run", "-n", "2"],
+    ],
+    ids=["torchrun", "plait-run"],
+)
+def test_same_script_under_both_launchers(launcher):
+    proc = subprocess.run(
+        [sys.executable, *launcher, str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"OK rank={rank} size=2 local_rank={rank}" in proc.stdout
