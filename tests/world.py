@@ -2,7 +2,10 @@
 
 Starting a process costs seconds here (importing torch), so a test spawns a world once and
 runs many checks inside it. Every world has a deadline: a hang fails the test with what
-each rank was doing instead of blocking the suite.
+each rank was doing instead of blocking the suite, and so does a rank that finished but
+whose process does not exit by itself. Like every forked multiprocessing child, a rank's
+process ends with os._exit: atexit hooks and interpreter teardown do not run, so test those
+with real scripts (as tests/test_failures.py does).
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-_CTX = mp.get_context("spawn")
+# Each rank is a fresh process (nothing inherited from pytest), forked from a server that has
+# imported torch once: importing torch in 4 processes at once takes ~10 s on 2 cores, a
+# fork ~0.1 s. Nothing there starts a thread before the fork (plait.init() runs in the child).
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["torch", "plait"])
 
 
 def free_port() -> int:
@@ -33,6 +40,10 @@ def _child(
     args: tuple[Any, ...],
     out: Any,
 ) -> None:
+    # the environment of the test calling run_world, as spawn would give it (the fork
+    # server's own environment is that of whichever test started it)
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(size),
@@ -40,11 +51,12 @@ def _child(
         LOCAL_WORLD_SIZE=str(size),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1",
-        **env,
     )
+    import torch
+
     import plait
 
+    torch.set_num_threads(1)  # OMP_NUM_THREADS is read when torch loads: before the fork
     try:
         comm = plait.init()
         result = fn(comm, *args)
@@ -66,19 +78,21 @@ def run_world(
     timeout: float = 90.0,
     env: dict[str, str] | None = None,
     tolerate: Iterable[int] = (),
+    exit_within: float = 10.0,
 ) -> list[Any]:
     """Run fn(comm, *args) on `size` fresh processes; return each rank's result.
 
-    Ranks in `tolerate` may die or freeze (failure tests): their result is None and they are
-    killed at the end. Any other rank that raises, dies or overruns `timeout` fails the call.
+    Ranks in `tolerate` may die, freeze or raise (failure tests): their result is None and
+    they are killed at the end. Any other rank that raises, dies or overruns `timeout`
+    fails the call, and so does one whose process is still alive `exit_within` s after the
+    last result came in (a hang at exit, e.g. on a thread stuck on a dead peer).
     """
     tolerate = set(tolerate)
     port = free_port()
+    world_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     out = _CTX.Queue()
     procs = [
-        _CTX.Process(
-            target=_child, args=(r, size, port, dict(env or {}), fn, args, out), daemon=True
-        )
+        _CTX.Process(target=_child, args=(r, size, port, world_env, fn, args, out), daemon=True)
         for r in range(size)
     ]
     for p in procs:
@@ -86,6 +100,7 @@ def run_world(
     results: dict[int, tuple[str, Any]] = {}
     deadline = time.monotonic() + timeout
     needed = set(range(size)) - tolerate
+    stuck: list[int] = []
     try:
         while not needed <= results.keys():
             try:
@@ -107,20 +122,25 @@ def run_world(
                 missing = sorted(needed - results.keys())
                 why = "died" if dead else f"did not finish within {timeout:.0f} s"
                 raise WorldError(f"ranks {missing} {why}; reports: {_report(results)}")
+        exit_by = time.monotonic() + exit_within
+        for r in sorted(needed):
+            procs[r].join(timeout=max(0.0, exit_by - time.monotonic()))
+        stuck = [r for r in sorted(needed) if procs[r].is_alive()]
     finally:
         for r, p in enumerate(procs):
-            if r in tolerate or time.monotonic() > deadline:
+            if r in tolerate or p.is_alive():
                 p.kill()  # SIGKILL also ends a process frozen with SIGSTOP
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    errors = {r: v for r, (s, v) in results.items() if s == "error"}
+            p.join(timeout=5)
+    errors = {r: v for r, (s, v) in results.items() if s == "error" and r not in tolerate}
     if errors:
         raise WorldError(
             "\n".join(f"--- rank {r} raised:\n{tb}" for r, tb in sorted(errors.items()))
         )
-    return [results[r][1] if r in results else None for r in range(size)]
+    if stuck:
+        raise WorldError(
+            f"ranks {stuck} returned but their processes did not exit within {exit_within:.0f} s"
+        )
+    return [results[r][1] if r in results and r not in tolerate else None for r in range(size)]
 
 
 def _report(results: dict[int, tuple[str, Any]]) -> str:

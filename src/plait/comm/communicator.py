@@ -20,6 +20,7 @@ from plait.comm.calls import Call, agree, check_enabled, dtype_from_name, dtype_
 from plait.comm.engine import Engine, Request
 from plait.comm.handle import Handle, Worker
 from plait.comm.ops import check_op, finish_avg
+from plait.errors import CollectiveMismatchError
 
 T = TypeVar("T")
 
@@ -66,6 +67,13 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.view(-1)
 
 
+def _split_call(args: tuple[Any, ...]) -> str:
+    """What one rank passed to split, as a mismatch error lists it."""
+    if args[0] == "ranks":
+        return f"split(ranks={list(args[1])})"
+    return f"split(color={args[1]}, key={args[2]})"
+
+
 def _rows(shape: Sequence[int]) -> int:
     """Elements per row (everything after the first dimension)."""
     n = 1
@@ -86,7 +94,7 @@ class Communicator:
         ranks: list[int],
         nodes: list[str],
         comm_id: int,
-        pg: dist.ProcessGroup | None = None,
+        pg: native.Group | None = None,
     ) -> None:
         self._engine = engine
         self.ranks = ranks  # global rank of each member
@@ -139,12 +147,12 @@ class Communicator:
         agree(calls)
         return calls
 
-    def _native_group(self) -> dist.ProcessGroup:
+    def _native_group(self) -> native.Group:
         if self._pg is None:  # sub-communicators create their gloo group on first native use
-            self._pg = dist.new_group(self.ranks, use_local_synchronization=True)
+            self._pg = native.new_group(self._id, self.rank, self.size, self._engine.timeout)
         return self._pg
 
-    def _native(self, what: str, start: Callable[[dist.ProcessGroup], dist.Work | None]) -> None:
+    def _native(self, what: str, start: Callable[[native.Group], dist.Work]) -> None:
         group = self._native_group()
         native.run(self._engine, what, lambda: start(group))
 
@@ -189,10 +197,7 @@ class Communicator:
                 name = select.allreduce(buf.numel() * buf.element_size(), self)
             base = "sum" if op == "avg" else op
             if name == "native":
-                self._native(
-                    "allreduce",
-                    lambda g: dist.all_reduce(buf, native.TORCH_OPS[op], group=g, async_op=True),
-                )
+                self._native("allreduce", lambda g: native.allreduce(g, buf, op))
             else:
                 ch = self._channel(seq, 1)
                 if name == "ring":
@@ -235,8 +240,7 @@ class Communicator:
                 else select.broadcast(buf.numel() * buf.element_size(), self)
             )
             if name == "native":
-                gr = self.ranks[root]
-                self._native("broadcast", lambda g: dist.broadcast(buf, gr, group=g, async_op=True))
+                self._native("broadcast", lambda g: native.broadcast(g, buf, root))
             else:
                 tree.broadcast(self._channel(seq, 1), _flat(buf), root)
             if buf is not t:
@@ -264,11 +268,7 @@ class Communicator:
                 else select.reduce(buf.numel() * buf.element_size(), self)
             )
             if name == "native":
-                gr = self.ranks[root]
-                self._native(
-                    "reduce",
-                    lambda g: dist.reduce(buf, gr, native.TORCH_OPS[op], group=g, async_op=True),
-                )
+                self._native("reduce", lambda g: native.reduce(g, buf, op, root))
             else:
                 work = buf if self.rank == root else buf.clone()  # tree reduce uses it as scratch
                 tree.reduce(self._channel(seq, 1), _flat(work), "sum" if op == "avg" else op, root)
@@ -310,10 +310,8 @@ class Communicator:
         if call.algorithm == "native" and len(set(dims)) == 1:
             parts = list(out.chunk(self.size)) if dims[0] else []
             if parts:
-                self._native(
-                    "allgather",
-                    lambda g: dist.all_gather(parts, t.contiguous(), group=g, async_op=True),
-                )
+                mine = t.contiguous()
+                self._native("allgather", lambda g: native.allgather(g, parts, mine))
         elif flat.numel():
             ring.allgather(self._channel(seq, 1), flat, bounds)
         return out, dims
@@ -338,11 +336,9 @@ class Communicator:
                 even = t.shape[0] % self.size == 0
                 if algorithm == "native" and even:
                     out = torch.empty((hi - lo, *t.shape[1:]), dtype=t.dtype)
+                    parts = list(buf.chunk(self.size))
                     self._native(
-                        "reduce_scatter",
-                        lambda g: dist.reduce_scatter_tensor(
-                            out, buf, native.TORCH_OPS[op], group=g, async_op=True
-                        ),
+                        "reduce_scatter", lambda g: native.reduce_scatter(g, out, parts, op)
                     )
                     buf = out
                 else:
@@ -372,7 +368,9 @@ class Communicator:
             bounds = ring.bounds_even(t.shape[0], self.size)
             sizes = [bounds[i + 1] - bounds[i] for i in range(self.size)]
         else:
-            sizes = [int(s) for s in splits]
+            sizes = [
+                int(s) if isinstance(s, int) and not isinstance(s, bool) else -1 for s in splits
+            ]
             if len(sizes) != self.size or min(sizes, default=0) < 0 or sum(sizes) != t.shape[0]:
                 raise ValueError(
                     f"splits must be {self.size} non-negative ints summing to dim 0 "
@@ -509,22 +507,15 @@ class Communicator:
             mine = ("color", color, int(key))
         seq = self._seq  # every member has the same, which makes the new ids agree
         everyone = self.allgather_object(mine)
+        calls = [_split_call(e) for e in everyone]
+        if len({e[0] for e in everyone}) > 1:  # checked first: every rank raises the same
+            raise CollectiveMismatchError(calls, "ranks and color mixed")
         if mine[0] == "ranks":
             if any(e != mine for e in everyone):
-                from plait.errors import CollectiveMismatchError
-
-                raise CollectiveMismatchError(
-                    [f"split{e[1:]}" for e in everyone], "different ranks"
-                )
+                raise CollectiveMismatchError(calls, "different ranks")
             members = list(wanted)
             tag = "ranks"
         else:
-            if any(e[0] != "color" for e in everyone):
-                from plait.errors import CollectiveMismatchError
-
-                raise CollectiveMismatchError(
-                    [f"split{e}" for e in everyone], "ranks and color mixed"
-                )
             if color is None:
                 return None
             members = sorted(

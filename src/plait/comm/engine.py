@@ -156,7 +156,7 @@ class Engine:
         """Receive the next message from `peer` under `tag` into a 1-D contiguous tensor."""
         view = as_bytes(t)
         req = Request(self, peer, view)
-        self._conn(peer)
+        conn = self._conn(peer)
         key = (peer, tag)
         with self._lock:
             if self.error is not None:
@@ -167,6 +167,8 @@ class Engine:
                 if not waiting:
                     del self._unexpected[key]
                 self._fill(req, data)
+            elif conn.said_bye:  # all it sent came before its goodbye: this never will
+                raise self._left(conn, "shut down while this rank still waited for it")
             else:
                 self._posted[key].append(req)
         return req
@@ -186,6 +188,10 @@ class Engine:
             return
         self._running = False
         with self._lock:
+            if self.error is not None and self.error.rank in self._conns:
+                # a dead or frozen peer reads nothing more: flushing to it, or waiting for
+                # it to hang up, would only hold this rank's exit back by seconds
+                self._hang_up(self._conns[self.error.rank])
             for conn in self._conns.values():
                 if not conn.closed:
                     self._push(conn, [memoryview(HEADER.pack(BYE, 0, 0))], None)
@@ -220,18 +226,14 @@ class Engine:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
 
-    def _send_frame(
-        self, conn: _Conn, frame: list[memoryview], req: Request | None, quiet: bool = False
-    ) -> None:
+    def _send_frame(self, conn: _Conn, frame: list[memoryview], req: Request | None) -> None:
         # Fast path: if nothing is queued for this peer, write from the caller's thread; a
         # small message then completes without waking the engine thread at all.
         with self._lock:
-            if self.error is not None and not quiet:
+            if self.error is not None:
                 raise self.error
-            if conn.closed:
-                if not quiet:
-                    raise PeerFailureError(conn.rank, "connection closed", seen_by=self.rank)
-                return
+            if conn.said_bye:  # it would never read the message
+                raise self._left(conn, "shut down before this rank's message to it was sent")
             if frame[0][0] == DATA:
                 conn.msgs_sent += 1
             self._push(conn, frame, req)
@@ -467,7 +469,8 @@ class Engine:
             conn.said_bye = True
             with self._lock:
                 # anyone still waiting on this peer will never hear from it
-                self._fail_waiting_on(conn.rank, "shut down while this rank still waited for it")
+                if any(reqs for (peer, _), reqs in self._posted.items() if peer == conn.rank):
+                    self._left(conn, "shut down while this rank still waited for it")
         elif kind == FAIL:
             rank_s, _, reason = body.decode("utf-8", "replace").partition(":")
             with self._lock:
@@ -479,13 +482,8 @@ class Engine:
     def _hang_up(self, conn: _Conn) -> None:
         if not conn.closed:
             conn.closed = True
-            for _, sender in conn.out:
-                if sender is not None:
-                    sender.complete(
-                        PeerFailureError(
-                            conn.rank, "hung up before this message", seen_by=self.rank
-                        )
-                    )
+            if any(sender is not None for _, sender in conn.out):
+                self._left(conn, "hung up before this rank's message to it was sent")
             conn.out.clear()
             with contextlib.suppress(KeyError, ValueError):
                 self._sel.unregister(conn.sock)
@@ -493,8 +491,20 @@ class Engine:
                 conn.sock.shutdown(socket.SHUT_RDWR)  # the peer reads our end-of-stream
 
     def _lost(self, conn: _Conn, reason: str) -> None:
-        self._hang_up(conn)
+        # record first, so that the senders _hang_up fails learn this reason
         self._record(PeerFailureError(conn.rank, reason, seen_by=self.rank), propagate=True)
+        self._hang_up(conn)
+
+    def _left(self, conn: _Conn, reason: str) -> PeerFailureError:
+        """A peer that shut down cleanly is still needed here: a failure like a crash.
+
+        Recorded and propagated like one, so that ranks blocked on live peers (themselves
+        blocked on this one) name the same rank instead of whichever neighbour gave up next.
+        Returns the engine's error (the first failure, which may be an earlier one).
+        """
+        self._record(PeerFailureError(conn.rank, reason, seen_by=self.rank), propagate=True)
+        assert self.error is not None
+        return self.error
 
     def _record(self, err: PeerFailureError, propagate: bool) -> None:
         """First failure wins: it is what every later wait on this engine raises."""
@@ -507,11 +517,6 @@ class Engine:
                         frame = [memoryview(HEADER.pack(FAIL, 0, len(note))), memoryview(note)]
                         self._push(c, frame, None)
         self._fail_all(self.error, locked=True)
-
-    def _fail_waiting_on(self, peer: int, reason: str) -> None:
-        for key in [k for k in self._posted if k[0] == peer]:
-            for req in self._posted.pop(key):
-                req.complete(PeerFailureError(peer, reason, seen_by=self.rank))
 
     def _fail_all(self, err: BaseException, locked: bool = False) -> None:
         if not locked:

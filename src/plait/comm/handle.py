@@ -78,6 +78,7 @@ class Worker:
                 result, error = fn(), None
             except BaseException as e:  # handed to whoever waits on the handle
                 result, error = None, e
+            # finish the handle first: once the worker looks idle, every handle is done
+            handle._finish(result, error)
             with self._lock:
                 self._pending -= 1
-            handle._finish(result, error)

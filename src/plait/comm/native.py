@@ -11,13 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeAlias
 
+import torch
 import torch.distributed as dist
 
 from plait.comm.engine import Engine
 from plait.errors import CommTimeoutError, PlaitError
 
-TORCH_OPS = {
+TORCH_OPS: dict[str, dist.ReduceOp.RedOpType] = {
     "sum": dist.ReduceOp.SUM,
     "avg": dist.ReduceOp.SUM,  # gloo has no AVG: the caller divides
     "min": dist.ReduceOp.MIN,
@@ -27,16 +30,67 @@ TORCH_OPS = {
 
 _SLICE_S = 0.25
 
+#: The job's default group (for the world communicator) or one made by `new_group`: both
+#: number their members as the communicator does, and have the same collective methods
+#: (which torch's type stubs do not declare for ProcessGroupGloo).
+Group: TypeAlias = Any
+
+
+def new_group(comm_id: int, rank: int, size: int, timeout: float) -> Group:
+    """A gloo group of one sub-communicator's members, ranked in the communicator's order.
+
+    Not torch.distributed.new_group: it numbers members by global rank, and with
+    use_local_synchronization=True its rendezvous name counts the groups each process made
+    before, so members with different histories (nested or overlapping sub-communicators)
+    never meet; without it, every rank of the job would have to call it. Only members
+    call this; they agree on `comm_id`.
+    """
+    store = dist.PrefixStore(f"plait/native/{comm_id}/", dist.distributed_c10d._get_default_store())
+    return dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
+
+
+# The collectives, on a group's own methods (ranks are the group's, which are the
+# communicator's). Each returns the gloo Work to hand to `run`.
+def allreduce(group: Group, buf: torch.Tensor, op: str) -> dist.Work:
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp(TORCH_OPS[op])
+    return group.allreduce([buf], opts)
+
+
+def broadcast(group: Group, buf: torch.Tensor, root: int) -> dist.Work:
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = root, 0
+    return group.broadcast([buf], opts)
+
+
+def reduce(group: Group, buf: torch.Tensor, op: str, root: int) -> dist.Work:
+    opts = dist.ReduceOptions()
+    opts.reduceOp, opts.rootRank, opts.rootTensor = dist.ReduceOp(TORCH_OPS[op]), root, 0
+    return group.reduce([buf], opts)
+
+
+def allgather(group: Group, parts: list[torch.Tensor], mine: torch.Tensor) -> dist.Work:
+    """parts[j] receives rank j's `mine` (all the same shape)."""
+    return group.allgather([parts], [mine], dist.distributed_c10d.AllgatherOptions())
+
+
+def reduce_scatter(
+    group: Group, out: torch.Tensor, parts: list[torch.Tensor], op: str
+) -> dist.Work:
+    """`out` receives the reduction over ranks of their parts[rank]."""
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = dist.ReduceOp(TORCH_OPS[op])
+    return group.reduce_scatter([out], [parts], opts)
+
 
 def run(engine: Engine, what: str, start: Callable[[], dist.Work | None]) -> None:
-    """Start a torch.distributed call with async_op=True and wait for it under the watchdog."""
+    """Start a gloo collective (it returns its Work) and wait for it under the watchdog."""
     if engine.error is not None:
         raise engine.error
     work = start()
     if work is None:
         return
-    finished = threading.Event()
-    work.get_future().add_done_callback(lambda _: finished.set())
+    finished, wait = _watch(work)
     deadline = time.monotonic() + engine.timeout
     while not finished.wait(_SLICE_S):
         if engine.error is not None:
@@ -47,7 +101,7 @@ def run(engine: Engine, what: str, start: Callable[[], dist.Work | None]) -> Non
                 "although every peer is alive (raise PLAIT_TIMEOUT if that is expected)"
             )
     try:
-        work.wait()
+        wait()
     except RuntimeError as e:
         # gloo saw a connection drop; the engine sees the same drop and can name the peer
         deadline = time.monotonic() + engine.hb_timeout + 2.0
@@ -56,3 +110,37 @@ def run(engine: Engine, what: str, start: Callable[[], dist.Work | None]) -> Non
         if engine.error is not None:
             raise engine.error from e
         raise PlaitError(f"native {what} failed: {e}") from e
+
+
+def _watch(work: dist.Work) -> tuple[threading.Event, Callable[[], None]]:
+    """An event set once `work` has finished, and the call that returns or raises its outcome.
+
+    Most gloo works complete a future. Some (reduce_scatter) have none, never report
+    is_completed() and only make progress inside wait(): that wait runs on a helper thread.
+    """
+    finished = threading.Event()
+    try:
+        future = work.get_future()
+    except RuntimeError:  # "Work::getFuture not implemented"
+        failure: list[BaseException] = []
+
+        def wait_for_it() -> None:
+            try:
+                work.wait()
+            except BaseException as e:  # re-raised by the caller's wait()
+                failure.append(e)
+            finally:
+                finished.set()
+
+        def outcome() -> None:
+            if failure:
+                raise failure[0]
+
+        threading.Thread(target=wait_for_it, name="plait-native-wait", daemon=True).start()
+        return finished, outcome
+    future.add_done_callback(lambda _: finished.set())
+
+    def wait() -> None:
+        work.wait()  # raises gloo's error, if any
+
+    return finished, wait

@@ -18,6 +18,7 @@ from plait.errors import PlaitError
 _default: Communicator | None = None
 _lock = threading.Lock()
 _owns_torch_group = False
+_failed = False  # a peer failed in this process: the exit hook must not wait on gloo
 
 
 def _seconds(name: str, default: float) -> float:
@@ -95,24 +96,23 @@ def default() -> Communicator:
 
 def shutdown() -> None:
     """Leave the job: say goodbye to the peers and release sockets. Safe to call twice."""
-    global _default, _owns_torch_group
+    global _default, _owns_torch_group, _failed
     with _lock:
         comm, _default = _default, None
         if comm is None:
             return
         comm._worker.stop()
         engine = comm._engine
-        failed = engine.error is not None
+        _failed = _failed or engine.error is not None
         engine.close()
-        if _owns_torch_group and not failed:
+        if _owns_torch_group and not _failed:
             dist.destroy_process_group()
             _owns_torch_group = False
 
 
 def _at_exit() -> None:
-    failed = _default is not None and _default._engine.error is not None
     shutdown()
-    if failed:
+    if _failed:  # remembered: the script may have called shutdown() itself after the error
         # gloo's threads may still be blocked on the dead peer, and torch joins them when the
         # process group is destroyed at exit: that would hang for PLAIT_TIMEOUT. Leave now.
         sys.stdout.flush()
