@@ -43,7 +43,7 @@ def test_bench_collectives_writes_every_algorithm(tmp_path):
         assert set(cells) == {"torch", "native", "ring", "halving_doubling", "tree", "auto"}
         assert all(len(ts) == 2 and min(ts) > 0 for ts in cells.values())
     assert set(data["calibration"]) == {"native", "ring", "halving_doubling", "tree"}
-    assert json.loads((tmp_path / "cal.json").read_text())["fits"]["p2-n1"]["allreduce"]
+    assert json.loads((tmp_path / "cal.json").read_text())["points"]["p2-n1"]["allreduce"]
     assert "vs torch" in proc.stdout and "auto (" in proc.stdout
 
 

@@ -39,21 +39,31 @@ class _Comm:
     size, num_nodes = 4, 1
 
 
+def test_interpolation_is_a_local_alpha_beta_line():
+    points = [[1000, 1.0], [2000, 3.0], [4000, 4.0]]
+    assert select.interpolate(points, 1500) == pytest.approx(2.0)
+    assert select.interpolate(points, 3000) == pytest.approx(3.5)
+    assert select.interpolate(points, 8000) == pytest.approx(6.0)  # the last line, extended
+    assert select.interpolate(points, 500) == pytest.approx(1e-9)  # clamped at the origin
+
+
 def test_calibration_round_trip_decides_auto(tmp_path, monkeypatch):
     monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "cal.json"))
-    fits = {
-        "native": [1e-3, 1e-10],
-        "ring": [1e-4, 1e-8],
-        "halving_doubling": [2e-4, 1e-8],
-        "tree": [5e-5, 5e-8],
+    sizes = (4096, 1 << 20, 1 << 26)
+    lines = {
+        "native": (1e-3, 1e-10),
+        "ring": (1e-4, 1e-8),
+        "halving_doubling": (2e-4, 1e-8),
+        "tree": (5e-5, 5e-8),
     }
-    select.save_calibration(4, 1, "allreduce", fits)
+    points = {a: [[n, x + y * n] for n in sizes] for a, (x, y) in lines.items()}
+    select.save_calibration(4, 1, "allreduce", points)
     select.load_calibration(reload=True)
     try:
         assert select.allreduce(1024, _Comm()) == "tree"
         assert select.allreduce(1 << 26, _Comm()) == "native"
         saved = json.loads((tmp_path / "cal.json").read_text())
-        assert saved["fits"]["p4-n1"]["allreduce"] == fits
+        assert saved["points"]["p4-n1"]["allreduce"]["ring"] == points["ring"]
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
         select.load_calibration(reload=True)

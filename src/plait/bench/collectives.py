@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from plait.bench.units import format_size, parse_size
 
-CALIBRATION_SIZES = "4K,64K,1M,8M"
+CALIBRATION_SIZES = "4K,64K,512K,2M,8M,32M"
 
 
 def _one(comm: Any, algorithm: str, buf: torch.Tensor) -> None:
@@ -100,15 +100,16 @@ def worker(args: argparse.Namespace) -> None:
         fit_algs = ["native", "ring", "halving_doubling", "tree"]
         cal_sizes = [parse_size(s) for s in CALIBRATION_SIZES.split(",")]
         data = measure(comm, cal_sizes, fit_algs, args.repeats, args.budget)
-        fits = {
-            a: list(fit_line([(int(s), statistics.median(data[s][a])) for s in data]))
-            for a in fit_algs
-        }
+        points = {a: [[int(s), statistics.median(data[s][a])] for s in data] for a in fit_algs}
         if comm.rank == 0:
-            select.save_calibration(comm.size, comm.num_nodes, "allreduce", fits)
+            select.save_calibration(comm.size, comm.num_nodes, "allreduce", points)
         comm.barrier()
         select.load_calibration(reload=True)
-        out["calibration"] = fits
+        # one global line per algorithm, for the report: its alpha (s) and beta (s/byte)
+        out["calibration"] = {
+            a: dict(zip(("alpha", "beta"), fit_line([(int(n), t) for n, t in p]), strict=True))
+            for a, p in points.items()
+        }
     out["results"] = measure(comm, sizes, algorithms, args.repeats, args.budget)
     out["auto_choice"] = {str(s): select.allreduce(s, comm) for s in sizes}
     if comm.rank == 0:

@@ -123,7 +123,7 @@ class Engine:
         self._lock = threading.Lock()
         self._conns: dict[int, _Conn] = {}
         self._posted: dict[tuple[int, int], deque[Request]] = defaultdict(deque)
-        self._unexpected: dict[tuple[int, int], deque[bytes]] = defaultdict(deque)
+        self._unexpected: dict[tuple[int, int], deque[bytearray]] = defaultdict(deque)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -460,7 +460,7 @@ class Engine:
                     if not later:
                         del self._posted[key]
                 else:
-                    self._unexpected[key].append(bytes(buf))
+                    self._unexpected[key].append(buf)  # no copy: buf is ours alone now
 
         return memoryview(buf), deliver
 

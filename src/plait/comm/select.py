@@ -10,9 +10,10 @@ gamma: seconds per byte reduced):
     tree              2 lg p (a + n b) + lg p n g              (binomial reduce + bcast)
 
 `native` (gloo) gets its own alpha and beta. Calibration (`plait bench collectives
---calibrate`) replaces the defaults with a straight line t = A + B n fitted per algorithm
-from measurements at this world size, which also captures what the formulas miss (CPU
-contention when ranks outnumber cores, Python overhead per message).
+--calibrate`) replaces the defaults with measurements of every algorithm at several sizes
+at this world size; between two measured sizes the time is the alpha-beta line through
+them. That captures what the formulas miss (CPU contention when ranks outnumber cores,
+Python overhead per message).
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ if TYPE_CHECKING:
 class Link:
     """Cost parameters of one kind of link (seconds, seconds per byte)."""
 
-    alpha: float = 60e-6
-    beta: float = 1 / 1.5e9
-    gamma: float = 1 / 3e9
-    native_alpha: float = 400e-6
-    native_beta: float = 1 / 1.0e9
+    # Defaults read off this project's 2-core machine at 4 ranks (plait bench collectives):
+    # per-message latency is dominated by process wake-ups, and gloo's far more so.
+    alpha: float = 300e-6
+    beta: float = 1 / 0.8e9
+    gamma: float = 1 / 4e9
+    native_alpha: float = 1e-3
+    native_beta: float = 1 / 1.6e9
 
 
 DEFAULT = Link()
@@ -71,16 +74,17 @@ def calibration_path() -> Path:
     )
 
 
-_cache: dict[str, dict[str, dict[str, list[float]]]] | None = None
+Points = list[list[float]]  # [[bytes, seconds], ...], ascending in bytes
+_cache: dict[str, dict[str, dict[str, Points]]] | None = None
 
 
-def load_calibration(reload: bool = False) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """{world key: {collective: {algorithm: [A, B]}}}; empty when never calibrated."""
+def load_calibration(reload: bool = False) -> dict[str, dict[str, dict[str, Points]]]:
+    """{world key: {collective: {algorithm: [[bytes, seconds], ...]}}}; {} if never calibrated."""
     global _cache
     if _cache is None or reload:
         try:
             data = json.loads(calibration_path().read_text())
-            _cache = data.get("fits", {}) if isinstance(data, dict) else {}
+            _cache = data.get("points", {}) if isinstance(data, dict) else {}
         except (OSError, ValueError):
             _cache = {}
     return _cache
@@ -90,42 +94,58 @@ def world_key(size: int, num_nodes: int) -> str:
     return f"p{size}-n{num_nodes}"
 
 
+def interpolate(points: Points, n: float) -> float:
+    """Measured time at n bytes: the alpha-beta line through the two nearest calibrated
+    sizes (a local alpha and beta; one global line misjudges the middle sizes, where the
+    algorithms cross over), extended beyond the ends."""
+    if len(points) == 1:
+        return points[0][1]
+    i = 0
+    while i < len(points) - 2 and n > points[i + 1][0]:
+        i += 1
+    (n0, t0), (n1, t1) = points[i], points[i + 1]
+    beta = max(0.0, (t1 - t0) / (n1 - n0)) if n1 != n0 else 0.0
+    return max(t0 + beta * (n - n0), 1e-9)
+
+
 def _best(collective: str, candidates: tuple[str, ...], n: int, comm: Communicator) -> str:
-    fits = load_calibration().get(world_key(comm.size, comm.num_nodes), {}).get(collective)
-    if fits and all(c in fits for c in candidates):
-        return min(candidates, key=lambda c: fits[c][0] + fits[c][1] * n)
+    measured = load_calibration().get(world_key(comm.size, comm.num_nodes), {}).get(collective)
+    if measured and all(measured.get(c) for c in candidates):
+        return min(candidates, key=lambda c: interpolate(measured[c], n))
     return min(candidates, key=lambda c: predict(c, n, comm.size))
 
 
 def allreduce(n: int, comm: Communicator) -> str:
+    """The allreduce algorithm for n bytes on `comm`."""
     return _best("allreduce", ("native", "ring", "halving_doubling", "tree"), n, comm)
 
 
 def broadcast(n: int, comm: Communicator) -> str:
-    fits = load_calibration().get(world_key(comm.size, comm.num_nodes), {}).get("broadcast")
-    if fits and "native" in fits and "tree" in fits:
-        return min(("native", "tree"), key=lambda c: fits[c][0] + fits[c][1] * n)
-    return "tree"
+    """The broadcast (or reduce) algorithm: binomial tree against gloo's, by the model."""
+    lg = math.ceil(math.log2(comm.size)) if comm.size > 1 else 0
+    tree = lg * (DEFAULT.alpha + n * DEFAULT.beta)
+    gloo = lg * (DEFAULT.native_alpha + n * DEFAULT.native_beta)
+    return "tree" if tree <= gloo else "native"
 
 
 def reduce(n: int, comm: Communicator) -> str:
     return broadcast(n, comm)
 
 
-def save_calibration(
-    size: int, num_nodes: int, collective: str, fits: dict[str, list[float]]
-) -> Path:
-    """Merge one world size's fitted lines into the calibration file (atomically)."""
+def save_calibration(size: int, num_nodes: int, collective: str, points: dict[str, Points]) -> Path:
+    """Merge one world size's measurements into the calibration file (atomically)."""
     path = calibration_path()
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         data = {}
-    if not isinstance(data, dict) or not isinstance(data.get("fits"), dict):
-        data = {"fits": {}}
-    data["fits"].setdefault(world_key(size, num_nodes), {})[collective] = fits
+    if not isinstance(data, dict) or not isinstance(data.get("points"), dict):
+        data = {"points": {}}
+    data["points"].setdefault(world_key(size, num_nodes), {})[collective] = {
+        a: sorted(p) for a, p in points.items()
+    }
     data["note"] = (
-        "t(n) = A + B*n seconds for n bytes; written by plait bench collectives --calibrate"
+        "median seconds per call at n bytes; written by plait bench collectives --calibrate"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
