@@ -37,6 +37,7 @@ HEADER = struct.Struct("<BQQ")
 DATA, HEARTBEAT, BYE, FAIL = 1, 2, 3, 4
 _STAGE_BYTES = 1 << 16  # reads go through this staging buffer unless a payload is large
 _SOCK_BUF = 4 << 20  # kernel socket buffers: big enough to keep loopback busy
+_HOLD_S = 0.05  # how long a large message may wait in the kernel for its receive
 
 
 def as_bytes(t: torch.Tensor) -> memoryview:
@@ -98,7 +99,10 @@ class _Conn:
         self.last_send = time.monotonic()
         self.said_bye = False
         self.closed = False
-        self.writing = False  # registered for EVENT_WRITE
+        self.events = selectors.EVENT_READ  # what the selector watches for
+        self.held_at: float | None = None  # reading paused for an unposted large message
+        self.held_key: tuple[int, int] | None = None
+        self.force = False  # the held message waited long enough: buffer it
         self.msgs_sent = 0
         self.msgs_recv = 0
 
@@ -123,7 +127,7 @@ class Engine:
         self._lock = threading.Lock()
         self._conns: dict[int, _Conn] = {}
         self._posted: dict[tuple[int, int], deque[Request]] = defaultdict(deque)
-        self._unexpected: dict[tuple[int, int], deque[bytearray]] = defaultdict(deque)
+        self._unexpected: dict[tuple[int, int], deque[bytearray | memoryview]] = defaultdict(deque)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -171,6 +175,8 @@ class Engine:
                 raise self._left(conn, "shut down while this rank still waited for it")
             else:
                 self._posted[key].append(req)
+                if conn.held_key == key:
+                    self._wake()  # the poller resumes reading that peer, straight into `t`
         return req
 
     def counts(self) -> dict[int, tuple[int, int]]:
@@ -345,23 +351,65 @@ class Engine:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
+        resume = []
         with self._lock:
             for conn in self._conns.values():
                 if conn.closed:
                     continue
                 if not conn.out and now - conn.last_send >= self.hb_interval:
                     self._push(conn, [memoryview(HEADER.pack(HEARTBEAT, 0, 0))], None)
-                want_write = bool(conn.out)
-                if want_write != conn.writing and not conn.closed:
-                    events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
-                    self._sel.modify(conn.sock, events, conn)
-                    conn.writing = want_write
+                if conn.held_at is not None:
+                    posted = bool(conn.held_key and self._posted.get(conn.held_key))
+                    if posted or now - conn.held_at > _HOLD_S:
+                        conn.force = not posted
+                        conn.held_at, conn.held_key = None, None
+                        conn.last_recv = max(conn.last_recv, now - _HOLD_S)
+                        resume.append(conn)
+                self._watch(conn)
                 silent = now - conn.last_recv
                 if not conn.said_bye and silent > self.hb_timeout:
                     self._lost(
                         conn,
                         f"no heartbeat for {silent:.1f} s (process frozen or host unreachable)",
                     )
+
+        for conn in resume:  # the held frame is still at the front of the stage
+            self._parse(conn)
+            if conn.held_at is None and not conn.closed:
+                self._on_readable(conn)
+
+    def _hold(self, conn: _Conn, tag: int) -> bool:
+        """Pause reading `conn` at a large message nobody has asked for yet (lock free).
+
+        Buffering it would cost an allocation and a second copy of every byte; in a
+        collective the receive is usually posted microseconds later, and then the payload
+        goes from the socket straight into the receiver's tensor. After _HOLD_S it is
+        buffered anyway, so a receive posted late (or never) cannot stall the stream.
+        """
+        key = (conn.rank, tag)
+        with self._lock:
+            if self._posted.get(key):
+                return False
+            conn.held_at, conn.held_key = time.monotonic(), key
+            self._watch(conn)
+        return True
+
+    def _watch(self, conn: _Conn) -> None:
+        """Register what the selector should watch on `conn` (lock held)."""
+        if conn.closed:
+            return
+        events = (0 if conn.held_at is not None else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if conn.out else 0
+        )
+        if events == conn.events:
+            return
+        if conn.events == 0:
+            self._sel.register(conn.sock, events, conn)
+        elif events == 0:
+            self._sel.unregister(conn.sock)
+        else:
+            self._sel.modify(conn.sock, events, conn)
+        conn.events = events
 
     def _on_writable(self, conn: _Conn) -> None:
         with self._lock:
@@ -406,6 +454,8 @@ class Engine:
                 continue
             conn.fill += n
             self._parse(conn)
+            if conn.held_at is not None:
+                return
 
     def _parse(self, conn: _Conn) -> None:
         """Consume complete frames from the staging buffer; start a direct read if large."""
@@ -422,6 +472,9 @@ class Engine:
             have = min(nbytes, conn.fill - body)
             if have < nbytes and nbytes <= _STAGE_BYTES - HEADER.size:
                 break  # small frame, partly here: wait for the rest in the stage
+            if nbytes > _STAGE_BYTES and not conn.force and self._hold(conn, tag):
+                break  # left unparsed in the stage until its receive is posted
+            conn.force = False
             dest, finish = self._match(conn, tag, nbytes)
             dest[:have] = stage[body : body + have]
             pos = body + have
@@ -447,7 +500,12 @@ class Engine:
                 del self._posted[key]
         if req is not None and len(req.view) == nbytes:
             return req.view, req.complete
-        buf = bytearray(nbytes)
+        # no zero-filling of a large buffer that the socket overwrites at once
+        buf = (
+            bytearray(nbytes)
+            if nbytes <= _STAGE_BYTES
+            else as_bytes(torch.empty(nbytes, dtype=torch.uint8))
+        )
 
         def deliver() -> None:
             if req is not None:  # the posted buffer had the wrong size: report it
