@@ -4,10 +4,10 @@ The launcher starts N workers running `python -m plait.bench.collectives`; rank 
 measurements as JSON, and the parent prints them in the style of nccl-tests.
 
 Measuring on a shared 2-core machine is noisy, so within each repeat the algorithms take
-turns (round robin), every timing is the slowest rank's, and the report is the median over
-repeats. `torch` is the peer: raw `torch.distributed.all_reduce` (gloo), no plait code on
-the path. `native` is plait's passthrough to the same call, with plait's mismatch check and
-failure watchdog around it.
+turns (in a fresh shuffled order each repeat), every timing is the slowest
+rank's, and the report is the median over repeats. `torch` is the peer: raw
+`torch.distributed.all_reduce` (gloo), no plait code on the path. `native` is plait's
+passthrough to the same call, with plait's mismatch check and failure watchdog around it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -26,7 +27,7 @@ import torch.distributed as dist
 
 from plait.bench.units import format_size, parse_size
 
-CALIBRATION_SIZES = "4K,64K,512K,2M,8M,32M"
+CALIBRATION_SIZES = "4K,64K,512K,2M,8M,32M,64M"
 
 
 def _one(comm: Any, algorithm: str, buf: torch.Tensor) -> None:
@@ -65,8 +66,13 @@ def measure(
         # enough calls per timing to last ~budget_s / (repeats * algorithms) seconds
         iters = max(1, min(200, int(budget_s / (repeats * len(algorithms) * max(probe, 1e-6)))))
         row: dict[str, list[float]] = {a: [] for a in algorithms}
-        for _ in range(repeats):
-            for algorithm in algorithms:
+        for i in range(repeats):
+            # A fresh order each repeat (the same on every rank: seeded): a call right after
+            # a memory-hungry algorithm runs 10-20% slower here (seen at 64 MB), and no
+            # algorithm should always follow the same neighbour.
+            order = list(algorithms)
+            random.Random(i).shuffle(order)
+            for algorithm in order:
                 row[algorithm].append(_time(comm, algorithm, buf, iters))
         results[str(size)] = row
         if comm.rank == 0:

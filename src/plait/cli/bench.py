@@ -38,9 +38,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=",".join(ALL),
         help=f"comma-separated subset of {','.join(ALL)} (default: all)",
     )
-    c.add_argument("--repeats", type=int, default=5, help="timed repeats per cell (default 5)")
+    c.add_argument("--repeats", type=int, default=7, help="timed repeats per cell (default 7)")
     c.add_argument(
-        "--budget", type=float, default=2.0, help="seconds of timing per size (default 2)"
+        "--budget", type=float, default=4.0, help="seconds of timing per size (default 4)"
     )
     c.add_argument(
         "--calibrate",
@@ -96,6 +96,12 @@ def summarize(data: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (size, algorithm): median time, bandwidths, speed relative to torch."""
     p = data["world_size"]
     rows = []
+
+    def speedup(base: list[float], ts: list[float]) -> float:
+        # paired by repeat: the algorithms of one repeat ran back to back, so the ratio
+        # cancels the machine's drift between repeats; then the median over repeats
+        return statistics.median(b / t for b, t in zip(base, ts, strict=True))
+
     for size_s, cells in data["results"].items():
         size = int(size_s)
         med = {a: statistics.median(ts) for a, ts in cells.items()}
@@ -108,8 +114,12 @@ def summarize(data: dict[str, Any]) -> list[dict[str, Any]]:
                     "time_us": t * 1e6,
                     "algbw_GBps": algbw,
                     "busbw_GBps": algbw * 2 * (p - 1) / p,  # nccl-tests' allreduce factor
-                    "vs_torch": med["torch"] / t if "torch" in med else None,
-                    "vs_native": med["native"] / t if "native" in med else None,
+                    "vs_torch": speedup(cells["torch"], cells[algorithm])
+                    if "torch" in med
+                    else None,
+                    "vs_native": (
+                        speedup(cells["native"], cells[algorithm]) if "native" in med else None
+                    ),
                     "auto_choice": data.get("auto_choice", {}).get(size_s),
                 }
             )
@@ -118,7 +128,10 @@ def summarize(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def render(data: dict[str, Any], console: Console) -> None:
     p = data["world_size"]
-    table = Table(title=f"allreduce, float32, {p} ranks — median of repeats; ratio > 1: faster")
+    table = Table(
+        title=f"allreduce, float32, {p} ranks: median time over repeats; speed ratio "
+        "(median of per-repeat ratios) > 1 means faster"
+    )
     for col in (
         "size",
         "algorithm",
