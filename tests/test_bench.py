@@ -45,6 +45,25 @@ def test_bench_collectives_writes_every_algorithm(tmp_path):
     assert set(data["calibration"]) == {"native", "ring", "halving_doubling", "tree"}
     assert json.loads((tmp_path / "cal.json").read_text())["points"]["p2-n1"]["allreduce"]
     assert "vs torch" in proc.stdout and "auto (" in proc.stdout
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plait",
+            "bench",
+            "collectives",
+            "--from-json",
+            str(out),
+            "--markdown",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
+    assert again.returncode == 0, again.stderr
+    lines = again.stdout.strip().splitlines()
+    assert lines[0].startswith("| size | torch (ms) |") and len(lines) == 2 + 2
 
 
 def test_bench_rejects_bad_input():

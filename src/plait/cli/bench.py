@@ -49,6 +49,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "algorithm='auto' uses it from then on",
     )
     c.add_argument("--json", metavar="FILE", help="also write the measurements as JSON")
+    c.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="measure nothing: print the tables of an earlier --json file",
+    )
+    c.add_argument(
+        "--markdown", action="store_true", help="print a compact Markdown table (for READMEs)"
+    )
     c.set_defaults(func=run)
 
 
@@ -69,6 +77,13 @@ def _validate(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+        if args.markdown:
+            print(markdown(data))
+        else:
+            render(data, _console())
+        return 0
     problem = _validate(args)
     if problem:
         print(f"plait bench collectives: {problem}", file=sys.stderr)
@@ -86,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
         if code != 0:
             return code
         data = json.loads(out.read_text())
-    render(data, Console(width=max(110, Console().width)))
+    render(data, _console())
+    if args.markdown:
+        print(markdown(data))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1))
     return 0
@@ -160,3 +177,26 @@ def render(data: dict[str, Any], console: Console) -> None:
             "" if row["vs_native"] is None else f"{row['vs_native']:.2f}x",
         )
     console.print(table)
+
+
+def _console() -> Console:
+    return Console(width=max(110, Console().width))
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """One row per size: each algorithm's median time (ms), auto's choice and its speed."""
+    rows = summarize(data)
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    head = ["size", *(f"{a} (ms)" for a in algorithms), "auto chose", "auto vs native",
+            "auto vs torch"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for size in dict.fromkeys(r["size"] for r in rows):
+        cells = {r["algorithm"]: r for r in rows if r["size"] == size}
+        auto = cells.get("auto", {})
+        line = [format_size(size), *(f"{cells[a]['time_us'] / 1e3:.2f}" for a in algorithms)]
+        line.append(str(auto.get("auto_choice", "")))
+        for key in ("vs_native", "vs_torch"):
+            value = auto.get(key)
+            line.append("" if value is None else f"{value:.2f}x")
+        lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines)
