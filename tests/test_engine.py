@@ -47,3 +47,71 @@ def test_large_messages_wait_or_are_buffered_without_false_alarms():
     env = {"PLAIT_HEARTBEAT_TIMEOUT": "1", "PLAIT_CHECK": "0"}
     assert run_world(2, _late_receiver, env=env, timeout=40) == [float(MB), True]
     assert run_world(2, _prompt_receiver, env=env, timeout=40) == [0.0, 0.0]
+
+
+# --- one engine against a raw socket peer, in process: exact control of the bytes --------
+import socket  # noqa: E402
+import struct  # noqa: E402
+
+import plait  # noqa: E402
+from plait.comm.engine import DATA, HEADER, Engine  # noqa: E402
+
+
+def _engine_and_peer(timeout=20.0):
+    with socket.socket() as listener:  # TCP, as between ranks
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        theirs = socket.create_connection(listener.getsockname())
+        ours, _ = listener.accept()
+    engine = Engine(1, {0: ours}, timeout=timeout, heartbeat_interval=0.2, heartbeat_timeout=5.0)
+    return engine, theirs
+
+
+def _frame(tag, payload):
+    return HEADER.pack(DATA, tag, len(payload)) + payload
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_dying_mid_message_fails_the_receive_at_once():
+    engine, peer = _engine_and_peer()
+    try:
+        req = engine.irecv(torch.empty(MB), 0, tag=7)
+        peer.sendall(HEADER.pack(DATA, 7, 4 * MB) + b"\0" * 200_000)  # a quarter of it...
+        time.sleep(0.1)
+        peer.close()  # ...then the process dies
+        start = time.monotonic()
+        with pytest.raises(plait.PeerFailureError) as err:
+            req.wait()
+        assert err.value.rank == 0
+        assert time.monotonic() - start < 2.0
+    finally:
+        engine.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_held_large_message_delays_later_ones_by_the_hold_only():
+    engine, peer = _engine_and_peer()
+    try:
+        big = bytes(range(256)) * (4 * MB // 256)
+        peer.sendall(_frame(10, big) + _frame(11, struct.pack("<q", 42)))
+        start = time.monotonic()
+        small = torch.empty(1, dtype=torch.int64)
+        engine.irecv(small, 0, tag=11).wait()  # behind the big one, which nobody asked for yet
+        assert small.item() == 42
+        assert time.monotonic() - start < 0.3  # the hold is 50 ms, not a poll period
+        got = torch.empty(4 * MB, dtype=torch.uint8)
+        engine.irecv(got, 0, tag=10).wait()  # buffered meanwhile, intact
+        assert bytes(got.numpy()) == big
+    finally:
+        engine.close()
+        peer.close()
+
+
+def test_a_closed_engine_says_so():
+    engine, peer = _engine_and_peer()
+    engine.close()
+    peer.close()
+    with pytest.raises(plait.PlaitError, match="shut down"):
+        engine.isend(torch.ones(3), 0, tag=1)
+    with pytest.raises(plait.PlaitError, match="shut down"):
+        engine.irecv(torch.ones(3), 0, tag=1)

@@ -20,7 +20,7 @@ from plait.comm.calls import Call, agree, check_enabled, dtype_from_name, dtype_
 from plait.comm.engine import Engine, Request
 from plait.comm.handle import Handle, Worker
 from plait.comm.ops import check_op, finish_avg
-from plait.errors import CollectiveMismatchError
+from plait.errors import CollectiveMismatchError, PlaitError
 
 T = TypeVar("T")
 
@@ -63,6 +63,11 @@ def _algorithm(kind: str, algorithm: str) -> str:
     return algorithm
 
 
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy, detached from autograd: collectives are not differentiable here."""
+    return t.detach().clone(memory_format=torch.contiguous_format)
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.view(-1)
 
@@ -72,6 +77,27 @@ def _split_call(args: tuple[Any, ...]) -> str:
     if args[0] == "ranks":
         return f"split(ranks={list(args[1])})"
     return f"split(color={args[1]}, key={args[2]})"
+
+
+def _split_row(args: tuple[Any, ...], size: int) -> torch.Tensor:
+    """split's arguments as int64, so ranks exchange them without pickling:
+    [0, n, r_0..r_n-1, -1...] for ranks, [1, color (-1: None), key, -1...] for colours."""
+    row = torch.full((1, size + 2), -1, dtype=torch.int64)
+    if args[0] == "ranks":
+        row[0, 0], row[0, 1] = 0, len(args[1])
+        row[0, 2 : 2 + len(args[1])] = torch.tensor(args[1])
+    else:
+        row[0, 0] = 1
+        row[0, 1] = -1 if args[1] is None else args[1]
+        row[0, 2] = args[2]
+    return row
+
+
+def _split_args(row: torch.Tensor) -> tuple[Any, ...]:
+    v = row.tolist()
+    if v[0] == 0:
+        return ("ranks", tuple(v[2 : 2 + v[1]]))
+    return ("color", None if v[1] == -1 else v[1], v[2])
 
 
 def _rows(shape: Sequence[int]) -> int:
@@ -129,11 +155,22 @@ class Communicator:
             raise self._engine.error
         seq = self._seq
         self._seq += 1
+
+        def call() -> T:
+            try:
+                with torch.no_grad():  # per thread: the async worker needs it too
+                    return fn(seq)
+            except PlaitError:
+                raise  # raised alike on every rank (mismatch), or a peer's failure
+            except Exception as e:  # only here: the peers are mid-call and would wait
+                self._engine.abort(f"raised {type(e).__name__} inside a collective: {e}")
+                raise
+
         if async_op:
-            return self._worker.submit(lambda: fn(seq))
+            return self._worker.submit(call)
         if self._worker.idle:
-            return fn(seq)
-        return self._worker.submit(lambda: fn(seq)).wait()
+            return call()
+        return self._worker.submit(call).wait()
 
     def _exchange(self, seq: int, call: Call, needed: bool = False) -> list[Call] | None:
         """Share every rank's call; raise CollectiveMismatchError on disagreement."""
@@ -161,7 +198,7 @@ class Communicator:
         self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
     ) -> torch.Tensor:
         """Reduce `tensor` over all ranks; return the result as a new tensor on every rank."""
-        return self.allreduce_(_tensor(tensor).clone(), op, algorithm)
+        return self.allreduce_(_copy(_tensor(tensor)), op, algorithm)
 
     def allreduce_(
         self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
@@ -173,7 +210,7 @@ class Communicator:
         self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
     ) -> Handle[torch.Tensor]:
         """Start an allreduce into a new tensor; `handle.wait()` returns it."""
-        return self.allreduce_async_(_tensor(tensor).clone(), op, algorithm)
+        return self.allreduce_async_(_copy(_tensor(tensor)), op, algorithm)
 
     def allreduce_async_(
         self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
@@ -184,7 +221,11 @@ class Communicator:
     def _allreduce_fn(
         self, tensor: torch.Tensor, op: str, algorithm: str
     ) -> Callable[[int], torch.Tensor]:
-        t, op, algorithm = _tensor(tensor), check_op(op), _algorithm("allreduce", algorithm)
+        t, op, algorithm = (
+            _tensor(tensor),
+            check_op(op, _tensor(tensor).dtype),
+            _algorithm("allreduce", algorithm),
+        )
         call = Call.of("allreduce", t, op=op, algorithm=algorithm)
 
         def run(seq: int) -> torch.Tensor:
@@ -219,7 +260,7 @@ class Communicator:
         self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto"
     ) -> torch.Tensor:
         """Return the root's `tensor` on every rank, as a new tensor."""
-        return self.broadcast_(_tensor(tensor).clone(), root, algorithm)
+        return self.broadcast_(_copy(_tensor(tensor)), root, algorithm)
 
     def broadcast_(
         self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto"
@@ -253,13 +294,17 @@ class Communicator:
         self, tensor: torch.Tensor, root: int = 0, op: str = "sum", algorithm: str = "auto"
     ) -> torch.Tensor:
         """Reduce onto `root`. Returns the result on root, an unchanged copy elsewhere."""
-        t, op, algorithm = _tensor(tensor), check_op(op), _algorithm("reduce", algorithm)
+        t, op, algorithm = (
+            _tensor(tensor),
+            check_op(op, _tensor(tensor).dtype),
+            _algorithm("reduce", algorithm),
+        )
         root = self._root(root)
         call = Call.of("reduce", t, op=op, root=root, algorithm=algorithm)
 
         def run(seq: int) -> torch.Tensor:
             self._exchange(seq, call)
-            buf = t.clone(memory_format=torch.contiguous_format)
+            buf = _copy(t)  # the result on root; scratch elsewhere
             if self.size == 1 or t.numel() == 0:
                 return buf
             name = (
@@ -270,11 +315,9 @@ class Communicator:
             if name == "native":
                 self._native("reduce", lambda g: native.reduce(g, buf, op, root))
             else:
-                work = buf if self.rank == root else buf.clone()  # tree reduce uses it as scratch
-                tree.reduce(self._channel(seq, 1), _flat(work), "sum" if op == "avg" else op, root)
-                buf = work
+                tree.reduce(self._channel(seq, 1), _flat(buf), "sum" if op == "avg" else op, root)
             if self.rank != root:
-                return t.clone(memory_format=torch.contiguous_format)
+                return _copy(t)
             if op == "avg":
                 finish_avg(buf, self.size)
             return buf
@@ -288,7 +331,11 @@ class Communicator:
 
     # ------------------------------------------------------ gather-type collectives
     def allgather(self, tensor: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
-        """Concatenate every rank's `tensor` along dim 0 (which may differ across ranks)."""
+        """Concatenate every rank's `tensor` along dim 0 (which may differ across ranks).
+
+        `auto` runs plait's ring; `native` runs gloo's allgather when every rank's dim 0 is the
+        same (gloo needs that) and the ring otherwise.
+        """
         t, algorithm = _tensor(tensor), _algorithm("allgather", algorithm)
         if t.dim() == 0:
             raise ValueError("allgather needs a tensor with at least one dimension; got a scalar")
@@ -319,8 +366,16 @@ class Communicator:
     def reduce_scatter(
         self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
     ) -> torch.Tensor:
-        """Reduce over ranks and return this rank's part of dim 0 (split as torch.tensor_split)."""
-        t, op, algorithm = _tensor(tensor), check_op(op), _algorithm("reduce_scatter", algorithm)
+        """Reduce over ranks and return this rank's part of dim 0 (split as torch.tensor_split).
+
+        `auto` runs plait's ring; `native` runs gloo's when dim 0 divides evenly by the size
+        (gloo needs that) and the ring otherwise.
+        """
+        t, op, algorithm = (
+            _tensor(tensor),
+            check_op(op, _tensor(tensor).dtype),
+            _algorithm("reduce_scatter", algorithm),
+        )
         if t.dim() == 0:
             raise ValueError(
                 "reduce_scatter needs a tensor with at least one dimension; got a scalar"
@@ -506,7 +561,7 @@ class Communicator:
                 raise ValueError(f"color must be a non-negative int or None; got {color!r}")
             mine = ("color", color, int(key))
         seq = self._seq  # every member has the same, which makes the new ids agree
-        everyone = self.allgather_object(mine)
+        everyone = [_split_args(row) for row in self.allgather(_split_row(mine, self.size))]
         calls = [_split_call(e) for e in everyone]
         if len({e[0] for e in everyone}) > 1:  # checked first: every rank raises the same
             raise CollectiveMismatchError(calls, "ranks and color mixed")
@@ -530,5 +585,5 @@ class Communicator:
             self._engine,
             [self.ranks[r] for r in members],
             [self._nodes[r] for r in members],
-            ident or 1,
+            ident if ident > 1 else 2,  # 1 is the world's
         )

@@ -1,10 +1,11 @@
 """The socket engine: tagged point-to-point messages between ranks, with failure detection.
 
 One engine per process, shared by every communicator. It owns one TCP connection per peer
-(a full mesh, built by `rendezvous.connect_mesh`) and one background thread that moves
-bytes: it reads every connection, matches arriving messages to posted receives by
-(source, tag) in posting order (MPI's non-overtaking rule), finishes sends the caller could
-not complete at once, and sends and checks heartbeats.
+(a full mesh, built by `rendezvous.connect_mesh`). Whichever thread waits on a request
+moves the bytes (see `drive`); a background thread takes over when nobody has waited for a
+while. Moving bytes means: reading every connection, matching arriving messages to posted
+receives by (source, tag) in posting order (MPI's non-overtaking rule), finishing sends the
+caller could not complete at once, and sending and checking heartbeats.
 
 Why its own engine rather than gloo's send/recv: every wait here has a deadline and every
 peer is watched, so a peer that is killed (connection closed) or frozen (silent: no
@@ -13,7 +14,9 @@ of gloo's opaque error or 30-minute hang. The engine also counts messages per pe
 the tests use to check the structure of each algorithm.
 
 Wire format, per message: a 17-byte header (kind u8, tag u64, nbytes u64) and `nbytes` raw
-bytes. Nothing received is ever unpickled.
+bytes. The engine never unpickles what it receives. (The object collectives above it,
+broadcast_object and allgather_object, do pickle, as torch's and Horovod's do: they only
+talk to the job's own ranks, which passed the job token at connection time.)
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class _Conn:
         self.target: memoryview | None = None  # payload being read straight into a buffer
         self.target_pos = 0
         self.target_done: Callable[[], None] | None = None
+        self.target_req: Request | None = None  # the posted receive `target` belongs to
         self.last_recv = time.monotonic()
         self.last_send = time.monotonic()
         self.said_bye = False
@@ -163,6 +167,8 @@ class Engine:
         conn = self._conn(peer)
         key = (peer, tag)
         with self._lock:
+            if not self._running:
+                raise PlaitError("the communicator was shut down (plait.shutdown)")
             if self.error is not None:
                 raise self.error
             waiting = self._unexpected.get(key)
@@ -178,6 +184,14 @@ class Engine:
                 if conn.held_key == key:
                     self._wake()  # the poller resumes reading that peer, straight into `t`
         return req
+
+    def abort(self, reason: str) -> PeerFailureError:
+        """This rank cannot finish a collective it started (it raised half-way): tell the
+        peers now, so they fail within milliseconds instead of waiting PLAIT_TIMEOUT."""
+        with self._lock:
+            self._record(PeerFailureError(self.rank, reason, seen_by=self.rank), propagate=True)
+            assert self.error is not None
+            return self.error
 
     def counts(self) -> dict[int, tuple[int, int]]:
         """Data messages (sent, received) per peer since start, for structure tests."""
@@ -236,12 +250,13 @@ class Engine:
         # Fast path: if nothing is queued for this peer, write from the caller's thread; a
         # small message then completes without waking the engine thread at all.
         with self._lock:
+            if not self._running:
+                raise PlaitError("the communicator was shut down (plait.shutdown)")
             if self.error is not None:
                 raise self.error
             if conn.said_bye:  # it would never read the message
                 raise self._left(conn, "shut down before this rank's message to it was sent")
-            if frame[0][0] == DATA:
-                conn.msgs_sent += 1
+            conn.msgs_sent += 1  # only isend comes here: control frames go through _push
             self._push(conn, frame, req)
 
     def _push(self, conn: _Conn, frame: list[memoryview], req: Request | None) -> None:
@@ -297,6 +312,10 @@ class Engine:
         """Make progress until `req` is done (or its deadline passes)."""
         deadline = time.monotonic() + self.timeout
         while not req.done():
+            if not self._running:
+                raise PlaitError("the communicator was shut down (plait.shutdown)")
+            if self.error is not None:  # whatever failed, this request cannot finish now
+                raise self.error
             now = time.monotonic()
             self._last_active = now
             if now > deadline:
@@ -334,6 +353,9 @@ class Engine:
 
     def _poll(self, timeout: float) -> None:
         """One round: wait for socket events (at most `timeout` s), handle them."""
+        held = [c.held_at for c in self._conns.values() if c.held_at is not None]
+        if held:  # wake up when the oldest held message has waited long enough
+            timeout = max(0.0, min(timeout, min(held) + _HOLD_S - time.monotonic()))
         for key, mask in self._sel.select(timeout):
             conn = key.data
             if conn is None:
@@ -356,7 +378,8 @@ class Engine:
             for conn in self._conns.values():
                 if conn.closed:
                     continue
-                if not conn.out and now - conn.last_send >= self.hb_interval:
+                closing = not self._running  # after our goodbye: no heartbeats, no alarms
+                if not closing and not conn.out and now - conn.last_send >= self.hb_interval:
                     self._push(conn, [memoryview(HEADER.pack(HEARTBEAT, 0, 0))], None)
                 if conn.held_at is not None:
                     posted = bool(conn.held_key and self._posted.get(conn.held_key))
@@ -367,7 +390,7 @@ class Engine:
                         resume.append(conn)
                 self._watch(conn)
                 silent = now - conn.last_recv
-                if not conn.said_bye and silent > self.hb_timeout:
+                if not conn.said_bye and not closing and silent > self.hb_timeout:
                     self._lost(
                         conn,
                         f"no heartbeat for {silent:.1f} s (process frozen or host unreachable)",
@@ -448,7 +471,7 @@ class Engine:
                 conn.target_pos += n
                 if conn.target_pos == len(conn.target):
                     done = conn.target_done
-                    conn.target, conn.target_done = None, None
+                    conn.target, conn.target_done, conn.target_req = None, None, None
                     assert done is not None
                     done()
                 continue
@@ -475,7 +498,7 @@ class Engine:
             if nbytes > _STAGE_BYTES and not conn.force and self._hold(conn, tag):
                 break  # left unparsed in the stage until its receive is posted
             conn.force = False
-            dest, finish = self._match(conn, tag, nbytes)
+            dest, finish, owner = self._match(conn, tag, nbytes)
             dest[:have] = stage[body : body + have]
             pos = body + have
             conn.msgs_recv += 1
@@ -483,6 +506,7 @@ class Engine:
                 finish()
             else:
                 conn.target, conn.target_pos, conn.target_done = dest, have, finish
+                conn.target_req = owner
                 break
         # keep the unparsed tail at the front of the stage
         rest = conn.fill - pos
@@ -490,8 +514,11 @@ class Engine:
             stage[:rest] = stage[pos : conn.fill]
         conn.fill = rest
 
-    def _match(self, conn: _Conn, tag: int, nbytes: int) -> tuple[memoryview, Callable[[], None]]:
-        """Where an arriving message's payload goes, and what to do once it is all there."""
+    def _match(
+        self, conn: _Conn, tag: int, nbytes: int
+    ) -> tuple[memoryview, Callable[[], None], Request | None]:
+        """Where an arriving message's payload goes, what to do once it is all there, and
+        the posted receive it goes straight into (None if buffered)."""
         key = (conn.rank, tag)
         with self._lock:
             posted = self._posted.get(key)
@@ -499,7 +526,7 @@ class Engine:
             if posted is not None and not posted:
                 del self._posted[key]
         if req is not None and len(req.view) == nbytes:
-            return req.view, req.complete
+            return req.view, req.complete, req
         # no zero-filling of a large buffer that the socket overwrites at once
         buf = (
             bytearray(nbytes)
@@ -520,7 +547,7 @@ class Engine:
                 else:
                     self._unexpected[key].append(buf)  # no copy: buf is ours alone now
 
-        return memoryview(buf), deliver
+        return memoryview(buf), deliver, None
 
     def _control(self, conn: _Conn, kind: int, body: bytes) -> None:
         if kind == BYE:
@@ -543,6 +570,12 @@ class Engine:
             if any(sender is not None for _, sender in conn.out):
                 self._left(conn, "hung up before this rank's message to it was sent")
             conn.out.clear()
+            if conn.target_req is not None:  # a message cut off halfway: its receive fails
+                conn.target_req.complete(
+                    self.error
+                    or PeerFailureError(conn.rank, "hung up mid-message", seen_by=self.rank)
+                )
+            conn.target, conn.target_done, conn.target_req = None, None, None
             with contextlib.suppress(KeyError, ValueError):
                 self._sel.unregister(conn.sock)
             with contextlib.suppress(OSError):

@@ -17,9 +17,11 @@ _KERNELS: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
 }
 
 
-def check_op(op: str) -> str:
+def check_op(op: str, dtype: torch.dtype | None = None) -> str:
     if op not in REDUCE_OPS:
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCE_OPS))}; got {op!r}")
+    if op == "avg" and dtype == torch.bool:
+        raise ValueError("op='avg' has no meaning for bool tensors; use 'max' (any) or 'min' (all)")
     return op
 
 
