@@ -54,7 +54,8 @@ import socket  # noqa: E402
 import struct  # noqa: E402
 
 import plait  # noqa: E402
-from plait.comm.engine import DATA, HEADER, Engine  # noqa: E402
+from plait.comm.engine import Engine  # noqa: E402
+from plait.comm.frames import DATA, HEADER  # noqa: E402
 
 
 def _engine_and_peer(timeout=20.0):

@@ -13,10 +13,10 @@ heartbeat) becomes a `PeerFailureError` naming it on every survivor within secon
 of gloo's opaque error or 30-minute hang. The engine also counts messages per peer, which
 the tests use to check the structure of each algorithm.
 
-Wire format, per message: a 17-byte header (kind u8, tag u64, nbytes u64) and `nbytes` raw
-bytes. The engine never unpickles what it receives. (The object collectives above it,
-broadcast_object and allgather_object, do pickle, as torch's and Horovod's do: they only
-talk to the job's own ranks, which passed the job token at connection time.)
+The wire format is in frames.py. The engine never unpickles what it receives. (The object
+collectives above it, broadcast_object and allgather_object, do pickle, as torch's and
+Horovod's do: they only talk to the job's own ranks, which passed the job token at
+connection time.)
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import errno
 import os
 import selectors
 import socket
-import struct
 import threading
 import time
 from collections import defaultdict, deque
@@ -34,81 +33,21 @@ from collections.abc import Callable
 
 import torch
 
+from plait.comm.frames import (
+    BYE,
+    DATA,
+    FAIL,
+    HEADER,
+    HEARTBEAT,
+    STAGE_BYTES,
+    Conn,
+    Request,
+    as_bytes,
+)
 from plait.errors import CommTimeoutError, PeerFailureError, PlaitError
 
-HEADER = struct.Struct("<BQQ")
-DATA, HEARTBEAT, BYE, FAIL = 1, 2, 3, 4
-_STAGE_BYTES = 1 << 16  # reads go through this staging buffer unless a payload is large
 _SOCK_BUF = 4 << 20  # kernel socket buffers: big enough to keep loopback busy
 _HOLD_S = 0.05  # how long a large message may wait in the kernel for its receive
-
-
-def as_bytes(t: torch.Tensor) -> memoryview:
-    """A writable byte view of a 1-D contiguous tensor (any dtype, bfloat16 included)."""
-    array = t.view(torch.uint8).numpy()
-    return memoryview(array).cast("B")  # type: ignore[arg-type]
-
-
-class Request:
-    """A posted send or receive; `wait()` blocks until it is done or its peer failed."""
-
-    __slots__ = ("_engine", "_event", "_flag", "error", "peer", "view")
-
-    def __init__(self, engine: Engine, peer: int, view: memoryview) -> None:
-        self._engine = engine
-        self._flag = False
-        self._event: threading.Event | None = None  # made only if a second thread must wait
-        self.peer = peer
-        self.view = view
-        self.error: BaseException | None = None
-
-    def complete(self, error: BaseException | None = None) -> None:
-        self.error = error
-        self._flag = True
-        if self._event is not None:
-            self._event.set()
-
-    def done(self) -> bool:
-        return self._flag
-
-    def wait(self) -> None:
-        if not self._flag:
-            self._engine.drive(self)
-        if self.error is not None:
-            raise self.error
-
-    def _park(self, seconds: float) -> None:
-        """Sleep until completed by another thread, or `seconds` pass."""
-        if self._event is None:
-            self._event = threading.Event()
-        if not self._flag:
-            self._event.wait(seconds)
-
-
-class _Conn:
-    """One peer's connection: outgoing frame queue and incoming parse state."""
-
-    def __init__(self, rank: int, sock: socket.socket) -> None:
-        self.rank = rank
-        self.sock = sock
-        self.out: deque[tuple[list[memoryview], Request | None]] = deque()
-        self.stage = bytearray(_STAGE_BYTES)
-        self.stage_view = memoryview(self.stage)
-        self.fill = 0  # bytes of self.stage holding unparsed input
-        self.target: memoryview | None = None  # payload being read straight into a buffer
-        self.target_pos = 0
-        self.target_done: Callable[[], None] | None = None
-        self.target_req: Request | None = None  # the posted receive `target` belongs to
-        self.last_recv = time.monotonic()
-        self.last_send = time.monotonic()
-        self.said_bye = False
-        self.closed = False
-        self.events = selectors.EVENT_READ  # what the selector watches for
-        self.held_at: float | None = None  # reading paused for an unposted large message
-        self.held_key: tuple[int, int] | None = None
-        self.force = False  # the held message waited long enough: buffer it
-        self.msgs_sent = 0
-        self.msgs_recv = 0
 
 
 class Engine:
@@ -129,7 +68,7 @@ class Engine:
         self.hb_timeout = heartbeat_timeout
         self.error: PeerFailureError | None = None
         self._lock = threading.Lock()
-        self._conns: dict[int, _Conn] = {}
+        self._conns: dict[int, Conn] = {}
         self._posted: dict[tuple[int, int], deque[Request]] = defaultdict(deque)
         self._unexpected: dict[tuple[int, int], deque[bytearray | memoryview]] = defaultdict(deque)
         self._sel = selectors.DefaultSelector()
@@ -142,7 +81,7 @@ class Engine:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
-            conn = _Conn(peer, sock)
+            conn = Conn(peer, sock)
             self._conns[peer] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
         self._running = True
@@ -235,7 +174,7 @@ class Engine:
             self._poll(0.05)
 
     # ------------------------------------------------------------------------- internals
-    def _conn(self, peer: int) -> _Conn:
+    def _conn(self, peer: int) -> Conn:
         try:
             return self._conns[peer]
         except KeyError:
@@ -246,7 +185,7 @@ class Engine:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
 
-    def _send_frame(self, conn: _Conn, frame: list[memoryview], req: Request | None) -> None:
+    def _send_frame(self, conn: Conn, frame: list[memoryview], req: Request | None) -> None:
         # Fast path: if nothing is queued for this peer, write from the caller's thread; a
         # small message then completes without waking the engine thread at all.
         with self._lock:
@@ -259,7 +198,7 @@ class Engine:
             conn.msgs_sent += 1  # only isend comes here: control frames go through _push
             self._push(conn, frame, req)
 
-    def _push(self, conn: _Conn, frame: list[memoryview], req: Request | None) -> None:
+    def _push(self, conn: Conn, frame: list[memoryview], req: Request | None) -> None:
         """Write now if the peer's queue is empty, else queue for the engine (lock held)."""
         conn.last_send = time.monotonic()
         if not conn.out and not self._write(conn, frame):
@@ -271,7 +210,7 @@ class Engine:
         conn.out.append((frame, req))
         self._wake()
 
-    def _write(self, conn: _Conn, frame: list[memoryview]) -> bool:
+    def _write(self, conn: Conn, frame: list[memoryview]) -> bool:
         """Write as much of `frame` as the socket takes; trims `frame`; True if some is left."""
         while frame:
             try:
@@ -401,7 +340,7 @@ class Engine:
             if conn.held_at is None and not conn.closed:
                 self._on_readable(conn)
 
-    def _hold(self, conn: _Conn, tag: int) -> bool:
+    def _hold(self, conn: Conn, tag: int) -> bool:
         """Pause reading `conn` at a large message nobody has asked for yet (lock free).
 
         Buffering it would cost an allocation and a second copy of every byte; in a
@@ -417,7 +356,7 @@ class Engine:
             self._watch(conn)
         return True
 
-    def _watch(self, conn: _Conn) -> None:
+    def _watch(self, conn: Conn) -> None:
         """Register what the selector should watch on `conn` (lock held)."""
         if conn.closed:
             return
@@ -434,7 +373,7 @@ class Engine:
             self._sel.modify(conn.sock, events, conn)
         conn.events = events
 
-    def _on_writable(self, conn: _Conn) -> None:
+    def _on_writable(self, conn: Conn) -> None:
         with self._lock:
             while conn.out:
                 frame, req = conn.out[0]
@@ -446,7 +385,7 @@ class Engine:
                 if req is not None:
                     req.complete()
 
-    def _on_readable(self, conn: _Conn) -> None:
+    def _on_readable(self, conn: Conn) -> None:
         while True:
             try:
                 if conn.target is not None:
@@ -480,7 +419,7 @@ class Engine:
             if conn.held_at is not None:
                 return
 
-    def _parse(self, conn: _Conn) -> None:
+    def _parse(self, conn: Conn) -> None:
         """Consume complete frames from the staging buffer; start a direct read if large."""
         pos, stage = 0, conn.stage_view
         while conn.fill - pos >= HEADER.size:
@@ -493,9 +432,9 @@ class Engine:
                 self._control(conn, kind, bytes(stage[body:pos]))
                 continue
             have = min(nbytes, conn.fill - body)
-            if have < nbytes and nbytes <= _STAGE_BYTES - HEADER.size:
+            if have < nbytes and nbytes <= STAGE_BYTES - HEADER.size:
                 break  # small frame, partly here: wait for the rest in the stage
-            if nbytes > _STAGE_BYTES and not conn.force and self._hold(conn, tag):
+            if nbytes > STAGE_BYTES and not conn.force and self._hold(conn, tag):
                 break  # left unparsed in the stage until its receive is posted
             conn.force = False
             dest, finish, owner = self._match(conn, tag, nbytes)
@@ -515,7 +454,7 @@ class Engine:
         conn.fill = rest
 
     def _match(
-        self, conn: _Conn, tag: int, nbytes: int
+        self, conn: Conn, tag: int, nbytes: int
     ) -> tuple[memoryview, Callable[[], None], Request | None]:
         """Where an arriving message's payload goes, what to do once it is all there, and
         the posted receive it goes straight into (None if buffered)."""
@@ -530,7 +469,7 @@ class Engine:
         # no zero-filling of a large buffer that the socket overwrites at once
         buf = (
             bytearray(nbytes)
-            if nbytes <= _STAGE_BYTES
+            if nbytes <= STAGE_BYTES
             else as_bytes(torch.empty(nbytes, dtype=torch.uint8))
         )
 
@@ -549,7 +488,7 @@ class Engine:
 
         return memoryview(buf), deliver, None
 
-    def _control(self, conn: _Conn, kind: int, body: bytes) -> None:
+    def _control(self, conn: Conn, kind: int, body: bytes) -> None:
         if kind == BYE:
             conn.said_bye = True
             with self._lock:
@@ -564,7 +503,7 @@ class Engine:
                 )
 
     # ------------------------------------------------------------- failure (lock held)
-    def _hang_up(self, conn: _Conn) -> None:
+    def _hang_up(self, conn: Conn) -> None:
         if not conn.closed:
             conn.closed = True
             if any(sender is not None for _, sender in conn.out):
@@ -581,12 +520,12 @@ class Engine:
             with contextlib.suppress(OSError):
                 conn.sock.shutdown(socket.SHUT_RDWR)  # the peer reads our end-of-stream
 
-    def _lost(self, conn: _Conn, reason: str) -> None:
+    def _lost(self, conn: Conn, reason: str) -> None:
         # record first, so that the senders _hang_up fails learn this reason
         self._record(PeerFailureError(conn.rank, reason, seen_by=self.rank), propagate=True)
         self._hang_up(conn)
 
-    def _left(self, conn: _Conn, reason: str) -> PeerFailureError:
+    def _left(self, conn: Conn, reason: str) -> PeerFailureError:
         """A peer that shut down cleanly is still needed here: a failure like a crash.
 
         Recorded and propagated like one, so that ranks blocked on live peers (themselves

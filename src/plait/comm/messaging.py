@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plait.comm.calls import dtype_name
-from plait.comm.engine import Request
+from plait.comm.frames import Request
 
 if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
