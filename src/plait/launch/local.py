@@ -158,8 +158,12 @@ def launch(
 
     if failed is not None:
         failed = _root_cause(failed, ranks)
-        _show_traceback(failed, out, err)
-        return exit_status(failed.proc.returncode)
+        code = failed.proc.returncode
+        if code < 0 and any("Traceback" in ln for ln in failed.err.lines()):
+            # it raised, and our stop signal cut its exit (its goodbye to the peers) short
+            code = 1
+        _show_traceback(failed, code, out, err)
+        return exit_status(code)
     if sigs.first is not None:
         name = signal.Signals(sigs.first).name
         write_line(err, f"plait run: got {name}; stopped all {len(ranks)} rank(s)\n")
@@ -197,8 +201,10 @@ def _root_cause(failed: _Rank, ranks: list[_Rank]) -> _Rank:
     if not victim(failed):
         return failed
     for rk in ranks:
-        code = rk.proc.returncode
-        raised = code is not None and code > 0 and any("Traceback" in ln for ln in rk.err.lines())
+        # its exit code may be our SIGTERM: it was still saying goodbye when we stopped it
+        raised = rk.proc.returncode not in (0, None) and any(
+            "Traceback" in ln for ln in rk.err.lines()
+        )
         if rk is not failed and raised and not victim(rk):
             return rk
     return failed
@@ -227,14 +233,11 @@ def _stop(ranks: list[_Rank], sigs: _Signals, grace_s: float) -> None:
         rk.proc.wait()
 
 
-def _show_traceback(failed: _Rank, out: TextIO, err: TextIO) -> None:
+def _show_traceback(failed: _Rank, code: int, out: TextIO, err: TextIO) -> None:
     """Print the failed rank's stderr tail last, under a banner, once the job is gone."""
     out.flush()
     lines = failed.err.lines() or [f"(rank {failed.rank} wrote nothing on stderr)\n"]
-    banner = (
-        f"plait run: rank {failed.rank} failed "
-        f"({describe_exit(failed.proc.returncode)}); its traceback:\n"
-    )
+    banner = f"plait run: rank {failed.rank} failed ({describe_exit(code)}); its traceback:\n"
     write_line(err, "=" * 72 + "\n" + banner + "".join(lines))
 
 
