@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from plait.comm.calls import dtype_name
+from plait.comm.calls import Call, dtype_name
 from plait.comm.frames import Request
 
 if TYPE_CHECKING:
@@ -84,7 +84,6 @@ def broadcast_object(comm: Communicator, obj: Any = None, root: int = 0) -> Any:
 def allgather_object(comm: Communicator, obj: Any) -> list[Any]:
     """Return every rank's `obj`, in rank order (pickled; job-internal only)."""
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    from plait.comm.calls import Call
 
     call = Call.of("allgather", data, algorithm="ring")
     out, dims = comm._issue(lambda seq: comm._allgather(seq, data, call))
