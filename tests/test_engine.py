@@ -120,3 +120,15 @@ def test_a_closed_engine_says_so():
         engine.isend(torch.ones(3), 0, tag=1)
     with pytest.raises(plait.PlaitError, match="shut down"):
         engine.irecv(torch.ones(3), 0, tag=1)
+
+
+def _families(comm):
+    total = comm.allreduce(torch.ones(MB), algorithm="ring")  # large enough to stream
+    return sorted({c.sock.family.name for c in comm._engine._conns.values()}), total[0].item()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("unix", "family"), [("1", "AF_UNIX"), ("0", "AF_INET")])
+def test_same_kernel_ranks_use_unix_sockets_and_tcp_still_works(unix, family):
+    results = run_world(3, _families, env={"PLAIT_UNIX_SOCKETS": unix}, timeout=40)
+    assert results == [([family], 3.0)] * 3

@@ -78,7 +78,8 @@ class Engine:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         for peer, sock in socks.items():
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
             conn = Conn(peer, sock)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+import select
 import socket
 import struct
 import time
@@ -113,48 +114,80 @@ def node_id() -> str:
     return os.environ.get("PLAIT_NODE_ID") or socket.gethostname()
 
 
+def kernel_key() -> str:
+    """Ranks with equal keys share a kernel and a network namespace: they can reach each
+    other's abstract Unix sockets."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return ""  # not Linux: TCP only
+
+
+def _unix_name(token: int, rank: int) -> str:
+    return f"\0plait-{token}-{rank}"  # abstract namespace: no file to clean up
+
+
 def connect_mesh(
     store: dist.Store, rank: int, size: int, master_addr: str, timeout: float
 ) -> dict[int, socket.socket]:
-    """One TCP connection to every other rank. Publishes this rank's address in `store`."""
+    """One connection to every other rank. Publishes this rank's addresses in `store`.
+
+    Ranks on the same kernel talk over Unix sockets, others over TCP. A Unix socket skips
+    the TCP stack: here it cut the cost of sending a small message by about half
+    (PLAIT_UNIX_SOCKETS=0 turns it off).
+    """
     if size == 1:
         return {}
     if rank == 0:
         store.set("plait/token", str(secrets.randbits(63)))
     token = int(store.get("plait/token"))
     host = listen_host(master_addr)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind((host, 0))
-    listener.listen(size)
-    store.set(f"plait/addr/{rank}", f"{host}:{listener.getsockname()[1]}")
+    key = kernel_key() if os.environ.get("PLAIT_UNIX_SOCKETS", "1") != "0" else ""
+    listeners = [socket.socket(socket.AF_INET, socket.SOCK_STREAM)]
+    listeners[0].bind((host, 0))
+    if key:
+        listeners.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        listeners[1].bind(_unix_name(token, rank))
+    for listener in listeners:
+        listener.listen(size)
+    store.set(f"plait/addr/{rank}", f"{host}:{listeners[0].getsockname()[1]} {key}")
     deadline = time.monotonic() + timeout
     socks: dict[int, socket.socket] = {}
     try:
         for peer in range(rank):  # connect down...
-            peer_host, port = store.get(f"plait/addr/{peer}").decode().rsplit(":", 1)
-            sock = socket.create_connection((peer_host, int(port)), timeout=timeout)
+            address, peer_key = store.get(f"plait/addr/{peer}").decode().split(" ")
+            if key and peer_key == key:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(timeout)
+                sock.connect(_unix_name(token, peer))
+            else:
+                peer_host, port = address.rsplit(":", 1)
+                sock = socket.create_connection((peer_host, int(port)), timeout=timeout)
             sock.sendall(_HELLO.pack(_MAGIC, token, rank, size))
             socks[peer] = sock
-        while len(socks) < size - 1:  # ...and accept from above
-            listener.settimeout(max(0.1, deadline - time.monotonic()))
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
+        while len(socks) < size - 1:  # ...and accept from above, on either listener
+            ready, _, _ = select.select(listeners, [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
                 missing = sorted(set(range(rank + 1, size)) - set(socks))
                 raise PlaitError(
                     f"rank {rank}: ranks {missing} did not connect within {timeout:.0f} s"
-                ) from None
-            hello = _check_hello(sock, token, rank, size, socks)
-            if hello is None:
-                sock.close()  # a stranger, or a stale job: not one of ours
-                continue
-            socks[hello] = sock
+                )
+            for listener in ready:
+                sock, _ = listener.accept()
+                hello = _check_hello(sock, token, rank, size, socks)
+                if hello is None:
+                    sock.close()  # a stranger, or a stale job: not one of ours
+                    continue
+                socks[hello] = sock
     except BaseException:
         for s in socks.values():
             s.close()
         raise
     finally:
-        listener.close()
+        for listener in listeners:
+            listener.close()
     return socks
 
 
