@@ -77,3 +77,25 @@ def test_sizes_parse_and_print():
         parse_size("lots")
     with pytest.raises(ValueError, match="multiple of 4"):
         parse_size("3")
+
+
+def test_auto_leaves_the_baseline_only_for_a_clear_gain(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "cal.json"))
+    sizes = (4096, 1 << 26)
+    # ring 5% faster than native at every size: within the noise, so native
+    lines = {"native": 1.0, "ring": 0.95, "halving_doubling": 1.2, "tree": 1.5}
+    select.save_calibration(
+        4, 1, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
+    )
+    select.load_calibration(reload=True)
+    try:
+        assert select.allreduce(1 << 20, _Comm()) == "native"
+        lines["ring"] = 0.8  # 20% faster: worth it
+        select.save_calibration(
+            4, 1, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
+        )
+        select.load_calibration(reload=True)
+        assert select.allreduce(1 << 20, _Comm()) == "ring"
+    finally:
+        monkeypatch.delenv("PLAIT_CALIBRATION")
+        select.load_calibration(reload=True)

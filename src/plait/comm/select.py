@@ -108,11 +108,22 @@ def interpolate(points: Points, n: float) -> float:
     return max(t0 + beta * (n - n0), 1e-9)
 
 
+#: Leave the baseline (gloo) only for a predicted gain of more than 10%. Repeated
+#: calibrations here scatter by about that much, and where two algorithms are that close
+#: a coin-flip choice could only lose against the baseline, never win by much.
+SWITCH_MARGIN = 0.9
+
+
 def _best(collective: str, candidates: tuple[str, ...], n: int, comm: Communicator) -> str:
     measured = load_calibration().get(world_key(comm.size, comm.num_nodes), {}).get(collective)
     if measured and all(measured.get(c) for c in candidates):
-        return min(candidates, key=lambda c: interpolate(measured[c], n))
-    return min(candidates, key=lambda c: predict(c, n, comm.size))
+        cost = {c: interpolate(measured[c], n) for c in candidates}
+    else:
+        cost = {c: predict(c, n, comm.size) for c in candidates}
+    best = min(candidates, key=cost.__getitem__)
+    if "native" in cost and cost[best] > SWITCH_MARGIN * cost["native"]:
+        return "native"
+    return best
 
 
 def allreduce(n: int, comm: Communicator) -> str:
