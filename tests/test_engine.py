@@ -132,3 +132,26 @@ def _families(comm):
 def test_same_kernel_ranks_use_unix_sockets_and_tcp_still_works(unix, family):
     results = run_world(3, _families, env={"PLAIT_UNIX_SOCKETS": unix}, timeout=40)
     assert results == [([family], 3.0)] * 3
+
+
+def test_a_write_racing_a_peers_goodbye_is_not_a_failure():
+    # Over a Unix socket a write fails the moment the peer closes, possibly before its
+    # goodbye has been read: the goodbye, not the failed write, must decide.
+    ours, theirs = socket.socketpair()
+    engine = Engine(1, {0: ours}, timeout=10.0, heartbeat_interval=0.2, heartbeat_timeout=5.0)
+    try:
+        from plait.comm.frames import BYE, HEARTBEAT
+
+        with engine._progress:  # nobody reads while we set the race up
+            theirs.sendall(HEADER.pack(BYE, 0, 0))
+            theirs.close()
+            with engine._lock:
+                conn = engine._conns[0]
+                engine._push(conn, [memoryview(HEADER.pack(HEARTBEAT, 0, 0))], None)
+                engine._push(conn, [memoryview(HEADER.pack(HEARTBEAT, 0, 0))], None)
+            assert conn.write_error is not None  # the write did fail...
+        time.sleep(0.5)  # ...and the reader then finds the goodbye
+        assert engine.error is None
+        assert conn.said_bye and conn.closed
+    finally:
+        engine.close()

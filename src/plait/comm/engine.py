@@ -202,12 +202,20 @@ class Engine:
     def _push(self, conn: Conn, frame: list[memoryview], req: Request | None) -> None:
         """Write now if the peer's queue is empty, else queue for the engine (lock held)."""
         conn.last_send = time.monotonic()
-        if not conn.out and not self._write(conn, frame):
-            if req is not None:
-                req.complete()
+        if conn.closed or conn.write_error is not None:
+            if req is not None:  # only isend passes a request; it checked said_bye first
+                req.complete(self._left(conn, conn.write_error or "connection closed"))
             return
-        if conn.closed:
-            return
+        if not conn.out:
+            left = self._write(conn, frame)
+            if conn.write_error is not None:
+                if req is not None:
+                    req.complete(self._left(conn, conn.write_error))
+                return
+            if not left:
+                if req is not None:
+                    req.complete()
+                return
         conn.out.append((frame, req))
         self._wake()
 
@@ -219,7 +227,7 @@ class Engine:
             except BlockingIOError:
                 return True
             except OSError as e:
-                self._lost(conn, f"send failed: {os.strerror(e.errno or errno.EPIPE)}")
+                self._write_failed(conn, f"send failed: {os.strerror(e.errno or errno.EPIPE)}")
                 return False
             while frame and n >= len(frame[0]):
                 n -= len(frame[0])
@@ -227,6 +235,20 @@ class Engine:
             if frame and n:
                 frame[0] = frame[0][n:]
         return False
+
+    def _write_failed(self, conn: Conn, reason: str) -> None:
+        """The peer's end is gone (lock held). Whether it left cleanly or crashed is written
+        in what it sent before going: a goodbye, or nothing. That is still in our receive
+        queue, so the reader decides when it reaches the end of the stream; until then
+        nothing more is written to this peer. (Over a Unix socket a write fails the moment
+        the peer closes, often before its goodbye has been read.)"""
+        conn.write_error = reason
+        senders = [r for _, r in conn.out if r is not None]
+        conn.out.clear()
+        if senders and self._running:  # a message of ours it will never read: a failure
+            err = self._left(conn, f"{reason} before this rank's message to it was read")
+            for r in senders:
+                r.complete(err)
 
     def _fill(self, req: Request, data: bytes | bytearray | memoryview) -> None:
         if len(data) != len(req.view):
@@ -380,8 +402,8 @@ class Engine:
                 frame, req = conn.out[0]
                 if self._write(conn, frame):
                     return
-                if conn.closed:
-                    return
+                if conn.closed or conn.write_error is not None:
+                    return  # the queue was settled where the write failed
                 conn.out.popleft()
                 if req is not None:
                     req.complete()
@@ -522,6 +544,9 @@ class Engine:
                 conn.sock.shutdown(socket.SHUT_RDWR)  # the peer reads our end-of-stream
 
     def _lost(self, conn: Conn, reason: str) -> None:
+        if not self._running:  # we are leaving too: no one to accuse, nothing to wait for
+            self._hang_up(conn)
+            return
         # record first, so that the senders _hang_up fails learn this reason
         self._record(PeerFailureError(conn.rank, reason, seen_by=self.rank), propagate=True)
         self._hang_up(conn)

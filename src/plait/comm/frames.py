@@ -86,6 +86,7 @@ class Conn:
         self.last_recv = time.monotonic()
         self.last_send = time.monotonic()
         self.said_bye = False
+        self.write_error: str | None = None  # why the last write failed (the peer is gone)
         self.closed = False
         self.events = selectors.EVENT_READ  # what the selector watches for
         self.held_at: float | None = None  # reading paused for an unposted large message
