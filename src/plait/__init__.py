@@ -18,9 +18,11 @@ if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
     from plait.comm.handle import Handle
     from plait.comm.world import default, init, is_initialized, shutdown
+    from plait.data_parallel import DataParallel
 
 _LAZY = {
     "Communicator": "plait.comm.communicator",
+    "DataParallel": "plait.data_parallel",
     "Handle": "plait.comm.handle",
     "default": "plait.comm.world",
     "init": "plait.comm.world",
@@ -32,6 +34,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CommTimeoutError",
     "Communicator",
+    "DataParallel",
     "Handle",
     "PeerFailureError",
     "PlaitError",

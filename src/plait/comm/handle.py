@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -22,6 +23,10 @@ class Handle(Generic[T]):
         self._done = threading.Event()
         self._result: T | None = None
         self._error: BaseException | None = None
+        # time.perf_counter() when the worker began and finished the call: traces and tests
+        # use them to see communication overlap computation, not to trust that it does
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
 
     def done(self) -> bool:
         """True once the collective has finished (successfully or not)."""
@@ -36,6 +41,7 @@ class Handle(Generic[T]):
 
     def _finish(self, result: T | None, error: BaseException | None) -> None:
         self._result, self._error = result, error
+        self.finished_at = time.perf_counter()
         self._done.set()
 
 
@@ -74,6 +80,7 @@ class Worker:
     def _loop(self) -> None:
         while (item := self._queue.get()) is not None:
             fn, handle = item
+            handle.started_at = time.perf_counter()
             try:
                 result, error = fn(), None
             except BaseException as e:  # handed to whoever waits on the handle

@@ -1,0 +1,96 @@
+"""Gradient buckets: which parameters are reduced together, and their flat buffers.
+
+Buckets follow reverse registration order because backward produces gradients roughly in
+that order (the last layer's first), so the first bucket fills while earlier layers are
+still differentiating, and its allreduce overlaps the rest of backward. Like torch DDP the
+first bucket is small (1 MiB): it starts communication as early as possible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+MiB = 1024 * 1024
+FIRST_BUCKET_BYTES = 1 * MiB
+
+
+def plan(
+    sizes: Sequence[int], dtypes: Sequence[torch.dtype], cap_bytes: int, first_cap_bytes: int
+) -> list[list[int]]:
+    """Group parameter indices into buckets, in reverse index order.
+
+    Args:
+        sizes: bytes of each parameter's gradient, in registration order.
+        dtypes: each parameter's dtype (a bucket holds one dtype: it is one flat tensor).
+        cap_bytes: a bucket closes once it holds at least this many bytes.
+        first_cap_bytes: the same for the first bucket.
+
+    Returns:
+        Buckets as lists of parameter indices; bucket 0 holds the last-registered ones.
+    """
+    if cap_bytes <= 0 or first_cap_bytes <= 0:
+        raise ValueError(f"bucket caps must be positive; got {cap_bytes} and {first_cap_bytes}")
+    buckets: list[list[int]] = []
+    open_: dict[torch.dtype, tuple[list[int], int]] = {}  # one open bucket per dtype
+    for i in reversed(range(len(sizes))):
+        members, filled = open_.get(dtypes[i], ([], 0))
+        members.append(i)
+        filled += sizes[i]
+        cap = first_cap_bytes if not buckets else cap_bytes
+        if filled >= cap:
+            buckets.append(members)
+            open_.pop(dtypes[i], None)
+        else:
+            open_[dtypes[i]] = (members, filled)
+    # what is left over, in the order its first member appeared
+    buckets.extend(sorted((m for m, _ in open_.values()), key=lambda m: -m[0]))
+    return buckets
+
+
+class Bucket:
+    """Parameters reduced as one flat tensor (shape: (sum of numels,)).
+
+    With `flags`, one extra element per parameter follows the gradients: 1 where this
+    rank produced the gradient, 0 where it did not. Averaged with them, it tells every
+    rank whether any rank used the parameter (DDP leaves a gradient unused everywhere
+    as it was; so do we).
+    """
+
+    def __init__(self, index: int, params: list[torch.nn.Parameter], flags: bool) -> None:
+        self.index = index
+        self.params = params
+        self.numels = [p.numel() for p in params]
+        self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
+        total = sum(self.numels)
+        extra = len(params) if flags else 0
+        self.buffer = torch.zeros(total + extra, dtype=params[0].dtype)
+        self.flags = self.buffer[total:] if flags else None
+        self.pending = len(params)
+
+    def slice(self, i: int) -> torch.Tensor:
+        """Parameter i's region of the buffer, shaped like the parameter."""
+        off, n = self.offsets[i], self.numels[i]
+        return self.buffer[off : off + n].view_as(self.params[i])
+
+    def pack(self) -> None:
+        """Copy the gradients in; a missing gradient (unused parameter) counts as zeros."""
+        for i, p in enumerate(self.params):
+            region = self.slice(i)
+            if p.grad is None:
+                region.zero_()
+            else:
+                region.copy_(p.grad)
+            if self.flags is not None:
+                self.flags[i] = 0.0 if p.grad is None else 1.0
+
+    def unpack(self) -> None:
+        """Write the reduced gradients back; leave alone those no rank produced."""
+        for i, p in enumerate(self.params):
+            if self.flags is not None and self.flags[i].item() == 0.0:
+                continue
+            if p.grad is None:
+                p.grad = self.slice(i).clone()
+            else:
+                p.grad.copy_(self.slice(i))

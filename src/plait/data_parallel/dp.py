@@ -1,0 +1,207 @@
+"""DataParallel: every rank holds a replica, and backward averages gradients by allreduce.
+
+How a step goes (the structure torch DDP made standard):
+
+    forward            buffers broadcast from rank 0 (BatchNorm statistics), then the module
+    backward           each parameter's gradient lands -> its bucket counts down; a bucket
+                       whose gradients are all in is copied into one flat tensor and its
+                       allreduce (average) starts on the Communicator's async worker while
+                       backward goes on with earlier layers
+    end of backward    (an autograd callback) launch what is left, wait for every bucket,
+                       copy the averages back into .grad
+    optimizer.step()   any torch optimizer; gradients are already averaged
+
+Buckets launch strictly in bucket order, on every rank alike: plait's collectives are
+matched by the order they are issued in, so a rank whose bucket 1 happens to fill before
+bucket 0 holds it back until bucket 0 goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from plait.comm.communicator import Communicator
+from plait.comm.handle import Handle
+from plait.data_parallel import buckets as bucketing
+from plait.data_parallel import replicas
+from plait.errors import PlaitError
+
+
+class UnusedParametersError(PlaitError, RuntimeError):
+    """Parameters received no gradient in a backward pass that expected all of them."""
+
+
+@dataclass
+class StepTrace:
+    """When things happened in the last synchronised backward (time.perf_counter seconds)."""
+
+    first_grad: float = 0.0  # the first parameter's gradient landed
+    last_grad: float = 0.0  # the last one did: backward's computation is over
+    ready: list[float] = field(default_factory=list)  # each bucket launched (by index)
+    started: list[float] = field(default_factory=list)  # each allreduce began on the worker
+    finished: list[float] = field(default_factory=list)  # ... and ended
+    waited_s: float = 0.0  # how long the end of backward blocked on communication
+
+
+class DataParallel(nn.Module):
+    """Wrap `module` for allreduce data parallelism over `comm` (default: the job's).
+
+    Args:
+        module: the replica; every rank must pass the same architecture.
+        comm: the Communicator whose ranks share the work (`plait.init()` if None).
+        bucket_mb: bucket size in MiB (the first bucket is 1 MiB, as in DDP).
+        overlap: start each bucket's allreduce as soon as it is full (True), or all of
+            them after backward (False: for comparison).
+        broadcast_buffers: copy rank 0's buffers to every rank before each forward.
+        find_unused_parameters: treat parameters that got no gradient on this rank as
+            zeros (False: raise UnusedParametersError naming them).
+
+    Raises:
+        ReplicaMismatchError: on every rank, if the ranks' parameters differ.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        comm: Communicator | None = None,
+        bucket_mb: float = 25,
+        overlap: bool = True,
+        broadcast_buffers: bool = True,
+        find_unused_parameters: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module; got {type(module).__name__}")
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be > 0; got {bucket_mb}")
+        if comm is None:
+            import plait
+
+            comm = plait.init()
+        self.module = module
+        self.comm = comm
+        self.overlap = overlap
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.trace = StepTrace()
+
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        replicas.check_same(comm, list(module.named_parameters()) + list(module.named_buffers()))
+        replicas.broadcast_tensors(comm, [t for _, t in module.state_dict(keep_vars=True).items()])
+
+        self._names = {id(p): n for n, p in named}
+        cap = int(bucket_mb * bucketing.MiB)
+        plan = bucketing.plan(
+            [p.numel() * p.element_size() for _, p in named],
+            [p.dtype for _, p in named],
+            cap,
+            min(cap, bucketing.FIRST_BUCKET_BYTES),
+        )
+        self._buckets = [
+            bucketing.Bucket(b, [named[i][1] for i in members], find_unused_parameters)
+            for b, members in enumerate(plan)
+        ]
+        self._where: dict[int, tuple[bucketing.Bucket, int]] = {}
+        for bucket in self._buckets:
+            for i, p in enumerate(bucket.params):
+                self._where[id(p)] = (bucket, i)
+        self._sync = True
+        self._in_backward = False
+        self._ready: set[int] = set()  # ids of parameters whose gradient landed this pass
+        self._next = 0  # the next bucket to launch
+        self._handles: list[Handle[torch.Tensor] | None] = [None] * len(self._buckets)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+
+    # ---------------------------------------------------------------- public
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.broadcast_buffers and self.comm.size > 1:
+            buffers = list(self.module.buffers())
+            if buffers:
+                replicas.broadcast_tensors(self.comm, buffers)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally; the first backward after the block averages them."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    @property
+    def bucket_sizes(self) -> list[int]:
+        """Bytes of gradient per bucket, in launch order."""
+        return [sum(b.numels) * b.buffer.element_size() for b in self._buckets]
+
+    # ------------------------------------------------------------ the reducer
+    def _on_grad(self, param: torch.Tensor) -> None:
+        """Called by autograd once `param.grad` holds this pass's gradient."""
+        if not self._sync:
+            return
+        now = time.perf_counter()
+        if not self._in_backward:
+            self._in_backward = True
+            self.trace = StepTrace(first_grad=now, ready=[0.0] * len(self._buckets))
+            # runs when the whole backward pass is done, in the thread that ran it
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        self.trace.last_grad = now
+        if id(param) in self._ready:
+            return  # a second gradient in one pass (e.g. retain_graph): reduced once
+        self._ready.add(id(param))
+        bucket, _ = self._where[id(param)]
+        bucket.pending -= 1
+        if self.overlap:
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
+            self._launch(self._buckets[self._next])
+
+    def _launch(self, bucket: bucketing.Bucket) -> None:
+        bucket.pack()
+        self.trace.ready[bucket.index] = time.perf_counter()
+        self._handles[bucket.index] = self.comm.allreduce_async_(bucket.buffer, op="avg")
+        self._next += 1
+
+    def _finish(self) -> None:
+        try:
+            missing = [p for b in self._buckets for p in b.params if id(p) not in self._ready]
+            # launch and wait for every bucket even when about to raise: the other ranks
+            # reduce them all, and this rank's communicator must stay in step with theirs
+            for bucket in self._buckets:
+                bucket.pending = 0
+            self._launch_ready()
+            start = time.perf_counter()
+            for bucket, handle in zip(self._buckets, self._handles, strict=True):
+                assert handle is not None
+                handle.wait()
+                bucket.unpack()
+            self.trace.waited_s = time.perf_counter() - start
+            self.trace.started = [h.started_at or 0.0 for h in self._handles if h]
+            self.trace.finished = [h.finished_at or 0.0 for h in self._handles if h]
+            if missing and not self.find_unused_parameters:
+                names = ", ".join(self._names[id(p)] for p in missing)
+                raise UnusedParametersError(
+                    f"{len(missing)} parameter(s) got no gradient on rank {self.comm.rank} in "
+                    f"this backward pass: {names}. Pass DataParallel(..., "
+                    "find_unused_parameters=True) to average them with zeros where unused, "
+                    "or set requires_grad=False on parameters the model never uses."
+                )
+        finally:
+            self._reset()
+
+    def _reset(self) -> None:
+        for bucket in self._buckets:
+            bucket.pending = len(bucket.params)
+        self._ready.clear()
+        self._next = 0
+        self._handles = [None] * len(self._buckets)
+        self._in_backward = False
