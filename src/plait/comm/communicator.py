@@ -167,31 +167,36 @@ class Communicator:
 
     # ----------------------------------------------------------------- allreduce
     def allreduce(
-        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
+        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
     ) -> torch.Tensor:
-        """Reduce `tensor` over all ranks; return the result as a new tensor on every rank."""
-        return self.allreduce_(_copy(_tensor(tensor)), op, algorithm)
+        """Reduce `tensor` over all ranks; return the result as a new tensor on every rank.
+
+        `check=False` skips the cross-rank agreement check for this call (one small message
+        round fewer) where the caller has made sure every rank agrees, as DataParallel does
+        for its buckets after the first step.
+        """
+        return self.allreduce_(_copy(_tensor(tensor)), op, algorithm, check=check)
 
     def allreduce_(
-        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
+        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
     ) -> torch.Tensor:
         """Reduce `tensor` over all ranks in place; return it."""
-        return self._issue(self._allreduce_fn(tensor, op, algorithm))
+        return self._issue(self._allreduce_fn(tensor, op, algorithm, check))
 
     def allreduce_async(
-        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
+        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
     ) -> Handle[torch.Tensor]:
         """Start an allreduce into a new tensor; `handle.wait()` returns it."""
-        return self.allreduce_async_(_copy(_tensor(tensor)), op, algorithm)
+        return self.allreduce_async_(_copy(_tensor(tensor)), op, algorithm, check=check)
 
     def allreduce_async_(
-        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
+        self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
     ) -> Handle[torch.Tensor]:
         """Start an in-place allreduce; `tensor` must not be touched until `wait()`."""
-        return self._issue(self._allreduce_fn(tensor, op, algorithm), async_op=True)
+        return self._issue(self._allreduce_fn(tensor, op, algorithm, check), async_op=True)
 
     def _allreduce_fn(
-        self, tensor: torch.Tensor, op: str, algorithm: str
+        self, tensor: torch.Tensor, op: str, algorithm: str, check: bool = True
     ) -> Callable[[int], torch.Tensor]:
         t, op, algorithm = (
             _tensor(tensor),
@@ -201,7 +206,8 @@ class Communicator:
         call = Call.of("allreduce", t, op=op, algorithm=algorithm)
 
         def run(seq: int) -> torch.Tensor:
-            self._exchange(seq, call)
+            if check:
+                self._exchange(seq, call)
             if self.size == 1 or t.numel() == 0:
                 return t
             buf = t if t.is_contiguous() else t.contiguous()
@@ -229,13 +235,13 @@ class Communicator:
 
     # ------------------------------------------------------- broadcast and reduce
     def broadcast(
-        self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto"
+        self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto", *, check: bool = True
     ) -> torch.Tensor:
-        """Return the root's `tensor` on every rank, as a new tensor."""
-        return self.broadcast_(_copy(_tensor(tensor)), root, algorithm)
+        """Return the root's `tensor` on every rank, as a new tensor (`check`: see allreduce)."""
+        return self.broadcast_(_copy(_tensor(tensor)), root, algorithm, check=check)
 
     def broadcast_(
-        self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto"
+        self, tensor: torch.Tensor, root: int = 0, algorithm: str = "auto", *, check: bool = True
     ) -> torch.Tensor:
         """Overwrite `tensor` with the root's, in place; return it."""
         t, algorithm = _tensor(tensor), _algorithm("broadcast", algorithm)
@@ -243,7 +249,8 @@ class Communicator:
         call = Call.of("broadcast", t, root=root, algorithm=algorithm)
 
         def run(seq: int) -> torch.Tensor:
-            self._exchange(seq, call)
+            if check:
+                self._exchange(seq, call)
             if self.size == 1 or t.numel() == 0:
                 return t
             buf = t if t.is_contiguous() else t.contiguous()

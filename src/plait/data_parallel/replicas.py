@@ -53,7 +53,9 @@ def check_same(comm: Communicator, named: Iterable[tuple[str, torch.Tensor]]) ->
         )
 
 
-def broadcast_tensors(comm: Communicator, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
+def broadcast_tensors(
+    comm: Communicator, tensors: Sequence[torch.Tensor], root: int = 0, check: bool = True
+) -> None:
     """Overwrite `tensors` with the root's, one flat broadcast per dtype."""
     if comm.size == 1:
         return
@@ -64,7 +66,7 @@ def broadcast_tensors(comm: Communicator, tensors: Sequence[torch.Tensor], root:
     for group in by_dtype.values():
         with torch.no_grad():
             flat = torch.cat([t.detach().reshape(-1) for t in group])
-            comm.broadcast_(flat, root=root)
+            comm.broadcast_(flat, root=root, check=check)
             offset = 0
             for t in group:
                 n = t.numel()
