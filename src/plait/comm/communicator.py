@@ -7,6 +7,7 @@ hostname). Collectives are called by every rank of the communicator, in the same
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -107,6 +108,7 @@ class Communicator:
         self._id = comm_id
         self._pg = pg
         self._seq = 0
+        self._seq_lock = threading.Lock()  # a lost update would desynchronise the ranks
         self._worker = Worker(f"plait-comm-{comm_id}")
 
     def __repr__(self) -> str:
@@ -125,8 +127,9 @@ class Communicator:
         """Give the call its sequence number now; run it inline, or after queued async calls."""
         if self._engine.error is not None:
             raise self._engine.error
-        seq = self._seq
-        self._seq += 1
+        with self._seq_lock:
+            seq = self._seq
+            self._seq += 1
 
         def call() -> T:
             try:

@@ -1,0 +1,283 @@
+"""hvd.init() and what scripts ask about the job: size, ranks, topology, process sets, flags."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+import plait
+from plait.comm.communicator import Communicator
+from plait.horovod.torch.dispatch import Dispatcher, clear_handles
+
+# Reduction ops, numbered as Horovod numbers them (horovod/common/common.h)
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+_OP_NAMES = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+
+def comm_op(op: object) -> str:
+    """The plait reduction name of a Horovod op; Adasum is refused."""
+    if op == Adasum:
+        raise NotImplementedError(
+            "hvd.Adasum is not supported by plait.horovod; use op=hvd.Average (or hvd.Sum)"
+        )
+    if isinstance(op, bool) or op not in _OP_NAMES:
+        raise ValueError(
+            f"op must be one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product; got {op!r}"
+        )
+    return _OP_NAMES[op]
+
+
+class ProcessSet:
+    """A subset of ranks that runs collectives on its own (Horovod's process set)."""
+
+    def __init__(self, ranks: Iterable[int]) -> None:
+        ranks = list(ranks)
+        if any(not isinstance(r, int) or isinstance(r, bool) for r in ranks):
+            raise ValueError(f"a ProcessSet takes a list of int ranks; got {ranks!r}")
+        self.ranks: list[int] = sorted(ranks)
+        self.process_set_id: int | None = None
+        self.mpi_comm = None
+        self._dispatcher: Dispatcher | None = None
+
+    def size(self) -> int | None:
+        """Number of ranks in the set; None until it is registered."""
+        return None if self.process_set_id is None else len(self.ranks)
+
+    def rank(self) -> int | None:
+        """This process's rank within the set (-1 if not a member); None until registered."""
+        if self.process_set_id is None:
+            return None
+        me = rank()
+        return self.ranks.index(me) if me in self.ranks else -1
+
+    def included(self) -> bool | None:
+        """Whether this process belongs to the set; None until registered."""
+        return None if self.process_set_id is None else rank() in self.ranks
+
+    def __str__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+    __repr__ = __str__
+
+
+global_process_set = ProcessSet([])
+
+
+@dataclass
+class _State:
+    comm: Communicator
+    dispatcher: Dispatcher
+    cross_rank: int
+    cross_size: int
+    homogeneous: bool
+    process_sets: dict[int, ProcessSet]
+
+
+_state: _State | None = None
+
+
+def state() -> _State:
+    if _state is None:
+        raise ValueError(NOT_INITIALIZED)
+    return _state
+
+
+def dispatcher(process_set: ProcessSet | None) -> Dispatcher:
+    """The dispatcher that runs collectives for `process_set` on this rank."""
+    st = state()
+    if process_set is None or process_set is global_process_set:
+        return st.dispatcher
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be an hvd.ProcessSet; got {type(process_set).__name__}")
+    if process_set.process_set_id is None or process_set._dispatcher is None:
+        if process_set.process_set_id is not None and not process_set.included():
+            raise ValueError(
+                f"this rank ({st.comm.rank}) is not in {process_set}; only its members may "
+                "call collectives on it"
+            )
+        raise ValueError(
+            f"{process_set} is not registered; pass it to hvd.init(process_sets=[...]) or "
+            "hvd.add_process_set()"
+        )
+    return process_set._dispatcher
+
+
+def init(
+    comm: Sequence[int] | None = None, process_sets: Sequence[ProcessSet] | None = None
+) -> None:
+    """Join the job (plait.init(): plait run / torchrun environment); idempotent like Horovod's."""
+    global _state
+    if comm is not None:
+        ranks = list(comm) if isinstance(comm, Iterable) else None
+        world = plait.init()
+        if ranks is None or sorted(ranks) != list(range(world.size)):
+            raise NotImplementedError(
+                "hvd.init(comm=...) with an MPI communicator or a subset of ranks is not "
+                "supported by plait.horovod; call hvd.init() and use process sets "
+                "(hvd.add_process_set) for subsets"
+            )
+    if _state is None:
+        c = plait.init()
+        # Horovod's cross communicator: the ranks with this rank's local rank, one per node
+        me = torch.tensor([[c.node_rank, c.local_rank, c.local_size]], dtype=torch.int64)
+        everyone = c.allgather(me).tolist() if c.size > 1 else me.tolist()
+        peers = sorted(node for node, local, _ in everyone if local == c.local_rank)
+        global_process_set.ranks = list(range(c.size))
+        global_process_set.process_set_id = 0
+        global_process_set._dispatcher = Dispatcher(c, joinable=True)
+        clear_handles()
+        _state = _State(
+            comm=c,
+            dispatcher=global_process_set._dispatcher,
+            cross_rank=peers.index(c.node_rank),
+            cross_size=len(peers),
+            homogeneous=len({size for _, _, size in everyone}) == 1,
+            process_sets={0: global_process_set},
+        )
+    for ps in process_sets or ():
+        if ps is not global_process_set and ps.process_set_id is None:
+            add_process_set(ps)
+
+
+def shutdown() -> None:
+    """Leave the job (plait.shutdown()); hvd.init() may be called again afterwards."""
+    global _state
+    st, _state = _state, None
+    if st is None:
+        return
+    for ps in st.process_sets.values():
+        if ps._dispatcher is not None:
+            ps._dispatcher.close()
+        ps.process_set_id, ps._dispatcher = None, None
+    clear_handles()
+    plait.shutdown()
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set; every rank of the job must call it, in the same order."""
+    st = state()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"{ps} is already registered")
+    bad = [r for r in ps.ranks if not 0 <= r < st.comm.size]
+    if bad or not ps.ranks or len(set(ps.ranks)) != len(ps.ranks):
+        raise ValueError(
+            f"a process set needs distinct ranks in [0, {st.comm.size}); got {ps.ranks}"
+        )
+    for other in st.process_sets.values():
+        if other.ranks == ps.ranks:
+            raise ValueError(f"a process set with ranks {ps.ranks} exists already: {other}")
+    # split() is itself a collective of the whole job: run it in the job's call order
+    sub = st.dispatcher.run_other("add_process_set", lambda c: c.split(ranks=ps.ranks))
+    ps.process_set_id = max(st.process_sets) + 1
+    ps._dispatcher = Dispatcher(sub, joinable=False) if sub is not None else None
+    st.process_sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (every rank calls it); False if it was not registered."""
+    st = state()
+    if process_set is global_process_set or process_set.process_set_id not in st.process_sets:
+        return False
+    del st.process_sets[process_set.process_set_id]
+    if process_set._dispatcher is not None:
+        process_set._dispatcher.close()
+    process_set.process_set_id, process_set._dispatcher = None, None
+    return True
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def size() -> int:
+    return state().comm.size
+
+
+def rank() -> int:
+    return state().comm.rank
+
+
+def local_size() -> int:
+    return state().comm.local_size
+
+
+def local_rank() -> int:
+    return state().comm.local_rank
+
+
+def cross_size() -> int:
+    """Number of nodes that have a rank with this rank's local rank (the node count, usually)."""
+    return state().cross_size
+
+
+def cross_rank() -> int:
+    """This rank's index among the ranks with its local rank: its node's index, usually."""
+    return state().cross_rank
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
+    return state().homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    state()
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return True
+
+
+def gloo_built() -> bool:
+    return True
+
+
+def nccl_built() -> int:
+    return 0
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """No-op with a warning: plait does not write Horovod timelines."""
+    state()
+    warnings.warn(
+        f"hvd.start_timeline({file_path!r}) does nothing under plait.horovod: plait does not "
+        "write Horovod timelines (HOROVOD_TIMELINE is ignored too)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def stop_timeline() -> None:
+    """No-op (see start_timeline)."""
+    state()

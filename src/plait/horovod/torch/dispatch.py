@@ -1,0 +1,192 @@
+"""Runs the facade's collectives in issue order, and Horovod's integer handles over them.
+
+Every hvd collective becomes one or more `Op`s (one communicator call each) that a
+`Dispatcher` runs on one worker thread, in the order they were issued: plait's
+Communicator matches calls by order, so async calls from gradient hooks and blocking calls
+from the script must reach it in one sequence. A blocking call made while nothing is queued
+runs inline (no thread hop). The dispatcher is also where hvd.join() lives: see join.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from plait.comm.communicator import Communicator
+from plait.comm.handle import Handle, Worker
+from plait.errors import CollectiveMismatchError, PlaitError
+from plait.horovod.torch import join as joining
+from plait.horovod.torch.exceptions import as_horovod
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Op(Generic[T]):
+    """One communicator call. `run(comm, flat)` makes it; in join mode `flat` is True and the
+    call must use the flattened form that joined ranks can mirror (see join.py)."""
+
+    # allreduce | allgather | broadcast | barrier: joined ranks serve them; "local": no
+    # communication (scaling, copies); anything else: a call joined ranks cannot serve
+    kind: str
+    run: Callable[[Communicator, bool], T]
+    dtype: torch.dtype | None = None
+    numel: int = 0  # allreduce/broadcast: elements; allgather: elements per row
+    op: str = "-"  # allreduce's reduction
+    root: int = -1  # broadcast's root
+    shape: tuple[int, ...] = ()  # compared across ranks in join mode
+
+
+class Dispatcher:
+    """The ordered runner of one communicator's hvd collectives (one per process set)."""
+
+    def __init__(self, comm: Communicator, joinable: bool) -> None:
+        self.comm = comm
+        self._joinable = joinable
+        self._worker = Worker(f"plait-hvd-{id(self):x}")
+        self._order = threading.RLock()  # taken to submit, and while running inline
+        self._rounds = 0  # ops completed; equal on every rank (joined ranks count served ops)
+        self._join_mode = False  # some rank has joined and every op starts with join.agree
+
+    def run(self, ops: Sequence[Op[Any]]) -> list[Any]:
+        """Run `ops` in order after everything queued; return their results."""
+        with self._order:
+            if self._worker.idle:
+                return self._execute(ops)
+            handle = self._worker.submit(lambda: self._execute(ops))
+        return handle.wait()
+
+    def submit(self, ops: Sequence[Op[Any]]) -> Handle[list[Any]]:
+        """Queue `ops` (kept together, in order); the handle's result is their results."""
+        with self._order:
+            return self._worker.submit(lambda: self._execute(ops))
+
+    def run_other(self, kind: str, fn: Callable[[Communicator], T]) -> T:
+        """Run a call that joined ranks cannot take part in (objects, alltoall, split...)."""
+        return self.run([Op(kind, lambda comm, flat: fn(comm))])[0]
+
+    def join(self) -> int:
+        """hvd.join(): serve the other ranks' collectives until every rank has joined."""
+        if not self._joinable:
+            raise ValueError("hvd.join() works on the global process set only")
+        if self.comm.size == 1:
+            return 0
+        joining.require_check()
+        return self.run([Op("join", lambda comm, flat: self._serve_until_all_joined())])[0]
+
+    def close(self) -> None:
+        self._worker.stop()
+
+    # ----------------------------------------------------------------- internals
+    def _execute(self, ops: Sequence[Op[Any]]) -> list[Any]:
+        try:
+            with torch.no_grad():  # grad mode is per thread; the worker needs it too
+                return [self._one(op) for op in ops]
+        except PlaitError as e:
+            raise as_horovod(e) from None
+
+    def _one(self, op: Op[T]) -> T:
+        if op.kind in ("join", "local"):  # join does its own bookkeeping; local ops talk to no one
+            return op.run(self.comm, False)
+        if not self._join_mode:
+            try:
+                out = op.run(self.comm, False)
+            except CollectiveMismatchError as e:
+                # the one way ranks that have joined make themselves known: their join call
+                # meets ours, and the call check raises on every rank at the same call
+                if not self._joinable or not joining.is_join_signal(e):
+                    raise
+                self._join_mode = True
+            else:
+                self._rounds += 1
+                return out
+        joining.agree(self.comm, joining.describe(op, self._rounds))
+        out = op.run(self.comm, True)
+        self._rounds += 1
+        return out
+
+    def _serve_until_all_joined(self) -> int:
+        mine = joining.joined_row(self._rounds)
+        while True:
+            try:
+                plan = joining.agree(self.comm, mine)
+            except CollectiveMismatchError as e:
+                if not joining.is_join_signal(e):
+                    raise
+                continue  # the others learnt of the join at this call: next round is theirs
+            if plan.all_joined:
+                self._join_mode = False
+                return plan.last
+            self._join_mode = True
+            joining.serve(self.comm, plan)
+            self._rounds += 1
+
+
+# ------------------------------------------------------------------------ autograd
+class _NoGrad:
+    """Stands in for autograd's ctx when a Function's forward runs on its own."""
+
+    def mark_non_differentiable(self, *args: object) -> None:
+        pass
+
+
+def apply(fn: Any, *args: Any) -> Any:
+    """fn.apply(*args) when autograd will need it, else fn's forward alone (cheaper: a
+    Function call costs as much as the whole Python side of a small collective)."""
+    if torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in args
+    ):
+        return fn.apply(*args)
+    return fn.forward(_NoGrad(), *args)
+
+
+# ------------------------------------------------------------------ Horovod handles
+@dataclass
+class _Pending:
+    handle: Handle[list[Any]]
+    finish: Callable[[list[Any]], Any]
+
+
+_handles: dict[int, _Pending] = {}
+_ids = itertools.count(1)
+_handles_lock = threading.Lock()
+
+
+def register(handle: Handle[list[Any]], finish: Callable[[list[Any]], Any]) -> int:
+    """A new Horovod handle (an int) for `handle`; synchronize returns finish(results)."""
+    with _handles_lock:
+        hid = next(_ids)
+        _handles[hid] = _Pending(handle, finish)
+    return hid
+
+
+def clear_handles() -> None:
+    with _handles_lock:
+        _handles.clear()
+
+
+def poll(handle: int) -> bool:
+    """True once the asynchronous operation behind `handle` has finished."""
+    with _handles_lock:
+        pending = _handles.get(handle)
+    if pending is None:
+        raise ValueError(f"unknown handle {handle!r}: it was never issued or already synchronized")
+    return pending.handle.done()
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the operation behind `handle` and return its output (None if unknown)."""
+    with _handles_lock:
+        pending = _handles.pop(handle, None)
+    if pending is None:
+        return None
+    try:
+        results = pending.handle.wait()
+    except PlaitError as e:
+        raise as_horovod(e) from None
+    return pending.finish(results)

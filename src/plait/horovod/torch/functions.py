@@ -1,0 +1,142 @@
+"""Start-of-training helpers: broadcast parameters, optimizer state and Python objects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from plait.horovod.torch.basics import ProcessSet, dispatcher
+from plait.horovod.torch.basics import global_process_set as _global
+from plait.horovod.torch.dispatch import Op
+from plait.horovod.torch.gather_ops import check_root
+from plait.horovod.torch.reduce_ops import pack
+
+Tensor = torch.Tensor
+
+
+def _broadcast_tensors(tensors: list[Tensor], root: int, ps: ProcessSet) -> None:
+    """Overwrite every tensor with the root's: one broadcast per dtype, not one per tensor."""
+    packs = pack(tensors)
+
+    def run_for(flat: Tensor) -> Any:
+        return lambda comm, is_flat: comm.broadcast_(flat.view(-1) if is_flat else flat, root)
+
+    ops: list[Op[Any]] = [
+        Op(
+            "broadcast",
+            run_for(p.flat),
+            p.flat.dtype,
+            p.flat.numel(),
+            root=root,
+            shape=(p.flat.numel(),),
+        )
+        for p in packs
+    ]
+
+    def copy_back() -> None:
+        out: list[Tensor | None] = [None] * len(tensors)
+        for p in packs:
+            p.unpack(out)
+        for t, new in zip(tensors, out, strict=True):
+            t.detach().copy_(new)  # type: ignore[arg-type]
+
+    dispatcher(ps).run([*ops, Op("local", lambda comm, flat: copy_back())])
+
+
+def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = _global) -> None:
+    """Overwrite every rank's tensors with the root's: a state_dict, or (name, tensor) pairs."""
+    if isinstance(params, Mapping):
+        items = sorted(params.items())  # Horovod's order: by name
+    elif isinstance(params, Iterable) and not isinstance(params, torch.Tensor):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"invalid params of type: {type(params)}")
+    tensors = []
+    for name, p in items:
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"parameter {name!r} is a {type(p).__name__}, not a tensor")
+        tensors.append(p)
+    root = check_root(root_rank, process_set)
+    if tensors:
+        _broadcast_tensors(tensors, root, process_set)
+
+
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int, process_set: ProcessSet = _global
+) -> None:
+    """Make every rank's optimizer state (per-parameter state and options such as lr) the root's.
+
+    Unlike Horovod, ranks need no state of their own first (Horovod takes a zero-gradient step
+    to create it, which moves parameters under weight decay): the root sends the layout of its
+    state (names, shapes, dtypes, scalars, options) as an object, every rank allocates what it
+    lacks, then the tensors travel in one broadcast per dtype.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    root = check_root(root_rank, process_set)
+    me = dispatcher(process_set).comm.rank
+    sd = optimizer.state_dict()
+    layout = None
+    if me == root:
+        layout = {
+            "groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
+            "state": {
+                pid: {
+                    k: ("tensor", tuple(v.shape), v.dtype)
+                    if isinstance(v, torch.Tensor)
+                    else ("value", v)
+                    for k, v in entries.items()
+                }
+                for pid, entries in sd["state"].items()
+            },
+        }
+    layout = broadcast_object(layout, root, process_set=process_set)
+    if len(layout["groups"]) != len(sd["param_groups"]):
+        raise ValueError(
+            f"rank {root} has {len(layout['groups'])} parameter groups, rank {me} has "
+            f"{len(sd['param_groups'])}: the optimizers must be built alike"
+        )
+    state: dict[Any, dict[str, Any]] = {}
+    tensors: list[Tensor] = []
+    for pid, entries in layout["state"].items():
+        mine = sd["state"].get(pid, {})
+        state[pid] = {}
+        for k, (what, *spec) in entries.items():
+            if what == "value":
+                state[pid][k] = spec[0]
+                continue
+            shape, dtype = spec
+            t = mine.get(k)
+            if not (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype):
+                t = torch.empty(shape, dtype=dtype)
+            state[pid][k] = t
+            tensors.append(t)
+    if tensors:
+        _broadcast_tensors(tensors, root, process_set)
+    if me == root:
+        return  # its state is the source; reloading it would only copy
+    pairs = zip(layout["groups"], sd["param_groups"], strict=True)
+    groups = [{**opts, "params": g["params"]} for opts, g in pairs]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def broadcast_object(
+    obj: Any = None, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = _global
+) -> Any:
+    """Return the root's picklable `obj` on every rank (pickled between the job's own ranks)."""
+    root = check_root(root_rank, process_set)
+    return dispatcher(process_set).run_other(
+        "broadcast_object", lambda comm: comm.broadcast_object(obj, root)
+    )
+
+
+def allgather_object(
+    obj: Any, name: str | None = None, process_set: ProcessSet = _global
+) -> list[Any]:
+    """Return every rank's picklable `obj`, in rank order."""
+    out: list[Any] = dispatcher(process_set).run_other(
+        "allgather_object", lambda comm: comm.allgather_object(obj)
+    )
+    return out

@@ -1,0 +1,249 @@
+"""Allgather, broadcast, alltoall, barrier and join with Horovod's names and gradients.
+
+Gradients follow Horovod 0.28: allgather's is the Average allreduce of the incoming
+gradient, narrowed to this rank's rows; broadcast's is the Average allreduce on the root and
+zeros elsewhere; alltoall's sends the gradient back along the received splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from plait.horovod.torch.basics import ProcessSet, dispatcher, state
+from plait.horovod.torch.basics import global_process_set as _global
+from plait.horovod.torch.dispatch import Op, apply, register
+from plait.horovod.torch.reduce_ops import allreduce
+
+Tensor = torch.Tensor
+
+
+# ------------------------------------------------------------------------ allgather
+def _allgather_op(tensor: Tensor) -> Op[Tensor]:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"allgather needs a torch.Tensor; got {type(tensor).__name__}")
+    if tensor.dim() == 0:
+        raise ValueError("allgather needs a tensor with at least one dimension; got a scalar")
+    t = tensor.detach()
+    tail = tuple(t.shape[1:])
+    row = 1
+    for d in tail:
+        row *= d
+
+    def run(comm: Any, flat: bool) -> Tensor:
+        if not flat:
+            out: Tensor = comm.allgather(t)
+            return out
+        rows: Tensor = comm.allgather(t.reshape(t.shape[0], row))  # joined ranks add no rows
+        return rows.reshape(rows.shape[0], *tail)
+
+    return Op("allgather", run, t.dtype, row, shape=tail)
+
+
+def allgather_async(
+    tensor: Tensor, name: str | None = None, process_set: ProcessSet = _global
+) -> int:
+    """Start concatenating every rank's `tensor` along dim 0 (which may differ); a handle."""
+    handle = dispatcher(process_set).submit([_allgather_op(tensor)])
+    return register(handle, lambda results: results[0])
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor, ps: ProcessSet) -> Tensor:
+        ctx.hvd = (tensor.shape[0], ps)
+        out: Tensor = dispatcher(ps).run([_allgather_op(tensor)])[0]
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        rows, ps = ctx.hvd
+        reduced = allreduce(grad, process_set=ps)  # Average, as Horovod
+        everyone = allgather(torch.tensor([rows], dtype=torch.int64), process_set=ps)
+        offset = int(everyone[: dispatcher(ps).comm.rank].sum())
+        return reduced.narrow(0, offset, rows), None
+
+
+def allgather(tensor: Tensor, name: str | None = None, process_set: ProcessSet = _global) -> Tensor:
+    """Concatenate every rank's `tensor` along dim 0 (which may differ); differentiable."""
+    out: Tensor = apply(_Allgather, tensor, process_set)
+    return out
+
+
+def grouped_allgather_async(
+    tensors: Sequence[Tensor], name: str | None = None, process_set: ProcessSet = _global
+) -> int:
+    """Start an allgather of each tensor; synchronize returns the list of results."""
+    handle = dispatcher(process_set).submit([_allgather_op(t) for t in tensors])
+    return register(handle, lambda results: list(results))
+
+
+def grouped_allgather(
+    tensors: Sequence[Tensor], name: str | None = None, process_set: ProcessSet = _global
+) -> list[Tensor]:
+    """Allgather each tensor of the list (differentiable)."""
+    return [allgather(t, process_set=process_set) for t in tensors]
+
+
+# ------------------------------------------------------------------------ broadcast
+def check_root(root_rank: object, ps: ProcessSet) -> int:
+    n = dispatcher(ps).comm.size
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or not 0 <= root_rank < n:
+        raise ValueError(
+            f"root_rank must be a rank in [0, {n}) (the job has {n}); got {root_rank!r}"
+        )
+    return root_rank
+
+
+def _broadcast_ops(tensor: Tensor, root: int) -> list[Op[Any]]:
+    """Overwrite `tensor` in place with the root's (through a contiguous buffer if needed)."""
+    target = tensor.detach()
+    buf = target if target.is_contiguous() else target.contiguous()
+
+    def run(comm: Any, flat: bool) -> Tensor:
+        comm.broadcast_(buf.view(-1) if flat else buf, root)
+        return buf
+
+    ops: list[Op[Any]] = [
+        Op("broadcast", run, buf.dtype, buf.numel(), root=root, shape=tuple(buf.shape))
+    ]
+    if buf is not target:
+        ops.append(Op("local", lambda comm, flat: target.copy_(buf)))
+    return ops
+
+
+def broadcast_async(
+    tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
+) -> int:
+    """Start broadcasting the root's `tensor` into a new tensor; returns a handle."""
+    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    handle = dispatcher(process_set).submit(_broadcast_ops(out, check_root(root_rank, process_set)))
+    return register(handle, lambda _: out)
+
+
+def broadcast_async_(
+    tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
+) -> int:
+    """Start overwriting `tensor` with the root's, in place; returns a handle."""
+    root = check_root(root_rank, process_set)
+    return register(dispatcher(process_set).submit(_broadcast_ops(tensor, root)), lambda _: tensor)
+
+
+def broadcast_(
+    tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
+) -> Tensor:
+    """Overwrite `tensor` with the root's, in place; return it."""
+    dispatcher(process_set).run(_broadcast_ops(tensor, check_root(root_rank, process_set)))
+    return tensor
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor, root: int, ps: ProcessSet) -> Tensor:
+        ctx.hvd = (root, ps)
+        out = tensor.detach().clone(memory_format=torch.contiguous_format)
+        dispatcher(ps).run(_broadcast_ops(out, root))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        root, ps = ctx.hvd
+        reduced = allreduce(grad, process_set=ps)  # Average, as Horovod
+        if dispatcher(ps).comm.rank != root:
+            reduced = reduced * 0
+        return reduced, None, None
+
+
+def broadcast(
+    tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
+) -> Tensor:
+    """Return the root's `tensor` on every rank, as a new tensor (differentiable)."""
+    out: Tensor = apply(_Broadcast, tensor, check_root(root_rank, process_set), process_set)
+    return out
+
+
+# ------------------------------------------------------------------------- alltoall
+def _splits(splits: Any, tensor: Tensor, n: int) -> list[int] | None:
+    if splits is None:
+        return None
+    values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    if (
+        len(values) != n
+        or any(not isinstance(v, int) or v < 0 for v in values)
+        or sum(values) != tensor.shape[0]
+    ):
+        raise ValueError(
+            f"splits must be {n} non-negative ints (one per rank) summing to dim 0 of the "
+            f"tensor ({tensor.shape[0]}); got {values}"
+        )
+    return values
+
+
+def _alltoall_op(tensor: Tensor, splits: Any, with_splits: bool) -> Op[Any]:
+    if tensor.dim() == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension; got a scalar")
+    t = tensor.detach()
+
+    def run(comm: Any, flat: bool) -> tuple[Tensor, Tensor | None]:
+        sizes = _splits(splits, t, comm.size)
+        out: Tensor = comm.alltoall(t, sizes)
+        if not with_splits:
+            return out, None
+        if sizes is None:  # what plait sent: dim 0 split as torch.tensor_split does
+            sizes = [len(part) for part in torch.arange(t.shape[0]).tensor_split(comm.size)]
+        # what each rank sent here: one more small alltoall of the split sizes
+        got = comm.alltoall(torch.tensor(sizes, dtype=torch.int32))
+        return out, got
+
+    return Op("alltoall", run)
+
+
+def alltoall_async(
+    tensor: Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = _global
+) -> int:
+    """Start an alltoall; synchronize returns (output, received splits)."""
+    d = dispatcher(process_set)
+    _splits(splits, tensor, d.comm.size)  # bad splits raise here, not in the worker
+    return register(d.submit([_alltoall_op(tensor, splits, True)]), lambda results: results[0])
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor, splits: Any, ps: ProcessSet) -> Any:
+        d = dispatcher(ps)
+        out, got = d.run([_alltoall_op(tensor, splits, True)])[0]
+        ctx.hvd = (got, ps)
+        if splits is None:
+            return out
+        ctx.mark_non_differentiable(got)
+        return out, got
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, *unused: Any) -> tuple[Tensor | None, ...]:
+        got, ps = ctx.hvd
+        back, _ = alltoall(grad, splits=got, process_set=ps)
+        return back, None, None
+
+
+def alltoall(
+    tensor: Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = _global
+) -> Any:
+    """Send rows splits[j] of dim 0 to rank j; return what every rank sent here (in rank
+    order) and, when `splits` is given, how many rows came from each rank (int32)."""
+    _splits(splits, tensor, dispatcher(process_set).comm.size)
+    return apply(_Alltoall, tensor, splits, process_set)
+
+
+# ------------------------------------------------------------------ barrier and join
+def barrier(process_set: ProcessSet = _global) -> None:
+    """Return once every rank of the process set has called barrier."""
+    dispatcher(process_set).run([Op("barrier", lambda comm, flat: comm.barrier())])
+
+
+def join(device: int = -1) -> int:
+    """This rank has run out of data: take part (with zeros) in the others' allreduces until
+    every rank has joined. Returns the rank that joined last, the same on every rank."""
+    state()
+    return dispatcher(None).join()

@@ -1,0 +1,179 @@
+"""hvd.join(): ranks that ran out of data keep serving the collectives of the others.
+
+plait's Communicator matches calls strictly in order, and (with its call check on, the
+default) every collective first exchanges a short record of each rank's call. A joined rank
+loops on one distinctive call, an allgather of an 8-int row describing its state. While the
+others still run ordinary collectives, that call meets theirs and the call check raises
+CollectiveMismatchError on every rank at the same call: the ranks that have not joined see
+the join call in the error and switch to *join mode*. In join mode, before each collective,
+every rank allgathers a row (ranks that have not joined describe the call they are about to
+make; joined ranks say "joined"), then all make the call, joined ranks with stand-ins:
+
+    allreduce   zeros for sum/avg (Horovod: avg still divides by the full size),
+                the identity for min/max/prod
+    allgather   zero rows          broadcast   a scratch buffer (the root must not have joined)
+    barrier     a barrier          anything else: an error on every rank, never a hang
+
+When every row says "joined", join() returns on every rank the rank that joined last (the
+latest in the sequence of collectives; ties go to the highest rank), and join mode ends.
+Ordinary collectives pay nothing for this: join mode starts only after a rank joined.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from plait.comm.calls import Call, check_enabled
+from plait.errors import CollectiveMismatchError
+
+if TYPE_CHECKING:
+    from plait.comm.communicator import Communicator
+    from plait.horovod.torch.dispatch import Op
+
+_ROW = 8  # kind, dtype, op, root, numel, shape crc, rounds at join, unused
+_KINDS = (
+    "joined",
+    "allreduce",
+    "allgather",
+    "broadcast",
+    "barrier",
+    # ops that joined ranks cannot take part in
+    "alltoall",
+    "reducescatter",
+    "broadcast_object",
+    "allgather_object",
+    "add_process_set",
+    "other",
+)
+_SERVED = ("allreduce", "allgather", "broadcast", "barrier")
+_DTYPES = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.bool,
+)
+_OPS = ("-", "sum", "avg", "min", "max", "prod")
+
+# What the call check shows for a joined rank's call (plait formats it; we only compare)
+_SIGNAL = str(Call.of("allgather", torch.empty((1, _ROW), dtype=torch.int64), algorithm="ring"))
+
+
+def is_join_signal(err: CollectiveMismatchError) -> bool:
+    """Whether a call-check failure was caused by a rank that has joined."""
+    return _SIGNAL in err.calls
+
+
+def require_check() -> None:
+    if not check_enabled():
+        raise RuntimeError(
+            "hvd.join() needs plait's call check, which PLAIT_CHECK=0 turns off: joined ranks "
+            "learn what the others call from it. Unset PLAIT_CHECK (on every rank) to use join."
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every rank agreed to do this round."""
+
+    all_joined: bool
+    last: int  # the rank that joined last (when all_joined)
+    kind: str = "-"
+    dtype: torch.dtype = torch.float32
+    op: str = "-"
+    root: int = -1
+    numel: int = 0
+
+
+def _crc(shape: tuple[int, ...]) -> int:
+    return zlib.crc32(repr(tuple(shape)).encode()) & 0x7FFFFFFF
+
+
+def describe(op: Op[Any], rounds: int) -> torch.Tensor:
+    """The row a rank that has not joined contributes before making `op`."""
+    kind = op.kind if op.kind in _KINDS else "other"
+    dtype = _DTYPES.index(op.dtype) + 1 if op.dtype in _DTYPES else 0
+    fields = [_KINDS.index(kind), dtype, _OPS.index(op.op), op.root, op.numel, _crc(op.shape)]
+    return torch.tensor([[*fields, rounds, 0]], dtype=torch.int64)
+
+
+def joined_row(rounds: int) -> torch.Tensor:
+    return torch.tensor([[0, 0, 0, -1, 0, 0, rounds, 0]], dtype=torch.int64)
+
+
+def _text(row: list[int]) -> str:
+    kind = _KINDS[row[0]]
+    if kind == "joined":
+        return "joined (hvd.join)"
+    if kind not in _SERVED or kind == "barrier":
+        return kind
+    dtype = str(_DTYPES[row[1] - 1]).replace("torch.", "") if row[1] else "-"
+    extra = {"allreduce": f", op={_OPS[row[2]]}", "broadcast": f", root_rank={row[3]}"}
+    size = "elements per row" if kind == "allgather" else "elements"
+    return f"{kind}(dtype={dtype}, {size}={row[4]}{extra.get(kind, '')})"
+
+
+def agree(comm: Communicator, mine: torch.Tensor) -> Plan:
+    """One join-mode round: share rows, check them alike on every rank, return the plan."""
+    rows = comm.allgather(mine, algorithm="ring").tolist()
+    joined = [r for r, row in enumerate(rows) if row[0] == 0]
+    active = [r for r, row in enumerate(rows) if row[0] != 0]
+    if not active:
+        last = max(range(len(rows)), key=lambda r: (rows[r][6], r))
+        return Plan(all_joined=True, last=last)
+    calls = [_text(row) for row in rows]
+    if len({tuple(rows[r][:6]) for r in active}) > 1:
+        raise CollectiveMismatchError(
+            calls, f"different calls from the ranks that have not joined (joined: {joined})"
+        )
+    row = rows[active[0]]
+    kind = _KINDS[row[0]]
+    if kind not in _SERVED:
+        raise NotImplementedError(
+            f"ranks {joined} have joined (hvd.join) and ranks {active} called {kind}, which "
+            f"joined ranks cannot take part in; plait.horovod's join serves "
+            f"{', '.join(_SERVED)}. Call hvd.join() after the last of the others."
+        )
+    if kind == "broadcast" and row[3] in joined:
+        raise ValueError(
+            f"broadcast from root_rank {row[3]}, which has joined (hvd.join); "
+            "a joined rank cannot be the root"
+        )
+    dtype = _DTYPES[row[1] - 1] if row[1] else torch.float32
+    return Plan(False, -1, kind, dtype, _OPS[row[2]], row[3], row[4])
+
+
+def _identity(plan: Plan) -> torch.Tensor:
+    """What a joined rank contributes to an allreduce."""
+    if plan.op in ("sum", "avg"):
+        return torch.zeros(plan.numel, dtype=plan.dtype)
+    if plan.op == "prod":
+        return torch.ones(plan.numel, dtype=plan.dtype)
+    big = plan.op == "min"  # min's identity is the largest value, max's the smallest
+    if plan.dtype == torch.bool:
+        return torch.full((plan.numel,), big, dtype=torch.bool)
+    if plan.dtype.is_floating_point:
+        return torch.full((plan.numel,), float("inf") if big else float("-inf"), dtype=plan.dtype)
+    info = torch.iinfo(plan.dtype)
+    return torch.full((plan.numel,), info.max if big else info.min, dtype=plan.dtype)
+
+
+def serve(comm: Communicator, plan: Plan) -> None:
+    """A joined rank's part in the round's collective (the flat form the others use)."""
+    if plan.kind == "allreduce":
+        comm.allreduce_(_identity(plan), plan.op)
+    elif plan.kind == "allgather":
+        comm.allgather(torch.empty((0, plan.numel), dtype=plan.dtype))
+    elif plan.kind == "broadcast":
+        comm.broadcast_(torch.empty(plan.numel, dtype=plan.dtype), plan.root)
+    else:
+        comm.barrier()

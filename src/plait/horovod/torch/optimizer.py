@@ -1,0 +1,352 @@
+"""hvd.DistributedOptimizer: average gradients across ranks while backward still runs.
+
+Each parameter gets a hook that fires when its gradient is accumulated. Gradients are
+grouped into buckets (reverse registration order, so the last layers' gradients, ready
+first, go first; about 25 MB each like torch DDP, or HOROVOD_FUSION_THRESHOLD bytes, or
+Horovod's `groups`). A bucket's allreduce starts once it and every earlier bucket are
+ready: plait's Communicator matches calls by order, and a fixed bucket order is the same on
+every rank whatever order the hooks fire in. step() waits for them and writes the averages
+back into `.grad`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
+
+import torch
+
+from plait.comm.handle import Handle
+from plait.errors import PlaitError
+from plait.horovod.torch.basics import Adasum, Average, ProcessSet, comm_op, dispatcher
+from plait.horovod.torch.basics import global_process_set as _global
+from plait.horovod.torch.compression import Compression, Compressor
+from plait.horovod.torch.dispatch import Dispatcher
+from plait.horovod.torch.exceptions import as_horovod
+from plait.horovod.torch.reduce_ops import Packed, allreduce_ops, pack
+
+Tensor = torch.Tensor
+_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb: big enough to amortise a call
+_TOO_MANY_PASSES = (
+    "Gradients were computed more than backward_passes_per_step times before call to "
+    "step(). Increase backward_passes_per_step to accumulate gradients locally."
+)
+
+
+def _split_list(items: list[Any], parts: int) -> list[list[Any]]:
+    """`items` cut into `parts` contiguous, nearly equal lists (Horovod's split_list)."""
+    q, r = divmod(len(items), parts)
+    out, at = [], 0
+    for i in range(parts):
+        n = q + (1 if i < r else 0)
+        out.append(items[at : at + n])
+        at += n
+    return [chunk for chunk in out if chunk]
+
+
+class _InFlight:
+    """One launched bucket: its handle and how to write the results back."""
+
+    def __init__(
+        self,
+        handle: Handle[list[Any]],
+        params: list[Tensor],
+        pieces: list[tuple[Tensor, Any]],
+        packs: list[Packed],
+    ) -> None:
+        self.handle, self.params, self.pieces, self.packs = handle, params, pieces, packs
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixed in before the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, Tensor]] | None,
+        compression: type[Compressor],
+        backward_passes_per_step: int,
+        op: int,
+        gradient_predivide_factor: float,
+        groups: Any,
+        sparse_as_dense: bool,
+        process_set: ProcessSet,
+    ) -> None:
+        try:  # the wrapped class's __init__ with its groups (hyperparameters included)
+            cast(Any, super()).__init__(optimizer.param_groups)
+        except TypeError:  # an __init__ with more required arguments: Optimizer's own
+            torch.optim.Optimizer.__init__(self, optimizer.param_groups, dict(optimizer.defaults))
+        for p, s in optimizer.state.items():  # keep state the optimizer may already have
+            self.state[p] = s
+        # Horovod's name checks; names label nothing here (calls match by order)
+        self._parameter_names = self._check_names(named_parameters)
+        self._compression = compression
+        self._op, self._comm_op = op, comm_op(op)
+        # Average as Horovod splits it: 1/f before the sum, f/size after (comm avg divides)
+        f = gradient_predivide_factor
+        self._pre, self._post = (1.0 / f, f) if op == Average else (1.0, 1.0)
+        self._sparse_as_dense = sparse_as_dense
+        self.backward_passes_per_step = backward_passes_per_step
+        self._should_synchronize = True
+        self._synchronized = False
+        self._lock = threading.RLock()  # hooks may fire on autograd's threads
+        member = process_set is _global or bool(process_set.included())
+        self._dispatcher: Dispatcher | None = dispatcher(process_set) if member else None
+        params = list(
+            {id(p): p for g in self.param_groups for p in g["params"] if p.requires_grad}.values()
+        )
+        self._buckets = self._make_buckets(params, groups)
+        self._bucket_of = {p: b for b, bucket in enumerate(self._buckets) for p in bucket}
+        self._hooks: list[Any] = []
+        self._reset()
+        if self._dispatcher is not None and self._dispatcher.comm.size > 1:
+            ref = weakref.ref(self)  # a hook must not keep a discarded optimizer alive
+
+            def hook(p: Tensor) -> None:
+                opt = ref()
+                if opt is not None:
+                    opt._grad_ready(p)
+
+            self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
+
+    # -------------------------------------------------------------------- set-up
+    def _check_names(
+        self, named_parameters: Iterable[tuple[str, Tensor]] | None
+    ) -> dict[Tensor, str]:
+        if named_parameters is not None:
+            named = list(named_parameters)
+        else:
+            named = [
+                (f"allreduce.noname.{i}.{j}", v)
+                for i, g in enumerate(self.param_groups)
+                for j, v in enumerate(g["params"])
+            ]
+        if any(not isinstance(p, tuple) for p in named):
+            raise ValueError(
+                "named_parameters should be a sequence of tuples (name, parameter), usually "
+                "produced by model.named_parameters()."
+            )
+        names = [k for k, _ in named]
+        dups = sorted({k for k in names if names.count(k) > 1})
+        if dups:
+            raise ValueError(
+                "Parameter names in named_parameters must be unique. Found duplicates: "
+                + ", ".join(dups)
+            )
+        unnamed = {id(v) for g in self.param_groups for v in g["params"]} - {
+            id(v) for _, v in named
+        }
+        if unnamed:
+            raise ValueError(
+                "named_parameters was specified, but one or more model parameters were not "
+                "named. Python object ids: " + ", ".join(str(i) for i in sorted(unnamed))
+            )
+        return {v: k for k, v in named}
+
+    def _make_buckets(self, params: list[Tensor], groups: Any) -> list[list[Tensor]]:
+        position = {id(p): i for i, p in enumerate(params)}
+        chunks: list[list[Tensor]] = []
+        rest = params
+        if isinstance(groups, list):
+            seen: set[int] = set()
+            for group in groups:
+                for p in group:
+                    if not isinstance(p, torch.Tensor):
+                        raise ValueError("groups must consist of torch.Tensor.")
+                    if id(p) in seen:
+                        raise ValueError("A parameter can only appear once in groups.")
+                    seen.add(id(p))
+                chunk = [p for p in group if id(p) in position]
+                if chunk:
+                    chunks.append(chunk)
+            rest = [p for p in params if id(p) not in seen]
+        elif groups is not None:
+            if isinstance(groups, bool) or not isinstance(groups, int) or groups < 0:
+                raise ValueError(
+                    "groups should be a non-negative integer or a list of list of torch.Tensor."
+                )
+            if groups > 0:
+                chunks, rest = _split_list(params, groups), []
+        # the rest: size-capped buckets of one dtype, walking the parameters backwards
+        cap = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _BUCKET_BYTES))
+        current: list[Tensor] = []
+        size = 0
+        for p in reversed(rest):
+            nbytes = p.numel() * p.element_size()
+            if current and (current[0].dtype != p.dtype or size + nbytes > cap):
+                chunks.append(current)
+                current, size = [], 0
+            current.append(p)
+            size += nbytes
+        if current:
+            chunks.append(current)
+        # launch order: the bucket holding the latest parameters first (their grads come first)
+        return sorted(chunks, key=lambda c: -max(position[id(p)] for p in c))
+
+    def _reset(self) -> None:
+        self._delay = {p: self.backward_passes_per_step for b in self._buckets for p in b}
+        self._ready = [0] * len(self._buckets)
+        self._next = 0  # the first bucket not launched yet
+        self._inflight: list[_InFlight] = []
+        self._fired = 0  # hooks fired since the last synchronize (zero_grad's check)
+
+    # ------------------------------------------------------------ communication
+    def _grad_ready(self, p: Tensor) -> None:
+        with self._lock:
+            if self._delay[p] <= 0:
+                raise AssertionError(_TOO_MANY_PASSES)
+            self._delay[p] -= 1
+            self._fired += 1
+            if self._delay[p] == 0:
+                self._ready[self._bucket_of[p]] += 1
+                while self._next < len(self._buckets) and self._ready[self._next] == len(
+                    self._buckets[self._next]
+                ):
+                    self._launch(self._next)
+
+    def _launch(self, b: int) -> None:
+        assert self._dispatcher is not None and b == self._next
+        pieces = []
+        with torch.no_grad():
+            for p in self._buckets[b]:
+                if p.grad is None:  # not computed here, maybe elsewhere: contribute zeros
+                    p.grad = torch.zeros_like(p)
+                elif p.grad.is_sparse:
+                    p.grad = p.grad.to_dense()
+                pieces.append(self._compression.compress(p.grad))
+            packs = pack([t for t, _ in pieces])
+        ops = [
+            o for pk in packs for o in allreduce_ops(pk.flat, self._comm_op, self._pre, self._post)
+        ]
+        handle = self._dispatcher.submit(ops)
+        self._inflight.append(_InFlight(handle, self._buckets[b], pieces, packs))
+        self._next += 1
+
+    def synchronize(self) -> None:
+        """Finish every gradient allreduce of this step and write the results into `.grad`."""
+        if self._dispatcher is None or self._dispatcher.comm.size == 1:
+            self._synchronized = True
+            return
+        with self._lock:
+            while self._next < len(self._buckets):  # buckets whose hooks did not all fire
+                self._launch(self._next)
+            inflight = self._inflight
+            self._reset()
+        for f in inflight:
+            try:
+                f.handle.wait()
+            except PlaitError as e:
+                raise as_horovod(e) from None
+            out: list[Tensor | None] = [None] * len(f.pieces)
+            for pk in f.packs:
+                pk.unpack(out)
+            with torch.no_grad():
+                for p, (_, ctx), reduced in zip(f.params, f.pieces, out, strict=True):
+                    assert p.grad is not None and reduced is not None
+                    p.grad.copy_(self._compression.decompress(reduced, ctx))
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside it, step() does not synchronize (call synchronize() yourself first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                    "consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.",
+                    stacklevel=2,
+                )
+            self.synchronize()
+        self._synchronized = False
+        return cast(Any, super()).step(closure)
+
+    # the wrapped class's step runs torch's step hooks; ours must not run them a second time
+    step.hooked = True  # type: ignore[attr-defined]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._fired:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                "cause a race condition."
+            )
+        super().zero_grad(set_to_none)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        with self._lock:
+            self._reset()
+            self._synchronized = False
+            self._should_synchronize = True
+        super().load_state_dict(state_dict)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes accumulate locally before an allreduce."""
+        self.backward_passes_per_step = passes
+        with self._lock:
+            for p in self._delay:
+                self._delay[p] = passes
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, Tensor]] | None = None,
+    compression: type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = _global,
+) -> torch.optim.Optimizer:
+    """Wrap `optimizer` so that step() uses gradients averaged over all ranks.
+
+    The result is an instance of a subclass of the optimizer's class (same name), so
+    isinstance checks, param_groups and state_dict behave as before.
+    """
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum:
+        comm_op(op)  # raises NotImplementedError with the alternatives
+    if num_groups != 0:
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if groups is None:
+            groups = num_groups
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(
+            f"backward_passes_per_step must be an int >= 1; got {backward_passes_per_step!r}"
+        )
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+    return cast(
+        torch.optim.Optimizer,
+        cls(
+            optimizer,
+            named_parameters,
+            compression,
+            backward_passes_per_step,
+            op,
+            gradient_predivide_factor,
+            groups,
+            sparse_as_dense,
+            process_set,
+        ),
+    )

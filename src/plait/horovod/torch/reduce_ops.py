@@ -1,0 +1,318 @@
+"""Allreduce (single and grouped) with Horovod's names, arguments and gradients.
+
+Horovod's rules: `op` defaults to Average and `average=` is its deprecated spelling;
+`prescale_factor` multiplies each rank's input before the reduction and `postscale_factor`
+the result; `name` only labels Horovod's timeline and is ignored here. Grouped variants pack
+each dtype's tensors into one buffer, so a group costs one collective per dtype.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from plait.horovod.torch.basics import Average, ProcessSet, Sum, comm_op, dispatcher
+from plait.horovod.torch.basics import global_process_set as _global
+from plait.horovod.torch.compression import Compression, Compressor
+from plait.horovod.torch.dispatch import Op, apply, register
+
+Tensor = torch.Tensor
+
+
+def reduction(op: int | None, average: bool | None) -> int:
+    """Horovod's rule for the reduction: `op` wins, `average` is deprecated, Average by default."""
+    if op is not None:
+        if average is not None:
+            raise ValueError(
+                "The op parameter supersedes average. Please provide only one of them."
+            )
+        comm_op(op)
+        return op
+    if average is not None:
+        warnings.warn(
+            "Parameter `average` has been replaced with `op` and will be removed in v1.0",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return Average if average else Sum
+    return Average
+
+
+def scale(t: Tensor, factor: float) -> None:
+    """t *= factor in place; integers are scaled in double and truncated, as Horovod does."""
+    if factor == 1.0:
+        return
+    if t.is_floating_point():
+        t.mul_(factor)
+    else:
+        t.copy_(t.double().mul_(factor).to(t.dtype))
+
+
+def local(fn: Any) -> Op[None]:
+    """A step of the op list that talks to no one (scaling, copying back)."""
+    return Op("local", lambda comm, flat: fn())
+
+
+def allreduce_ops(buf: Tensor, op: str, pre: float, post: float) -> list[Op[Any]]:
+    """Reduce the contiguous tensor `buf` (ours to overwrite) in place, scaled."""
+    ops: list[Op[Any]] = []
+    if pre != 1.0:
+        ops.append(local(lambda: scale(buf, pre)))  # once, even if the call is retried (join)
+
+    def run(comm: Any, flat: bool) -> Tensor:
+        comm.allreduce_(buf.view(-1) if flat else buf, op)
+        scale(buf, post)
+        return buf
+
+    ops.append(Op("allreduce", run, buf.dtype, buf.numel(), op, shape=tuple(buf.shape)))
+    return ops
+
+
+def _copy(t: Tensor) -> Tensor:
+    return t.detach().clone(memory_format=torch.contiguous_format)
+
+
+# ------------------------------------------------------------------ single tensor
+def allreduce_async(
+    tensor: Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = _global,
+) -> int:
+    """Start reducing `tensor` over all ranks into a new tensor; returns a handle."""
+    rop = comm_op(reduction(op, average))
+    d = dispatcher(process_set)
+    buf = _copy(tensor)
+    return register(
+        d.submit(allreduce_ops(buf, rop, prescale_factor, postscale_factor)), lambda _: buf
+    )
+
+
+def allreduce_async_(
+    tensor: Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = _global,
+) -> int:
+    """Start reducing `tensor` in place; don't touch it before synchronize(handle)."""
+    d = dispatcher(process_set)
+    ops = _inplace_ops(tensor, comm_op(reduction(op, average)), prescale_factor, postscale_factor)
+    return register(d.submit(ops), lambda _: tensor)
+
+
+def allreduce_(
+    tensor: Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = _global,
+) -> Tensor:
+    """Reduce `tensor` over all ranks in place; return it."""
+    d = dispatcher(process_set)
+    d.run(_inplace_ops(tensor, comm_op(reduction(op, average)), prescale_factor, postscale_factor))
+    return tensor
+
+
+def _inplace_ops(tensor: Tensor, op: str, pre: float, post: float) -> list[Op[Any]]:
+    target = tensor.detach()
+    buf = target if target.is_contiguous() else target.contiguous()
+    ops = allreduce_ops(buf, op, pre, post)
+    if buf is not target:
+        ops.append(local(lambda: target.copy_(buf)))
+    return ops
+
+
+class _Allreduce(torch.autograd.Function):
+    """Allreduce with Horovod's gradient: the same allreduce of the incoming gradient."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: Tensor, op: int, pre: float, post: float, ps: ProcessSet
+    ) -> Tensor:
+        ctx.hvd = (op, pre, post, ps)
+        buf = _copy(tensor)
+        dispatcher(ps).run(allreduce_ops(buf, comm_op(op), pre, post))
+        return buf
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        op, pre, post, ps = ctx.hvd
+        out = allreduce(grad, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
+        return out, None, None, None, None
+
+
+def allreduce(
+    tensor: Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = _global,
+) -> Tensor:
+    """Reduce `tensor` over all ranks into a new tensor (differentiable; Average by default)."""
+    rop = reduction(op, average)
+    comm_op(rop)
+    sent, ctx = compression.compress(tensor)
+    out = apply(_Allreduce, sent, rop, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, ctx)
+
+
+# ------------------------------------------------------------------------ grouped
+@dataclass
+class Packed:
+    """Tensors of one dtype packed into one flat buffer."""
+
+    flat: Tensor
+    members: list[tuple[int, int, int, torch.Size]] = field(default_factory=list)  # i, at, n, shape
+
+    def unpack(self, out: list[Tensor | None]) -> None:
+        for i, at, n, shape in self.members:
+            out[i] = self.flat[at : at + n].view(shape)
+
+
+def pack(tensors: Sequence[Tensor]) -> list[Packed]:
+    """One flat copy per dtype, in order of first appearance (the same on every rank)."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensors[{i}] must be a torch.Tensor; got {type(t).__name__}")
+        by_dtype.setdefault(t.dtype, []).append(i)
+    packs = []
+    for idx in by_dtype.values():
+        flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
+        p, at = Packed(flat), 0
+        for i in idx:
+            n = tensors[i].numel()
+            p.members.append((i, at, n, tensors[i].shape))
+            at += n
+        packs.append(p)
+    return packs
+
+
+def _grouped_ops(packs: list[Packed], op: str, pre: float, post: float) -> list[Op[Any]]:
+    return [o for p in packs for o in allreduce_ops(p.flat, op, pre, post)]
+
+
+def _unpacked(packs: list[Packed], n: int) -> tuple[Tensor, ...]:
+    out: list[Tensor | None] = [None] * n
+    for p in packs:
+        p.unpack(out)
+    return tuple(out)  # type: ignore[arg-type]
+
+
+def _copy_back(packs: list[Packed], tensors: Sequence[Tensor]) -> None:
+    for t, reduced in zip(tensors, _unpacked(packs, len(tensors)), strict=True):
+        t.detach().copy_(reduced)
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = _global,
+) -> int:
+    """Start reducing a list of tensors into new tensors (one collective per dtype)."""
+    rop = comm_op(reduction(op, average))
+    d, packs = dispatcher(process_set), pack(tensors)
+    handle = d.submit(_grouped_ops(packs, rop, prescale_factor, postscale_factor))
+    return register(handle, lambda _: _unpacked(packs, len(tensors)))
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = _global,
+) -> int:
+    """Start reducing a list of tensors in place."""
+    rop = comm_op(reduction(op, average))
+    d, packs = dispatcher(process_set), pack(tensors)
+    ops = _grouped_ops(packs, rop, prescale_factor, postscale_factor)
+    ops.append(local(lambda: _copy_back(packs, tensors)))
+    return register(d.submit(ops), lambda _: tuple(tensors))
+
+
+def grouped_allreduce_(
+    tensors: Sequence[Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = _global,
+) -> tuple[Tensor, ...]:
+    """Reduce a list of tensors in place; return them."""
+    rop = comm_op(reduction(op, average))
+    d, packs = dispatcher(process_set), pack(tensors)
+    ops = _grouped_ops(packs, rop, prescale_factor, postscale_factor)
+    d.run([*ops, local(lambda: _copy_back(packs, tensors))])
+    return tuple(tensors)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    """Grouped allreduce whose gradient is the same grouped allreduce of the gradients."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, op: int, pre: float, post: float, ps: ProcessSet, *tensors: Tensor
+    ) -> Any:
+        ctx.hvd = (op, pre, post, ps)
+        packs = pack(tensors)
+        dispatcher(ps).run(_grouped_ops(packs, comm_op(op), pre, post))
+        # separate tensors, not views of one buffer: autograd outputs may be modified in place
+        return tuple(t.clone() for t in _unpacked(packs, len(tensors)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        op, pre, post, ps = ctx.hvd
+        out = grouped_allreduce(
+            list(grads), op=op, prescale_factor=pre, postscale_factor=post, process_set=ps
+        )
+        return (None, None, None, None, *out)
+
+
+def grouped_allreduce(
+    tensors: Sequence[Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = _global,
+) -> list[Tensor]:
+    """Reduce a list of tensors into new tensors (differentiable; one collective per dtype)."""
+    rop = reduction(op, average)
+    comm_op(rop)
+    if not tensors:
+        return []
+    sent = [compression.compress(t) for t in tensors]
+    out = apply(
+        _GroupedAllreduce,
+        rop,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        *[s for s, _ in sent],
+    )
+    return [compression.decompress(t, c) for t, (_, c) in zip(out, sent, strict=True)]

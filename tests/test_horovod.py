@@ -1,0 +1,799 @@
+"""plait.horovod.torch in real worlds of 2-4 processes, checked as Horovod's own tests check.
+
+Every body runs at any world size (results are compared with formulas in the size, Horovod
+style: `allreduce(t, op=Sum) == t * size`). A world is spawned once per test and runs many
+checks; failed checks are collected and reported together. Training checks compare against
+a single process that sees the whole batch (float64, tight tolerance).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from plait import Communicator
+from world import run_world
+
+ENV = {"PLAIT_TIMEOUT": "20"}  # a hang becomes an error with a traceback
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "horovod_mnist_style.py"
+f64 = torch.float64
+
+
+class Checks:
+    """One rank's failed checks, reported together at the end."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def close(self, name: str, got: Any, want: Any, rtol: float = 1e-6, atol: float = 1e-6) -> None:
+        # torch.allclose, not torch.testing: importing that costs a second per process here
+        ok = (
+            isinstance(got, torch.Tensor)
+            and got.dtype == want.dtype
+            and got.shape == want.shape
+            and torch.allclose(got, want, rtol=rtol, atol=atol)
+        )
+        if not ok:
+            self.failures.append(f"{name}: got {got!r}, want {want!r}")
+
+    def equal(self, name: str, got: Any, want: Any) -> None:
+        same = (
+            isinstance(got, torch.Tensor)
+            and isinstance(want, torch.Tensor)
+            and got.dtype == want.dtype
+            and got.shape == want.shape
+            and torch.equal(got, want)
+        ) or (not isinstance(want, torch.Tensor) and got == want)
+        if not same:
+            self.failures.append(f"{name}: got {got!r}, want {want!r}")
+
+    def true(self, name: str, cond: object) -> None:
+        if not cond:
+            self.failures.append(name)
+
+    def raises(
+        self,
+        name: str,
+        exc: type[BaseException] | tuple[type[BaseException], ...],
+        fn: Callable[[], object],
+        match: str = "",
+    ) -> BaseException | None:
+        try:
+            fn()
+        except exc as e:
+            if match not in str(e):
+                self.failures.append(f"{name}: {type(e).__name__} without {match!r}: {e}")
+            return e
+        except Exception as e:
+            self.failures.append(f"{name}: raised {type(e).__name__}: {e}")
+            return None
+        self.failures.append(f"{name}: did not raise {exc}")
+        return None
+
+    def done(self, rank: int) -> None:
+        if self.failures:
+            text = "\n".join(self.failures[:40])
+            raise AssertionError(f"rank {rank}: {len(self.failures)} checks failed:\n{text}")
+
+
+def data(
+    shape: tuple[int, ...], seed: int, rank: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Rank `rank`'s input: small integers, exact in every dtype and every reduction."""
+    g = torch.Generator().manual_seed(7919 * seed + rank)
+    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+
+
+# ------------------------------------------------------------------------ collectives
+def check_collectives(hvd: Any, ck: Checks) -> None:
+    import plait
+
+    n, r = hvd.size(), hvd.rank()
+    ck.equal("local", (hvd.local_rank(), hvd.local_size()), (r, n))
+    ck.equal("cross (one node)", (hvd.cross_rank(), hvd.cross_size()), (0, 1))
+    ck.true("flags", hvd.gloo_built() and hvd.gloo_enabled() and not hvd.mpi_enabled())
+    ck.true("homogeneous", hvd.is_homogeneous() and hvd.is_initialized())
+    ck.equal("nccl_built", hvd.nccl_built(), 0)
+
+    # every op, both dtypes, with and without scaling (Horovod: pre before, post after)
+    for dtype in (torch.float32, torch.int64):
+        xs = [data((4, 3), 1, q, dtype) for q in range(n)]
+        x = xs[r].clone()
+        stack = torch.stack(xs)
+        ck.equal(f"Sum {dtype}", hvd.allreduce(x, op=hvd.Sum), stack.sum(0))
+        ck.equal(f"Min {dtype}", hvd.allreduce(x, op=hvd.Min), stack.amin(0))
+        ck.equal(f"Max {dtype}", hvd.allreduce(x, op=hvd.Max), stack.amax(0))
+        ck.equal(f"Product {dtype}", hvd.allreduce(x, op=hvd.Product), stack.prod(0))
+        ck.equal(f"input unchanged {dtype}", x, xs[r])
+        scaled = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0)
+        ck.equal(f"Sum pre*post {dtype}", scaled, stack.sum(0) * 6)
+    xs = [data((5,), 2, q) for q in range(n)]
+    ck.close("Average (default op)", hvd.allreduce(xs[r]), torch.stack(xs).mean(0))
+    got = hvd.allreduce(xs[r], prescale_factor=0.5, postscale_factor=4.0)
+    ck.close("Average pre/post", got, torch.stack(xs).mean(0) * 2)
+    ones = torch.ones(3, dtype=torch.int32)
+    ck.equal(
+        "int prescale truncates",
+        hvd.allreduce(ones, op=hvd.Sum, prescale_factor=1.5),
+        torch.full((3,), n, dtype=torch.int32),
+    )
+    ck.raises("Adasum", NotImplementedError, lambda: hvd.allreduce(xs[r], op=hvd.Adasum), "Adasum")
+    ck.raises("op and average", ValueError, lambda: hvd.allreduce(xs[r], average=True, op=hvd.Sum))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ck.close("average=False", hvd.allreduce(xs[r], average=False), torch.stack(xs).sum(0))
+    ck.true("average= is deprecated", any(w.category is DeprecationWarning for w in caught))
+
+    # fp16 compression: sent as float16, returned in the input's dtype
+    xs = [data((6,), 3, q) / 4 for q in range(n)]
+    got = hvd.allreduce(xs[r], op=hvd.Sum, compression=hvd.Compression.fp16)
+    ck.equal("fp16 compression keeps dtype", got.dtype, torch.float32)
+    ck.close("fp16 compression", got, torch.stack(xs).sum(0), atol=1e-3, rtol=1e-3)
+    half, ctx = hvd.Compression.fp16.compress(xs[r])
+    ck.equal("fp16 compress", half.dtype, torch.float16)
+    ck.equal("fp16 decompress", hvd.Compression.fp16.decompress(half, ctx).dtype, torch.float32)
+    ints = torch.arange(3)
+    ck.equal("fp16 leaves ints", hvd.Compression.fp16.compress(ints)[0], ints)
+
+    # in place, async, poll and synchronize
+    xs = [data((3, 2), 4, q) for q in range(n)]
+    x = xs[r].clone()
+    ck.true("allreduce_ returns its argument", hvd.allreduce_(x, op=hvd.Sum) is x)
+    ck.equal("allreduce_", x, torch.stack(xs).sum(0))
+    view = xs[r].clone().t()  # not contiguous
+    hvd.allreduce_(view, op=hvd.Max)
+    ck.equal("allreduce_ on a transposed view", view, torch.stack(xs).amax(0).t())
+    h1 = hvd.allreduce_async(xs[r], op=hvd.Sum, postscale_factor=0.5)
+    y = xs[r].clone()
+    h2 = hvd.allreduce_async_(y, op=hvd.Min)
+    h3 = hvd.allgather_async(xs[r])
+    ck.true("handles are ints", all(isinstance(h, int) for h in (h1, h2, h3)))
+    ck.true("poll gives a bool", isinstance(hvd.poll(h1), bool))
+    ck.equal("async gather", hvd.synchronize(h3), torch.cat(xs))
+    ck.true("earlier handles finished first", hvd.poll(h1) and hvd.poll(h2))
+    ck.equal("async allreduce", hvd.synchronize(h1), torch.stack(xs).sum(0) * 0.5)
+    ck.true("async in place returns the tensor", hvd.synchronize(h2) is y)
+    ck.equal("async in place", y, torch.stack(xs).amin(0))
+    ck.true("synchronize of a spent handle", hvd.synchronize(h1) is None)
+    ck.raises("poll of a spent handle", ValueError, lambda: hvd.poll(h1))
+
+    # grouped: one buffer per dtype
+    a = [data((2, 2), 5, q) for q in range(n)]
+    b = [data((3,), 6, q, torch.int64) for q in range(n)]
+    c = [data((1,), 7, q) for q in range(n)]
+    want = [torch.stack(v).sum(0) for v in (a, b, c)]
+    got = hvd.grouped_allreduce([a[r], b[r], c[r]], op=hvd.Sum)
+    for i in range(3):
+        ck.equal(f"grouped_allreduce {i}", got[i], want[i])
+    mine = [a[r].clone(), b[r].clone(), c[r].clone()]
+    out = hvd.grouped_allreduce_(mine, op=hvd.Sum)
+    ck.true(
+        "grouped_allreduce_ returns its tensors",
+        all(o is m for o, m in zip(out, mine, strict=True)),
+    )
+    for i in range(3):
+        ck.equal(f"grouped_allreduce_ {i}", mine[i], want[i])
+    h = hvd.grouped_allreduce_async([a[r], c[r]], prescale_factor=2.0)
+    got = hvd.synchronize(h)
+    ck.close("grouped async Average", got[0], torch.stack(a).mean(0) * 2)
+    mine = [a[r].clone(), b[r].clone()]
+    hvd.synchronize(hvd.grouped_allreduce_async_(mine, op=hvd.Sum))
+    ck.equal("grouped async in place", mine[1], want[1])
+    got = hvd.grouped_allreduce([a[r], c[r]], op=hvd.Sum, compression=hvd.Compression.fp16)
+    ck.close("grouped fp16", got[1], want[2])
+
+    # allgather with a different dim 0 per rank (rank 0 sends none)
+    parts = [torch.full((q, 2), float(q)) for q in range(n)]
+    ck.equal("allgather uneven", hvd.allgather(parts[r]), torch.cat(parts))
+    got = hvd.synchronize(hvd.grouped_allgather_async([parts[r], parts[r][:, :1].long()]))
+    ck.equal("grouped_allgather_async", got[1], torch.cat(parts)[:, :1].long())
+    ck.equal("grouped_allgather", hvd.grouped_allgather([parts[r]])[0], torch.cat(parts))
+
+    # broadcast from every root; a bad root names the valid range
+    for root in range(n):
+        xs = [data((2, 3), 8 + root, q) for q in range(n)]
+        ck.equal(f"broadcast root {root}", hvd.broadcast(xs[r], root), xs[root])
+        y = xs[r].clone()
+        hvd.broadcast_(y, root_rank=root)
+        ck.equal(f"broadcast_ root {root}", y, xs[root])
+        y = xs[r].clone()
+        ck.equal(
+            f"broadcast_async_ {root}", hvd.synchronize(hvd.broadcast_async_(y, root)), xs[root]
+        )
+        ck.equal(
+            f"broadcast_async {root}", hvd.synchronize(hvd.broadcast_async(xs[r], root)), xs[root]
+        )
+    ck.raises("bad root", ValueError, lambda: hvd.broadcast(torch.ones(1), n), f"[0, {n})")
+    ck.raises("negative root", ValueError, lambda: hvd.broadcast_(torch.ones(1), -1), f"[0, {n})")
+
+    # alltoall: rank r sends q+1 rows to rank q, each row holding (sender, receiver)
+    splits = [q + 1 for q in range(n)]
+    rows = torch.tensor([[r, q] for q in range(n) for _ in range(q + 1)], dtype=torch.float32)
+    out, received = hvd.alltoall(rows, splits=splits)
+    want = torch.tensor([[q, r] for q in range(n) for _ in range(r + 1)], dtype=torch.float32)
+    ck.equal("alltoall", out, want)
+    ck.equal("alltoall received splits", received, torch.full((n,), r + 1, dtype=torch.int32))
+    out, received = hvd.synchronize(
+        hvd.alltoall_async(rows, torch.tensor(splits, dtype=torch.int32))
+    )
+    ck.equal("alltoall_async", out, want)
+    even = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+    ck.equal(
+        "alltoall without splits",
+        hvd.alltoall(even),
+        torch.tensor([100.0 * q + 2 * r + i for q in range(n) for i in range(2)]),
+    )
+    ck.raises("alltoall bad splits", ValueError, lambda: hvd.alltoall(rows, splits=[1] * (n + 1)))
+
+    # reducescatter: lower ranks get the extra row when dim 0 does not divide evenly
+    xs = [data((2 * n + 1, 2), 9, q) for q in range(n)]
+    total = torch.stack(xs).sum(0)
+    mine = total.tensor_split(n)[r]
+    ck.equal("reducescatter Sum", hvd.reducescatter(xs[r], op=hvd.Sum), mine)
+    ck.close("reducescatter Average (default)", hvd.reducescatter(xs[r]), mine / n)
+    got = hvd.reducescatter(xs[r], op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
+    ck.close("reducescatter scaled", got, mine / 2)
+    ck.equal(
+        "reducescatter_async", hvd.synchronize(hvd.reducescatter_async(xs[r], op=hvd.Sum)), mine
+    )
+    got = hvd.grouped_reducescatter([xs[r], xs[r][:, :1]], op=hvd.Sum)
+    ck.equal("grouped_reducescatter", got[1], total[:, :1].tensor_split(n)[r])
+    got = hvd.synchronize(hvd.grouped_reducescatter_async([xs[r]], op=hvd.Sum))
+    ck.equal("grouped_reducescatter_async", got[0], mine)
+
+    # objects, barrier
+    ck.equal(
+        "broadcast_object", hvd.broadcast_object({"from": r}, root_rank=n - 1), {"from": n - 1}
+    )
+    ck.equal("allgather_object", hvd.allgather_object(("rank", r)), [("rank", q) for q in range(n)])
+    hvd.barrier()
+
+    # ranks that disagree fail alike on every rank, under both Horovod's and plait's names
+    e = ck.raises(
+        "mismatched shapes", hvd.HorovodInternalError, lambda: hvd.allreduce(torch.ones(r + 1))
+    )
+    ck.true("mismatch is plait's error too", isinstance(e, plait.CollectiveMismatchError))
+    ck.true("mismatch is a RuntimeError", isinstance(e, RuntimeError))
+    h = hvd.allreduce_async(torch.ones(2, r + 1))
+    ck.raises("async mismatch", plait.CollectiveMismatchError, lambda: hvd.synchronize(h))
+    ck.equal(
+        "usable after a mismatch",
+        hvd.allreduce(torch.ones(2), op=hvd.Sum),
+        torch.full((2,), float(n)),
+    )
+
+    # process sets: the even ranks, and the last two
+    evens = hvd.add_process_set([q for q in range(n) if q % 2 == 0])
+    last = hvd.ProcessSet([n - 2, n - 1])
+    if n == 2:  # the same ranks as the global set: Horovod refuses duplicates too
+        ck.raises("duplicate process set", ValueError, lambda: hvd.add_process_set(last), "exists")
+    else:
+        hvd.add_process_set(last)
+    ck.equal("process set size", evens.size(), len(range(0, n, 2)))
+    if evens.included():
+        got = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=evens)
+        ck.equal("allreduce on a process set", got, torch.full((1,), float(evens.size())))
+        ck.equal("process set rank", evens.rank(), r // 2)
+    else:
+        ck.raises("non-member", ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=evens))
+    if last.included():
+        got = hvd.allgather(torch.tensor([r]), process_set=last)
+        ck.equal("allgather on a process set", got, torch.tensor([n - 2, n - 1]))
+    ck.true(
+        "remove_process_set", hvd.remove_process_set(evens) and not hvd.remove_process_set(evens)
+    )
+
+    # start_timeline does nothing, and says so
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hvd.start_timeline("/tmp/timeline.json")
+        hvd.stop_timeline()
+    ck.true("timeline warns", any("timeline" in str(w.message) for w in caught))
+
+
+def check_gradients(hvd: Any, ck: Checks) -> None:
+    n, r = hvd.size(), hvd.rank()
+    # allreduce: the gradient is the same allreduce of the gradient (Horovod's definition)
+    for op, factor in ((hvd.Sum, n), (hvd.Average, 1)):
+        x = torch.ones(4, requires_grad=True)
+        hvd.allreduce(x * 2, op=op).backward(torch.ones(4))
+        ck.close(f"allreduce grad op {op}", x.grad, torch.full((4,), 2.0 * factor))
+    x = torch.ones(3, requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0).backward(
+        torch.ones(3) * (r + 1)
+    )
+    ck.close("allreduce grad scaled", x.grad, torch.full((3,), 6.0 * sum(range(1, n + 1))))
+    x = torch.ones(3, requires_grad=True)
+    out = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)
+    out.sum().backward()
+    ck.close("fp16 allreduce grad", x.grad, torch.full((3,), float(n)))
+    # grouped allreduce
+    xs = [torch.ones(2, requires_grad=True), torch.ones(3, dtype=f64, requires_grad=True)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    (outs[0].sum() + outs[1].sum()).backward()
+    ck.close("grouped grad 0", xs[0].grad, torch.full((2,), float(n)))
+    ck.close("grouped grad 1", xs[1].grad, torch.full((3,), float(n), dtype=f64))
+    # allgather: Average allreduce of the gradient, this rank's rows (Horovod's test: rows
+    # of rank q carry gradient q, the same on every rank, so rank r gets r back)
+    sizes = [q + 1 for q in range(n)]
+    x = torch.randn(sizes[r], 3, requires_grad=True)
+    grad = torch.cat([torch.full((s, 3), float(q)) for q, s in enumerate(sizes)])
+    hvd.allgather(x).backward(grad)
+    ck.close("allgather grad", x.grad, torch.full((sizes[r], 3), float(r)))
+    x = torch.zeros(2, requires_grad=True)
+    hvd.allgather(x).backward(torch.full((2 * n,), float(r)))  # differs per rank: averaged
+    ck.close("allgather grad averaged", x.grad, torch.full((2,), (n - 1) / 2))
+    # broadcast: the Average allreduce on the root, zeros elsewhere
+    for root in range(n):
+        x = torch.ones(3, requires_grad=True)
+        hvd.broadcast(x, root).backward(torch.full((3,), float(r)))
+        want = (n - 1) / 2 if r == root else 0.0
+        ck.close(f"broadcast grad root {root}", x.grad, torch.full((3,), want))
+    # reducescatter: Sum's gradient is size * allgather(grad), Average's allgather(grad)
+    for op, factor in ((hvd.Sum, n), (hvd.Average, 1)):
+        x = torch.ones(2 * n, 2, requires_grad=True)
+        hvd.reducescatter(x, op=op).backward(torch.ones(2, 2))
+        ck.close(f"reducescatter grad op {op}", x.grad, torch.full((2 * n, 2), float(factor)))
+    # alltoall: the gradient goes back to where each row came from
+    splits = [q + 1 for q in range(n)]
+    x = torch.zeros(sum(splits), requires_grad=True)
+    out, _ = hvd.alltoall(x, splits=splits)
+    out.backward(torch.arange(out.numel(), dtype=torch.float32) + 100 * r)
+    # rank q received r+1 rows from us, at offset sum over senders before us of (q+1)
+    want = torch.cat(
+        [
+            torch.arange(r * (q + 1), (r + 1) * (q + 1), dtype=torch.float32) + 100 * q
+            for q in range(n)
+        ]
+    )
+    ck.close("alltoall grad", x.grad, want)
+
+
+# -------------------------------------------------------------------------- training
+def _model(seed: int = 0, extra: bool = False) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)]
+    model = torch.nn.Sequential(*layers)
+    if extra:  # a parameter that gets no gradient
+        model.unused = torch.nn.Parameter(torch.ones(2, 2))  # a parameter, not a layer
+    return model.double()
+
+
+def _batch(step: int, n: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of `step`: n*b samples, the same on every rank."""
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(n * b, 6, generator=g, dtype=f64), torch.randn(
+        n * b, 3, generator=g, dtype=f64
+    )
+
+
+def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((model(x) - y) ** 2).mean()
+
+
+def _same_params(
+    ck: Checks, name: str, got: torch.nn.Module, want: torch.nn.Module, tol: float = 1e-10
+) -> None:
+    for (pn, p), q in zip(got.named_parameters(), want.parameters(), strict=True):
+        ck.close(f"{name}: {pn}", p.detach(), q.detach(), rtol=tol, atol=tol)
+
+
+def check_optimizer(hvd: Any, ck: Checks) -> None:
+    """N ranks with batch b end where one process with batch N*b ends (float64)."""
+    n, r, b = hvd.size(), hvd.rank(), 4
+    mine = slice(r * b, (r + 1) * b)
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)  # noqa: E731
+    adam = lambda ps: torch.optim.Adam(ps, lr=0.01)  # noqa: E731
+    cases: list[tuple[str, Any, Callable[[torch.nn.Module], dict[str, Any]], float, float]] = [
+        ("SGD momentum", sgd, lambda m: {}, 1.0, 1e-10),
+        ("Adam", adam, lambda m: {}, 1.0, 1e-10),
+        (
+            "Adam, 2 groups, predivide 2",
+            adam,
+            lambda m: {"groups": 2, "gradient_predivide_factor": 2.0},
+            1.0,
+            1e-10,
+        ),
+        (
+            "SGD, a group per parameter",
+            sgd,
+            lambda m: {"groups": [[p] for p in m.parameters()]},
+            1.0,
+            1e-10,
+        ),
+        ("SGD, op=Sum", sgd, lambda m: {"op": hvd.Sum}, float(n), 1e-10),
+        ("SGD, fp16", sgd, lambda m: {"compression": hvd.Compression.fp16}, 1.0, 2e-3),
+    ]
+    for name, make, extra, scale, tol in cases:
+        ref, model = _model(), _model()
+        ref_opt = make(ref.parameters())
+        opt = hvd.DistributedOptimizer(
+            make(model.parameters()), named_parameters=model.named_parameters(), **extra(model)
+        )
+        ck.true(
+            f"{name}: isinstance",
+            isinstance(opt, type(ref_opt)) and type(opt).__name__ == type(ref_opt).__name__,
+        )
+        for step in range(3):
+            x, y = _batch(step, n, b)
+            ref_opt.zero_grad()
+            (_loss(ref, x, y) * scale).backward()
+            ref_opt.step()
+            opt.zero_grad()
+            _loss(model, x[mine], y[mine]).backward()
+            opt.step()
+        _same_params(ck, name, model, ref, tol)
+        ck.equal(
+            f"{name}: state_dict keys",
+            set(opt.state_dict()["state"]),
+            set(ref_opt.state_dict()["state"]),
+        )
+
+    # buckets start during backward, in bucket order (the overlap)
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=3)
+    x, y = _batch(0, n, b)
+    _loss(model, x[mine], y[mine]).backward()
+    ck.equal("all buckets launched by backward", len(opt._inflight), len(opt._buckets))
+    ck.true("three buckets", len(opt._buckets) == 3)
+    ck.raises(
+        "zero_grad with allreduces outstanding",
+        AssertionError,
+        opt.zero_grad,
+        "before optimizer.step()",
+    )
+    opt.step()
+    opt.zero_grad()
+
+    # backward_passes_per_step: two half batches accumulate, then one allreduce
+    ref, model = _model(), _model()
+    ref_opt = sgd(ref.parameters())
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), backward_passes_per_step=2)
+    for step in range(2):
+        x, y = _batch(step, n, b)
+        ref_opt.zero_grad()
+        _loss(ref, x, y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        for i, half in enumerate(
+            (slice(r * b, r * b + b // 2), slice(r * b + b // 2, (r + 1) * b))
+        ):
+            (_loss(model, x[half], y[half]) / 2).backward()
+            if i == 0:
+                ck.equal("nothing launched after the first pass", len(opt._inflight), 0)
+        opt.step()
+    _same_params(ck, "backward_passes_per_step=2", model, ref)
+    loss = _loss(model, x[mine], y[mine])
+    loss.backward(retain_graph=True)
+    loss.backward(retain_graph=True)  # the second of backward_passes_per_step=2 launches
+    ck.raises(
+        "a pass too many", AssertionError, lambda: loss.backward(), "backward_passes_per_step"
+    )
+    opt.synchronize()
+    opt.zero_grad()
+
+    # Horovod's clipping pattern: synchronize, clip, step inside skip_synchronize
+    ref, model = _model(), _model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5))
+    for step in range(2):
+        x, y = _batch(step, n, b)
+        ref_opt.zero_grad()
+        _loss(ref, x, y).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+        ref_opt.step()
+        opt.zero_grad()
+        _loss(model, x[mine], y[mine]).backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        with opt.skip_synchronize():
+            opt.step()
+    _same_params(ck, "clip with skip_synchronize", model, ref)
+    opt.zero_grad()
+    _loss(model, x[mine], y[mine]).backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()  # synchronize() then step() without skip_synchronize: Horovod warns
+    ck.true(
+        "step after synchronize warns", any("skip_synchronize" in str(w.message) for w in caught)
+    )
+
+    # a parameter without a gradient gets zeros (another rank may have one), no hang
+    model = _model(extra=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    _loss(model, x[mine], y[mine]).backward()
+    opt.step()
+    ck.equal("unused parameter's grad", model.unused.grad, torch.zeros(2, 2, dtype=f64))
+
+    # Horovod's argument checks
+    model = _model()
+    named = list(model.named_parameters())
+    ck.raises(
+        "duplicate names",
+        ValueError,
+        lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=[("w", p) for _, p in named],
+        ),
+        "duplicates: w",
+    )
+    ck.raises(
+        "unnamed parameters",
+        ValueError,
+        lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named[:1]
+        ),
+        "not named",
+    )
+    ck.raises(
+        "names not tuples",
+        ValueError,
+        lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=[[k, v] for k, v in named]
+        ),
+        "tuples",
+    )
+    ck.raises(
+        "bad groups",
+        ValueError,
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=-1),
+        "non-negative",
+    )
+    ck.raises(
+        "predivide with Sum",
+        ValueError,
+        lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum, gradient_predivide_factor=2.0
+        ),
+    )
+    ck.raises(
+        "Adasum",
+        NotImplementedError,
+        lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum
+        ),
+    )
+
+
+def check_functions(hvd: Any, ck: Checks) -> None:
+    n, r = hvd.size(), hvd.rank()
+    root = n - 1
+
+    # broadcast_parameters: a state_dict with buffers (an int64 one too), and named pairs
+    def net(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+        m[1].running_mean += seed
+        m[1].num_batches_tracked += seed
+        return m
+
+    model, want = net(r), net(root)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root)
+    for (k, v), w in zip(model.state_dict().items(), want.state_dict().values(), strict=True):
+        ck.equal(f"broadcast_parameters {k}", v, w)
+    model = net(r)
+    hvd.broadcast_parameters(list(model.named_parameters()), root_rank=0)
+    ck.equal("broadcast named parameters", model[0].weight.detach(), net(0)[0].weight.detach())
+    ck.raises(
+        "broadcast_parameters of a tensor",
+        ValueError,
+        lambda: hvd.broadcast_parameters(torch.ones(1), 0),
+    )
+
+    # broadcast_optimizer_state: only the root has stepped, and the lrs differ
+    for kind in ("sgd", "adam"):
+        model = _model()
+        lr = 0.1 * (r + 1)
+        opt = (
+            torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+            if kind == "sgd"
+            else torch.optim.Adam(model.parameters(), lr=lr, betas=(0.8, 0.9))
+        )
+        x, y = _batch(r, n, 2)
+        for _ in range(2 if r == root else (1 if r % 2 else 0)):
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            opt.step()
+        hvd.broadcast_optimizer_state(opt, root_rank=root)
+        sd = opt.state_dict()
+        flat = (
+            sd["param_groups"],
+            {k: {n: v.tolist() for n, v in e.items()} for k, e in sd["state"].items()},
+        )
+        everyone = hvd.allgather_object(flat)
+        ck.true(
+            f"{kind}: every rank has the root's state", all(e == everyone[root] for e in everyone)
+        )
+        ck.equal(f"{kind}: lr", opt.param_groups[0]["lr"], 0.1 * n)
+        ck.true(f"{kind}: state for every parameter", len(sd["state"]) == 4)
+        opt.step()  # still a working optimizer
+    model = _model()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
+    )
+    x, y = _batch(0, n, 2)
+    _loss(model, x, y).backward()
+    opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    ck.equal("DistributedOptimizer lr after broadcast", opt.param_groups[0]["lr"], 0.1)
+    opt.zero_grad()
+    _loss(model, x, y).backward()
+    opt.step()  # hooks still work after load_state_dict
+    lbfgs = torch.optim.LBFGS(model.parameters())
+    ck.raises("LBFGS", ValueError, lambda: hvd.broadcast_optimizer_state(lbfgs, 0), "LBFGS")
+
+
+# ------------------------------------------------------------------------------ join
+def check_join(hvd: Any, ck: Checks) -> None:
+    n, r = hvd.size(), hvd.rank()
+    # Horovod's own join test: the first rank to join contributes zeros; Average still
+    # divides by the full size; join returns the last rank to join, the same everywhere
+    for first in (0, n - 1):
+        a = data((5,), 20, 0)
+        b = data((3, 4), 21, 0)
+        if r == first:
+            last = hvd.join()
+        else:
+            ha, hb = hvd.allreduce_async(a, op=hvd.Average), hvd.allreduce_async(b, op=hvd.Average)
+            ck.close(f"join first={first}: a", hvd.synchronize(ha), a * (n - 1) / n)
+            ck.close(f"join first={first}: b", hvd.synchronize(hb), b * (n - 1) / n)
+            last = hvd.join()
+        ck.true(f"join first={first}: last is not the first", last != first)
+        ck.equal(
+            f"join first={first}: same answer everywhere", hvd.allgather_object(last), [last] * n
+        )
+
+    # allgather, broadcast, barrier and min/max are served too
+    if r == 0:
+        last = hvd.join()
+    else:
+        got = hvd.allgather(torch.full((r, 2), float(r)))
+        ck.equal(
+            "join: allgather without the joined rank",
+            got,
+            torch.cat([torch.full((q, 2), float(q)) for q in range(1, n)]),
+        )
+        ck.equal(
+            "join: broadcast",
+            hvd.broadcast(torch.tensor([float(r)]), n - 1),
+            torch.tensor([n - 1.0]),
+        )
+        hvd.barrier()
+        ck.equal(
+            "join: Max ignores the joined rank",
+            hvd.allreduce(torch.tensor([-5.0 - r]), op=hvd.Max),
+            torch.tensor([-6.0]),
+        )
+        last = hvd.join()
+    ck.equal("join: ties go to the highest rank", last, n - 1)
+
+    # what joined ranks cannot do fails on every rank, and the job goes on
+    if r == 0:
+        ck.raises("join: alltoall", NotImplementedError, hvd.join, "alltoall")
+        ck.raises("join: joined root", ValueError, hvd.join, "root_rank 0")
+        last = hvd.join()
+    else:
+        ck.raises(
+            "join: alltoall", NotImplementedError, lambda: hvd.alltoall(torch.ones(n)), "alltoall"
+        )
+        ck.raises(
+            "join: joined root", ValueError, lambda: hvd.broadcast(torch.ones(1), 0), "root_rank 0"
+        )
+        ck.equal(
+            "join: Sum over the others",
+            hvd.allreduce(torch.ones(1), op=hvd.Sum),
+            torch.tensor([n - 1.0]),
+        )
+        last = hvd.join()
+    ck.equal("join after errors", last, n - 1)
+
+    # training with uneven data: rank r has 1 + r batches, then joins
+    model = torch.nn.Linear(6, 3).double()
+    torch.nn.init.zeros_(model.weight)
+    torch.nn.init.zeros_(model.bias)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    b = 4
+    for step in range(1 + r):
+        x, y = _batch(step, n, b)
+        opt.zero_grad()
+        _loss(model, x[r * b : (r + 1) * b], y[r * b : (r + 1) * b]).backward()
+        opt.step()
+    ck.equal("join in training: last", hvd.join(), n - 1)
+    # the reference: at step s the ranks still training add their gradients, / size
+    ref = torch.nn.Linear(6, 3).double()
+    torch.nn.init.zeros_(ref.weight)
+    torch.nn.init.zeros_(ref.bias)
+    for step in range(1 + r):
+        x, y = _batch(step, n, b)
+        grads = []
+        for q in range(step, n):  # rank q trains at step s while s < 1 + q
+            ref.zero_grad()
+            _loss(ref, x[q * b : (q + 1) * b], y[q * b : (q + 1) * b]).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()])
+        with torch.no_grad():
+            for i, p in enumerate(ref.parameters()):
+                p -= 0.1 * sum(g[i] for g in grads) / n
+    _same_params(ck, "join in training", model, ref)
+
+    # join learns from plait's call check: without it, join refuses at once (no hang)
+    os.environ["PLAIT_CHECK"] = "0"
+    try:
+        ck.raises("join without the call check", RuntimeError, hvd.join, "PLAIT_CHECK")
+    finally:
+        del os.environ["PLAIT_CHECK"]
+
+
+# ------------------------------------------------------------------------------ tests
+def battery(comm: Communicator, sections: list[str]) -> None:
+    import plait.horovod.torch as hvd
+
+    ck = Checks()
+    hvd.init()
+    hvd.init()  # idempotent, like Horovod's
+    ck.equal("size", hvd.size(), comm.size)
+    ck.equal("rank", hvd.rank(), comm.rank)
+    for name in sections:
+        globals()[f"check_{name}"](hvd, ck)
+    hvd.shutdown()
+    ck.true("shutdown", not hvd.is_initialized())
+    ck.raises("size after shutdown", ValueError, hvd.size, "use hvd.init()")
+    ck.done(comm.rank)
+
+
+ALL = ["collectives", "gradients", "optimizer", "functions", "join"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("size", [2, 3])
+def test_horovod_api(size: int) -> None:
+    run_world(size, battery, ALL, timeout=80, env=ENV)
+
+
+@pytest.mark.timeout(90)
+def test_training_and_join_at_four_ranks() -> None:
+    run_world(4, battery, ["optimizer", "join"], timeout=80, env=ENV)
+
+
+def test_use_before_init() -> None:
+    import plait.horovod.torch as hvd
+
+    calls = (
+        hvd.size,
+        hvd.rank,
+        hvd.local_rank,
+        hvd.cross_size,
+        lambda: hvd.allreduce(torch.ones(1)),
+    )
+    for fn in calls:
+        with pytest.raises(
+            ValueError, match=r"Horovod has not been initialized; use hvd.init\(\)."
+        ):
+            fn()
+
+
+@pytest.mark.timeout(90)
+def test_mnist_style_example_under_plait_run() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "run", "-n", "2", str(EXAMPLE), "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=80,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    losses = [
+        float(v) for v in re.findall(r"^\[rank 0\] Train Epoch.*Loss: ([0-9.]+)$", res.stdout, re.M)
+    ]
+    assert len(losses) >= 3, res.stdout
+    assert losses[-1] < losses[0] - 0.1, losses  # it learns
+    assert "Test set: Average loss" in res.stdout
+    assert "[rank 1] Train" not in res.stdout  # only rank 0 prints
