@@ -82,3 +82,42 @@ def _env():
     import os
 
     return dict(os.environ)
+
+
+@pytest.mark.timeout(150)
+def test_bench_train_compares_plait_with_ddp(tmp_path):
+    out = tmp_path / "train.json"
+    cmd = [
+        sys.executable, "-m", "plait", "bench", "train", "--nproc", "2", "--workloads",
+        "gpt,mlp", "--global-batch", "8", "--steps", "2", "--repeats", "2",
+        "--json", str(out), "--markdown",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=140,
+        env=_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    [run] = data["runs"]
+    assert run["world_size"] == 2 and set(run["workloads"]) == {"gpt", "mlp"}
+    for w in run["workloads"].values():
+        assert set(w["samples_per_s"]) == {"plait", "ddp"}
+        assert all(len(v) == 2 and min(v) > 0 for v in w["samples_per_s"].values())
+    for row in data["summary"]:
+        assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"]
+    assert "plait / DDP" in proc.stdout and "| gpt | 2 |" in proc.stdout
+
+
+def test_bench_train_rejects_uneven_batch():
+    proc = subprocess.run(
+        [sys.executable, "-m", "plait", "bench", "train", "--nproc", "3", "--global-batch", "8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
+    assert proc.returncode == 2
+    assert "--global-batch 8 % 3 ranks = 2 != 0" in proc.stderr

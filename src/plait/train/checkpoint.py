@@ -1,0 +1,103 @@
+"""Checkpoints: everything needed to continue a run exactly, written atomically.
+
+A checkpoint holds the model's state_dict (the unwrapped module's), the optimizer's state,
+the step, the data position, the RNG states, the losses so far, and the options that must
+match to resume (model, data, batch_size, seed). Under data parallelism every rank holds the
+same state, so rank 0 alone writes. The number of workers may change between runs: the data
+stream depends on the global batch, not on how it is split.
+
+Atomic: the bytes go to a temporary file in the same directory, are fsync'ed, and then
+os.replace() puts the file in place (a rename, atomic on POSIX). A crash at any moment
+leaves either the previous checkpoint or the new one, never a torn file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from plait.train.errors import CheckpointError
+from plait.train.outdir import FILENAME, check_resumable, check_writable
+from plait.train.outdir import checkpoint_path as path
+
+__all__ = ["check_matches", "check_writable", "load", "path", "rng_state", "save", "set_rng_state"]
+
+FORMAT = 1
+MUST_MATCH = ("model", "data", "batch_size", "seed")
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), None))
+
+
+def save(out: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+    """Write `state` to out/checkpoint.pt atomically; return the path.
+
+    Raises:
+        CheckpointError: the write failed; the previous checkpoint is untouched.
+    """
+    final = path(out)
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{FILENAME}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format": FORMAT, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"writing {final} failed: {e}") from e
+        raise
+    _fsync_dir(final.parent)  # the rename itself survives a power cut
+    return final
+
+
+def load(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read out/checkpoint.pt.
+
+    Raises:
+        CheckpointError: there is none, or it cannot be read.
+    """
+    check_resumable(out)
+    where = path(out)
+    try:
+        state: dict[str, Any] = torch.load(where, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"cannot read the checkpoint {where}: {e}") from e
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"{where} has format {state.get('format')}; expected {FORMAT}")
+    return state
+
+
+def check_matches(state: dict[str, Any], options: dict[str, Any], where: str) -> None:
+    """Raise CheckpointError if the checkpoint was written with other MUST_MATCH options."""
+    saved = state["options"]
+    for key in MUST_MATCH:
+        if saved[key] != options[key]:
+            raise CheckpointError(
+                f"the checkpoint in {where} was written by a run with {key} {saved[key]!r}, "
+                f"this run has {key} {options[key]!r}; resuming needs the same "
+                f"{', '.join(MUST_MATCH)}"
+            )
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

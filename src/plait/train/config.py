@@ -1,0 +1,221 @@
+"""`TrainConfig`: every option of `plait train`, its default, and its checks.
+
+The command line is derived from these fields (see options.py). Fields left None take the
+model's recipe (`RECIPES`): the defaults tuned so that each model reaches its target within
+about two minutes on 4 workers sharing a 2-core machine. This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from plait.train import data as datasets
+from plait.train.errors import ConfigError
+from plait.train.options import option
+
+MODELS = ("mlp", "cnn", "gpt")
+MODEL_TASK = {"mlp": "classify", "cnn": "classify", "gpt": "lm"}
+TASK_NAMES = {"classify": "image classification", "lm": "language modelling"}
+STRATEGIES = ("allreduce",)  # later issues add the parameter server, pipelines, ...
+LR_SCALINGS = ("none", "linear")
+LR_DECAYS = ("cosine", "none")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model's defaults.
+
+    `lr` is the peak learning rate at a global batch of `base_batch`; with
+    `--lr-scaling linear` the run uses lr * batch_size / base_batch (Goyal et al. 2017).
+    """
+
+    data: str
+    steps: int
+    batch_size: int
+    lr: float
+    base_batch: int
+    warmup_steps: int
+    optimizer: str  # "sgd" (momentum 0.9, Nesterov) or "adamw" (betas 0.9, 0.95)
+    weight_decay: float
+    grad_clip: float  # clip the global gradient norm to this (0: no clipping)
+
+
+RECIPES = {
+    "mlp": Recipe(data="digits", steps=600, batch_size=64, lr=0.05, base_batch=64,
+                  warmup_steps=0, optimizer="sgd", weight_decay=1e-4, grad_clip=0.0),
+    "cnn": Recipe(data="digits", steps=600, batch_size=64, lr=0.05, base_batch=64,
+                  warmup_steps=0, optimizer="sgd", weight_decay=1e-4, grad_clip=0.0),
+    "gpt": Recipe(data="code", steps=360, batch_size=32, lr=4e-3, base_batch=32,
+                  warmup_steps=40, optimizer="adamw", weight_decay=0.01, grad_clip=1.0),
+}  # fmt: skip
+
+
+def _per_model(what: str) -> str:
+    return ", ".join(f"{m} {getattr(r, what)}" for m, r in RECIPES.items())
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """One training run. None means "the model's recipe" and is filled in on creation."""
+
+    model: str = field(default="mlp", metadata=option("the network", choices=MODELS))
+    data: str | None = field(
+        default=None,
+        metadata=option(
+            "the dataset: digits (8x8 handwritten digits, needs scikit-learn), code "
+            "(bytes of the Python standard library's source), synthetic (generated)",
+            choices=tuple(datasets.TASKS),
+            default_text="digits for mlp and cnn, code for gpt",
+        ),
+    )
+    workers: int = field(default=4, metadata=option("local worker processes (ranks)"))
+    steps: int | None = field(
+        default=None, metadata=option("optimizer steps", default_text=_per_model("steps"))
+    )
+    batch_size: int | None = field(
+        default=None,
+        metadata=option(
+            "global batch (all workers together; each takes batch_size / workers)",
+            default_text=_per_model("batch_size"),
+        ),
+    )
+    lr: float | None = field(
+        default=None,
+        metadata=option(
+            "peak learning rate (at the model's base batch with --lr-scaling linear)",
+            default_text=_per_model("lr"),
+        ),
+    )
+    seed: int = field(default=0, metadata=option("seed of the initialisation and data order"))
+    strategy: str = field(
+        default="allreduce",
+        metadata=option("how workers share the work: allreduce data parallelism",
+                        choices=STRATEGIES),
+    )  # fmt: skip
+    lr_scaling: str = field(
+        default="none",
+        metadata=option(
+            "linear: scale lr by batch_size / the model's base batch "
+            f"({_per_model('base_batch')}), Goyal et al. 2017",
+            choices=LR_SCALINGS,
+        ),
+    )
+    warmup_steps: int | None = field(
+        default=None,
+        metadata=option(
+            "ramp the learning rate up linearly over the first K steps",
+            metavar="K",
+            default_text=_per_model("warmup_steps") + ", at most steps / 10",
+        ),
+    )
+    lr_decay: str = field(
+        default="cosine",
+        metadata=option("after warm-up: cosine decay to 10%% of the peak, or none",
+                        choices=LR_DECAYS),
+    )  # fmt: skip
+    out: str | None = field(
+        default=None,
+        metadata=option("write checkpoints to DIR/checkpoint.pt", metavar="DIR"),
+    )
+    resume: bool = field(
+        default=False, metadata=option("continue from the checkpoint in --out DIR")
+    )
+    checkpoint_every: int | None = field(
+        default=None,
+        metadata=option(
+            "with --out: write a checkpoint every K steps (and at the end)",
+            metavar="K",
+            default_text="steps / 5",
+        ),
+    )
+    json: str | None = field(
+        default=None, metadata=option("write the run's figures to FILE as JSON", metavar="FILE")
+    )
+    eval_every: int | None = field(
+        default=None,
+        metadata=option(
+            "evaluate on held-out data every K steps (0: only at the end)",
+            metavar="K",
+            default_text="steps / 5",
+        ),
+    )
+    log_every: int | None = field(
+        default=None,
+        metadata=option("report the loss every K steps", metavar="K", default_text="steps / 10"),
+    )
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ConfigError(f"model {self.model!r} is not one of {', '.join(MODELS)}")
+        r = RECIPES[self.model]
+        if self.data is None:
+            self.data = r.data
+        if self.data not in datasets.TASKS:
+            raise ConfigError(f"data {self.data!r} is not one of {', '.join(datasets.TASKS)}")
+        task = MODEL_TASK[self.model]
+        if task not in datasets.TASKS[self.data]:
+            fits = [d for d, tasks in datasets.TASKS.items() if task in tasks]
+            raise ConfigError(
+                f"model {self.model} does {TASK_NAMES[task]}, which data {self.data} does not "
+                f"provide; use data {' or '.join(fits)}"
+            )
+        for name in ("strategy", "lr_scaling", "lr_decay"):
+            accepted = {"strategy": STRATEGIES, "lr_scaling": LR_SCALINGS,
+                        "lr_decay": LR_DECAYS}[name]  # fmt: skip
+            if getattr(self, name) not in accepted:
+                raise ConfigError(
+                    f"{name} {getattr(self, name)!r} is not one of {', '.join(accepted)}"
+                )
+        self.steps = r.steps if self.steps is None else self.steps
+        self.batch_size = r.batch_size if self.batch_size is None else self.batch_size
+        self.lr = r.lr if self.lr is None else self.lr
+        if self.warmup_steps is None:  # the recipe's, but never more than a tenth of the run
+            self.warmup_steps = min(r.warmup_steps, self.steps // 10) if self.steps > 0 else 0
+        _at_least("workers", self.workers, 1)
+        _at_least("steps", self.steps, 1)
+        _at_least("batch_size", self.batch_size, 1)
+        if self.batch_size % self.workers != 0:
+            raise ConfigError(
+                f"batch_size {self.batch_size} % workers {self.workers} = "
+                f"{self.batch_size % self.workers} != 0: the global batch is split evenly "
+                "over the workers"
+            )
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr {self.lr} is not > 0")
+        _at_least("warmup_steps", self.warmup_steps, 0)
+        if self.warmup_steps > self.steps:
+            raise ConfigError(f"warmup_steps {self.warmup_steps} > steps {self.steps}")
+        if self.resume and self.out is None:
+            raise ConfigError("resume needs out: the directory that holds checkpoint.pt")
+        if self.checkpoint_every is None:
+            self.checkpoint_every = max(1, self.steps // 5)
+        _at_least("checkpoint_every", self.checkpoint_every, 1)
+        if self.eval_every is None:
+            self.eval_every = max(1, self.steps // 5)
+        _at_least("eval_every", self.eval_every, 0)
+        if self.log_every is None:
+            self.log_every = max(1, self.steps // 10)
+        _at_least("log_every", self.log_every, 1)
+
+    @property
+    def recipe(self) -> Recipe:
+        return RECIPES[self.model]
+
+    @property
+    def task(self) -> str:
+        """ "classify" or "lm"."""
+        return MODEL_TASK[self.model]
+
+    @property
+    def peak_lr(self) -> float:
+        """The learning rate after warm-up: lr, times batch_size / base_batch if scaled."""
+        assert self.lr is not None and self.batch_size is not None
+        if self.lr_scaling == "linear":
+            return self.lr * self.batch_size / self.recipe.base_batch
+        return self.lr
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{name} {value} < {low}")

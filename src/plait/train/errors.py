@@ -1,0 +1,41 @@
+"""The errors `plait train` raises on purpose; each says what to do about it."""
+
+from __future__ import annotations
+
+from plait.errors import PlaitError
+
+
+class ConfigError(PlaitError, ValueError):
+    """A training option has a bad value; the message shows the failing check."""
+
+
+class MissingExtraError(PlaitError, ImportError):
+    """An optional dependency is not installed; the message gives the pip command."""
+
+
+class CheckpointError(PlaitError):
+    """A checkpoint cannot be written, read, or does not match this run."""
+
+
+class NonFiniteLossError(PlaitError, FloatingPointError):
+    """The training loss became NaN or infinite.
+
+    Attributes:
+        step: the first step (1-based) whose global-batch loss was not finite.
+        loss: that loss.
+        checkpoint_step: the step of the last good checkpoint kept on disk, or None.
+    """
+
+    def __init__(self, step: int, loss: float, checkpoint: str | None, checkpoint_step: int | None):
+        self.step = step
+        self.loss = loss
+        self.checkpoint_step = checkpoint_step
+        kept = (
+            f"The last good checkpoint (step {checkpoint_step}) is kept at {checkpoint}."
+            if checkpoint_step is not None
+            else "No checkpoint was written before it."
+        )
+        super().__init__(
+            f"the training loss is {loss} at step {step}; the run stopped. {kept} "
+            "Try a lower --lr (or a longer --warmup-steps)."
+        )

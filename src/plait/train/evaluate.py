@@ -1,0 +1,38 @@
+"""Held-out evaluation, sharded over the ranks and summed: accuracy or validation loss."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from plait.comm.communicator import Communicator
+from plait.train.data.base import Classification, Dataset
+from plait.train.data.sampler import eval_shard
+from plait.train.workloads import cross_entropy
+
+CHUNK = 64  # held-out samples per forward pass
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Dataset, comm: Communicator) -> float:
+    """Held-out accuracy (classification) or mean cross-entropy per token (LM).
+
+    Every rank evaluates a contiguous share of the held-out set with the plain (unwrapped)
+    model, and one allreduce sums (score, count). The held-out set is the same for every
+    number of ranks, so the value is too (up to float rounding).
+    """
+    was_training = model.training
+    model.eval()
+    score = torch.zeros(2, dtype=torch.float64)  # (correct or summed loss, samples or tokens)
+    indices = eval_shard(dataset.num_val, comm.rank, comm.size)
+    for chunk in indices.split(CHUNK):
+        x, y = dataset.val_batch(chunk)
+        out = model(x)
+        if isinstance(dataset, Classification):
+            score[0] += (out.argmax(dim=-1) == y).sum().item()
+        else:
+            score[0] += cross_entropy(out, y, reduction="sum").item()
+        score[1] += y.numel()
+    model.train(was_training)
+    total = comm.allreduce(score, op="sum")
+    return float(total[0] / total[1])

@@ -1,0 +1,52 @@
+"""Where a run writes: its checkpoint directory (--out) and its figures (--json).
+
+No torch here: the command line checks both before it starts any worker.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from plait.train.errors import CheckpointError
+
+FILENAME = "checkpoint.pt"
+
+
+def checkpoint_path(out: str | os.PathLike[str]) -> Path:
+    """Where the checkpoint of output directory `out` lives."""
+    return Path(out) / FILENAME
+
+
+def check_writable(out: str | os.PathLike[str]) -> None:
+    """Create `out` if needed and check that files can be written there.
+
+    Raises:
+        CheckpointError: it cannot be created or written (the message says why).
+    """
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".plait-probe-"):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise CheckpointError(f"cannot write checkpoints to {str(out)!r}: {reason}") from None
+
+
+def check_resumable(out: str | os.PathLike[str]) -> None:
+    """Raise CheckpointError unless `out` holds a checkpoint file."""
+    where = checkpoint_path(out)
+    if not where.is_file():
+        raise CheckpointError(f"no checkpoint to resume from: {where} does not exist")
+
+
+def check_file_writable(target: str | os.PathLike[str], what: str = "--json") -> None:
+    """Raise CheckpointError unless a file can be created at `target` (its folder exists)."""
+    folder = Path(target).parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".plait-probe-"):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise CheckpointError(f"cannot write {what} {str(target)!r}: {reason}") from None

@@ -1,0 +1,245 @@
+"""What rank 0 shows: a progress bar on a terminal, plain log lines otherwise, and a summary.
+
+The training loop emits records `(kind, dict)`:
+
+    start   the run's shape (model, parameters, data, workers, batch, steps, ...)
+    step    a step finished (bars advance; text ignores it)
+    loss    the global-batch loss is known up to this step (bars update their loss)
+    log     the same, at a log point (text prints a line)
+    eval    an evaluation on held-out data
+    finish  the summary (the --json figures and a few more)
+    error   (events only) an error rank 0 explains: {"message", "code"}
+
+A renderer turns them into output: `Bar` (rich, for terminals) or `Text` (one line per log
+point, for pipes and files). Under `plait train` the workers' output goes through the
+launcher's pipes, so rank 0 sends records as `Events` lines and the `plait train` process
+renders them (`RankZeroStream`), with a bar when its own stdout is a terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+Record = dict[str, Any]
+Emit = Callable[[str, Record], None]
+MARK = "@@plait-train@@ "  # an event line, as rank 0 prints it
+RANK0 = "[rank 0] "  # the launcher's prefix of rank 0's lines
+
+
+class Renderer(Protocol):
+    def handle(self, kind: str, rec: Record) -> None: ...
+    def text(self, line: str) -> None: ...
+
+
+def header(rec: Record) -> list[str]:
+    lines = [
+        f"plait train: {rec['model']} ({rec['parameters']:,} parameters) on {rec['data']} "
+        f"({rec['num_train']:,} train / {rec['num_val']:,} held-out {rec['unit']}s), "
+        f"{rec['workers']} workers x {rec['global_batch'] // rec['workers']} = global batch "
+        f"{rec['global_batch']}, {rec['steps']} steps, strategy {rec['strategy']}, "
+        f"{rec['optimizer']} peak lr {rec['peak_lr']:g}"
+    ]
+    if rec.get("resumed_from"):
+        lines.append(f"resumed from {rec['resumed_from']} at step {rec['first_step']}")
+    return lines
+
+
+def log_line(rec: Record) -> str:
+    width = len(str(rec["steps"]))
+    return (
+        f"step {rec['step']:>{width}}/{rec['steps']}  loss {rec['loss']:.4f}  "
+        f"lr {rec['lr']:.3g}  {rec['samples_per_s']:,.0f} samples/s  {rec['elapsed_s']:.1f} s"
+    )
+
+
+def eval_line(rec: Record) -> str:
+    text = f"step {rec['step']}: {rec['name']} {_value(rec)}"
+    if rec.get("baseline") is not None:
+        text += f" (unigram baseline {rec['baseline']:.4f})"
+    return text
+
+
+def summary(rec: Record) -> list[str]:
+    ev = dict(rec, name=rec["eval_name"], value=rec["eval_value"])
+    rows = [
+        ("steps", f"{rec['steps']} (global batch {rec['global_batch']}, "
+                  f"{rec['world_size']} workers, strategy {rec['strategy']})"),
+        ("final training loss", f"{rec['final_loss']:.4f} (mean of the last "
+                                f"{rec['final_loss_steps']} steps)"),
+        (rec["eval_name"], f"{_value(ev)} ({rec['eval_samples']:,} held-out "
+                           f"{rec['unit']}s)"),
+    ]  # fmt: skip
+    if rec.get("eval_baseline") is not None:
+        rows.append(("unigram baseline", f"{rec['eval_baseline']:.4f} nats/{rec['token']}"))
+    rows += [
+        ("samples/s", f"{rec['samples_per_s']:,.0f} (global, training steps only)"),
+        ("wall time", f"{rec['wall_s']:.1f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return ["summary:"] + [f"  {k:<{width}}  {v}" for k, v in rows]
+
+
+def _value(rec: Record) -> str:
+    if rec["name"] == "held-out accuracy":
+        return f"{rec['value']:.4f} ({rec['value']:.2%})"
+    return f"{rec['value']:.4f} nats/{rec.get('token', 'token')}"
+
+
+class Text:
+    """Plain lines: the header, a line per log point, evaluations, the summary."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def handle(self, kind: str, rec: Record) -> None:
+        if kind == "start":
+            lines = header(rec)
+        elif kind == "log":
+            lines = [log_line(rec)]
+        elif kind == "eval":
+            lines = [eval_line(rec)]
+        elif kind == "finish":
+            lines = summary(rec)
+        else:
+            return
+        for line in lines:
+            self.text(line)
+
+    def text(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+class Bar:
+    """A rich progress bar (step, loss, samples/s, time); other lines print above it."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+
+    def handle(self, kind: str, rec: Record) -> None:
+        if kind == "start":
+            for line in header(rec):
+                self.text(line)
+            self.progress = Progress(
+                TextColumn("step"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[speed]} samples/s"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=False,
+            )
+            self.task = self.progress.add_task(
+                "train", total=rec["steps"], completed=rec["first_step"], loss="-", speed="-"
+            )
+            self.progress.start()
+        elif self.progress is not None and self.task is not None and kind in (
+            "step", "loss", "log",
+        ):  # fmt: skip
+            fields: dict[str, Any] = {}
+            if "loss" in rec:
+                fields = {"loss": f"{rec['loss']:.4f}", "speed": f"{rec['samples_per_s']:,.0f}"}
+            self.progress.update(self.task, completed=rec["step"], **fields)
+        elif kind == "eval":
+            self.text(eval_line(rec))
+        elif kind == "finish":
+            self.close()
+            for line in summary(rec):
+                self.text(line)
+
+    def text(self, line: str) -> None:
+        console = self.progress.console if self.progress is not None else self.console
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+class Events:
+    """Records as lines on `stream`, for the `plait train` process to render.
+
+    `step` records are sent at most every `min_interval` seconds: they only move a bar.
+    """
+
+    def __init__(self, stream: TextIO, min_interval: float = 0.1) -> None:
+        self.stream = stream
+        self.min_interval = min_interval
+        self._last_step = 0.0
+
+    def handle(self, kind: str, rec: Record) -> None:
+        if kind == "step":
+            now = time.monotonic()
+            if now - self._last_step < self.min_interval:
+                return
+            self._last_step = now
+        self.stream.write(MARK + json.dumps([kind, rec]) + "\n")
+        self.stream.flush()
+
+    def text(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+class RankZeroStream(io.TextIOBase):
+    """The `stdout` given to the launcher: renders rank 0's events, passes other lines on.
+
+    The launcher writes one whole line per call, prefixed `[rank R] `. Rank 0's lines lose
+    their prefix (rank 0 is the job's voice); other ranks' lines keep theirs. An `error`
+    record is kept in `self.error` for the caller to report.
+    """
+
+    def __init__(self, renderer: Renderer) -> None:
+        super().__init__()
+        self.renderer = renderer
+        self.error: Record | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        for line in s.splitlines():
+            if line.startswith(RANK0):
+                line = line[len(RANK0) :]
+                if line.startswith(MARK):
+                    try:
+                        kind, rec = json.loads(line[len(MARK) :])
+                    except ValueError:
+                        self.renderer.text(line)
+                        continue
+                    if kind == "error":
+                        self.error = rec
+                    else:
+                        self.renderer.handle(kind, rec)
+                    continue
+            self.renderer.text(line)
+        return len(s)
+
+
+def choose(stream: TextIO, events: bool) -> Renderer:
+    """Events for a parent to render, a bar on a terminal, plain lines otherwise."""
+    if events:
+        return Events(stream)
+    if stream.isatty():
+        return Bar()
+    return Text(stream)

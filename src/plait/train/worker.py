@@ -1,0 +1,82 @@
+"""One worker of `plait train`: `python -m plait.train.worker CONFIG_JSON`.
+
+`plait train` starts one per rank through the local launcher (the machinery of
+`plait run`), passing the validated TrainConfig as JSON. Rank 0 reports: as event lines for
+the `plait train` process to render when PLAIT_TRAIN_EVENTS=1 (set by it), else with a bar
+on a terminal or plain lines.
+
+Errors the run explains itself (a non-finite loss: exit status 3; a checkpoint that cannot
+be used: 2) are reported once, by rank 0, and rank 0 alone carries the status: every rank
+sees them alike, and the other ranks exit 0. Under `plait train` rank 0 sends the error as
+an event and exits 0 too, and the `plait train` process prints it and exits with the status
+(so the launcher's "rank failed, its traceback" banner does not frame a message that is not
+a crash).
+
+Test hook: PLAIT_TRAIN_STOP_AFTER=K ends the run after step K as if it were killed there
+(see loop.train's stop_after).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import plait
+from plait.train import report
+from plait.train.config import TrainConfig
+from plait.train.errors import CheckpointError, ConfigError, MissingExtraError, NonFiniteLossError
+from plait.train.loop import train
+
+EXIT_BAD_INPUT = 2
+EXIT_NON_FINITE = 3
+
+
+def run(config: TrainConfig) -> int:
+    """Train `config` as this process's rank of the job; return the exit status."""
+    comm = plait.init()
+    renderer = None
+    if comm.rank == 0:
+        renderer = report.choose(sys.stdout, events=os.environ.get("PLAIT_TRAIN_EVENTS") == "1")
+    emit = renderer.handle if renderer is not None else None
+    t0 = float(os.environ.get("PLAIT_TRAIN_T0", "0")) or None
+    stop = os.environ.get("PLAIT_TRAIN_STOP_AFTER")
+    try:
+        train(config, comm, emit=emit, t0=t0, stop_after=int(stop) if stop else None)
+    except NonFiniteLossError as e:
+        return _explain(comm.rank, renderer, e, EXIT_NON_FINITE)
+    except (CheckpointError, ConfigError, MissingExtraError) as e:
+        return _explain(comm.rank, renderer, e, EXIT_BAD_INPUT)
+    finally:
+        if isinstance(renderer, report.Bar):
+            renderer.close()  # stop drawing, whatever happened
+    return 0
+
+
+def _explain(rank: int, renderer: report.Renderer | None, error: Exception, code: int) -> int:
+    if rank != 0:
+        return 0
+    if isinstance(renderer, report.Events):
+        renderer.handle("error", {"message": str(error), "code": code})
+        return 0
+    sys.stdout.flush()
+    print(f"plait train: error: {error}", file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m plait.train.worker CONFIG_JSON", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        config = TrainConfig(**json.loads(args[0]))
+    except (ValueError, TypeError) as e:
+        print(f"plait train worker: bad config: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

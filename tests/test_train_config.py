@@ -1,0 +1,194 @@
+"""TrainConfig checks, the dataclass -> argparse derivation, the LR schedule, and the
+command line's answers to bad input (exit code 2, a message, no traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pytest
+
+from plait.train import job
+from plait.train.config import RECIPES, TrainConfig
+from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
+from plait.train.options import add_options, from_args, option
+from plait.train.schedule import lr_at
+
+
+# --------------------------------------------------------------------------- config
+def test_defaults_come_from_the_model_recipe() -> None:
+    c = TrainConfig()
+    assert (c.model, c.data, c.workers, c.strategy) == ("mlp", "digits", 4, "allreduce")
+    assert (c.steps, c.batch_size, c.lr) == (RECIPES["mlp"].steps, 64, RECIPES["mlp"].lr)
+    g = TrainConfig(model="gpt")
+    assert g.data == "code" and g.steps == RECIPES["gpt"].steps
+    assert TrainConfig(model="gpt", steps=7, lr=0.5).lr == 0.5
+
+
+def test_config_survives_a_json_round_trip() -> None:
+    c = TrainConfig(model="cnn", data="synthetic", steps=9, out="/tmp/x", json="f.json")
+    assert TrainConfig(**json.loads(json.dumps(asdict(c)))) == c
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"batch_size": 30, "workers": 4}, "batch_size 30 % workers 4 = 2 != 0"),
+        ({"batch_size": 2, "workers": 4}, "batch_size 2 % workers 4 = 2 != 0"),
+        ({"model": "resnet"}, "model 'resnet' is not one of mlp, cnn, gpt"),
+        ({"data": "imagenet"}, "data 'imagenet' is not one of digits, code, synthetic"),
+        ({"model": "gpt", "data": "digits"}, "use data code or synthetic"),
+        ({"model": "mlp", "data": "code"}, "use data digits or synthetic"),
+        ({"workers": 0}, "workers 0 < 1"),
+        ({"steps": 0}, "steps 0 < 1"),
+        ({"lr": 0.0}, "lr 0.0 is not > 0"),
+        ({"lr": float("nan")}, "lr nan is not > 0"),
+        ({"steps": 10, "warmup_steps": 11}, "warmup_steps 11 > steps 10"),
+        ({"resume": True}, "resume needs out"),
+        ({"strategy": "ps-async"}, "strategy 'ps-async' is not one of allreduce"),
+        ({"lr_scaling": "sqrt"}, "lr_scaling 'sqrt' is not one of none, linear"),
+    ],
+)
+def test_bad_options_show_the_failing_check(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**options)  # type: ignore[arg-type]
+    assert message in str(err.value)
+
+
+def test_linear_scaling_uses_the_base_batch() -> None:
+    base = RECIPES["mlp"].base_batch
+    c = TrainConfig(batch_size=4 * base, lr=0.1, lr_scaling="linear")
+    assert c.peak_lr == pytest.approx(0.4)
+    assert TrainConfig(batch_size=4 * base, lr=0.1).peak_lr == 0.1
+
+
+# ----------------------------------------------------------------- argparse helper
+@dataclass(kw_only=True)
+class Toy:
+    name: str = field(default="a", metadata=option("a name", choices=("a", "b")))
+    size: int | None = field(default=None, metadata=option("a size", default_text="auto"))
+    rate: float = field(default=0.5, metadata=option("a rate"))
+    fast: bool = field(default=False, metadata=option("go fast"))
+    hidden: int = field(default=3, metadata=option("not on the CLI", cli=False))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toy")
+    add_options(p, Toy)
+    return p
+
+
+def test_options_are_derived_from_the_fields() -> None:
+    p = _parser()
+    assert from_args(Toy, p.parse_args([])) == Toy()
+    got = from_args(Toy, p.parse_args(["--name", "b", "--size", "7", "--rate", "2", "--fast"]))
+    assert got == Toy(name="b", size=7, rate=2.0, fast=True)
+    text = p.format_help()
+    assert "--size SIZE" not in text and "--size INT" in text
+    assert "a size (default: auto)" in text and "a rate (default: 0.5)" in text
+    assert "--hidden" not in text
+
+
+def test_derived_options_reject_bad_values() -> None:
+    p = _parser()
+    for argv in (["--name", "c"], ["--size", "x"], ["--rate", "fast"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(argv)
+
+
+def test_plait_train_parser_builds_the_config() -> None:
+    from plait.cli.main import build_parser
+
+    assert from_args(TrainConfig, build_parser().parse_args(["train"])) == TrainConfig()
+    ns = build_parser().parse_args(["train", "--batch-size", "8", "--lr-scaling", "linear"])
+    assert from_args(TrainConfig, ns) == TrainConfig(batch_size=8, lr_scaling="linear")
+
+
+# ------------------------------------------------------------------------ schedule
+def test_warmup_then_cosine() -> None:
+    kw = {"peak": 1.0, "steps": 110, "warmup_steps": 10}
+    assert [lr_at(s, **kw) for s in (1, 5, 10)] == pytest.approx([0.1, 0.5, 1.0])
+    assert lr_at(11, **kw) == pytest.approx(1.0)
+    assert lr_at(110, **kw) == pytest.approx(0.1)
+    mid = lr_at(60, **kw)
+    assert 0.5 < mid < 0.6
+    # Goyal et al.: warm-up from the unscaled rate to the scaled one
+    assert lr_at(1, peak=0.8, steps=50, warmup_steps=4, start=0.2) == pytest.approx(0.35)
+    assert lr_at(30, peak=0.8, steps=50, decay="none") == 0.8
+
+
+# ------------------------------------------------------- preflight and the command line
+def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name)
+    )
+    with pytest.raises(MissingExtraError, match=r"pip install 'plait\[digits\]'"):
+        job.configure({})
+    job.configure({"data": "synthetic"})  # needs nothing
+
+
+def test_unwritable_out_and_missing_checkpoint(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(CheckpointError, match="cannot write checkpoints to"):
+        job.configure({"out": str(blocker / "sub")})
+    with pytest.raises(CheckpointError, match="no checkpoint to resume from"):
+        job.configure({"out": str(tmp_path), "resume": True})
+
+
+def plait_train(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+    run = f"from plait.cli.main import main\nraise SystemExit(main(['train', *{list(args)!r}]))"
+    code = f"{prelude}\n{run}"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+HIDE_SKLEARN = """
+import importlib.util
+_real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name == "sklearn" else _real(name, *a)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("args", "prelude", "expect"),
+    [
+        (("--batch-size", "30"), "", "batch_size 30 % workers 4 = 2 != 0"),
+        (("--model", "resnet"), "", "invalid choice: 'resnet'"),
+        (("--data", "mnist"), "", "invalid choice: 'mnist'"),
+        (("--model", "gpt", "--data", "digits"), "", "use data code or synthetic"),
+        (("--steps", "many"), "", "invalid int value: 'many'"),
+        ((), HIDE_SKLEARN, "pip install 'plait[digits]'"),
+        (("--out", "/proc/plait-cannot-write"), "", "cannot write checkpoints to"),
+        (("--resume",), "", "resume needs out"),
+        (("--json", "/nonexistent-dir/f.json"), "", "cannot write --json"),
+    ],
+    ids=["batch", "model", "data", "mismatch", "int", "extra", "out", "resume", "json"],
+)
+def test_cli_bad_input_is_a_message_not_a_traceback(
+    args: tuple[str, ...], prelude: str, expect: str
+) -> None:
+    res = plait_train(*args, prelude=prelude)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert expect in res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert "plait train" in res.stderr
+
+
+def test_help_lists_defaults() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0
+    for flag in ("--model", "--data", "--workers", "--steps", "--batch-size", "--lr",
+                 "--seed", "--strategy", "--lr-scaling", "--warmup-steps", "--out",
+                 "--resume", "--json"):  # fmt: skip
+        assert flag in res.stdout

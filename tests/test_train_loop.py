@@ -1,0 +1,144 @@
+"""The training loop in real worlds: N ranks equal one process, resume, NaN, end to end.
+
+Every world runs `train()` directly (tests/world.py forks ranks from a process that has
+imported torch); one test runs the real `plait train` command.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from plait import Communicator
+from plait.train import checkpoint
+from plait.train.config import TrainConfig
+from plait.train.errors import NonFiniteLossError
+from plait.train.loop import train
+from world import run_world
+
+ENV = {"PLAIT_TIMEOUT": "60"}
+
+
+def _train(comm: Communicator, options: dict[str, Any], stop_after: int | None = None) -> Any:
+    config = TrainConfig(**{**options, "workers": comm.size})
+    return train(config, comm, stop_after=stop_after).figures()
+
+
+def _nan(comm: Communicator, options: dict[str, Any]) -> Any:
+    try:
+        _train(comm, options)
+    except NonFiniteLossError as e:
+        return {"step": e.step, "checkpoint_step": e.checkpoint_step, "message": str(e)}
+    return None
+
+
+def _sequence(comm: Communicator, options: dict[str, Any], out: str) -> Any:
+    """An uninterrupted run; then a run stopped after step 7 and resumed from step 6."""
+    full = _train(comm, options)
+    cut = {**options, "out": out, "checkpoint_every": 3}
+    part = _train(comm, cut, stop_after=7)
+    comm.barrier()  # rank 0's checkpoint is on disk before anyone resumes
+    resumed = _train(comm, {**cut, "resume": True})
+    return full, part, resumed
+
+
+def _untimed(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in figures.items() if k not in ("samples_per_s", "wall_s")}
+
+
+GPT_SMALL = {"model": "gpt", "data": "synthetic", "steps": 12, "batch_size": 4,
+             "eval_every": 4, "log_every": 5}  # fmt: skip
+MLP_SMALL = {"model": "mlp", "steps": 12, "batch_size": 24, "eval_every": 5}
+
+
+@pytest.mark.timeout(150)
+def test_two_ranks_train_like_one_process() -> None:
+    # the backbone: B/N samples on N ranks take the same steps as B samples on one
+    for options in (MLP_SMALL, {**GPT_SMALL, "lr_scaling": "linear", "warmup_steps": 3}):
+        one = run_world(1, _train, options, timeout=120, env=ENV)[0]
+        two = run_world(2, _train, options, timeout=120, env=ENV)
+        assert _untimed(two[0]) == _untimed(two[1])  # every rank returns the same figures
+        torch.testing.assert_close(two[0]["losses"], one["losses"], rtol=1e-4, atol=1e-5)
+        assert len(one["losses"]) == 12 and one["losses"][-1] < one["losses"][0]
+        assert abs(two[0]["eval_value"] - one["eval_value"]) < 1e-3
+        assert [s for s, _ in two[0]["evals"]] == [s for s, _ in one["evals"]]
+
+
+@pytest.mark.timeout(150)
+def test_interrupted_and_resumed_run_repeats_the_losses(tmp_path: Path) -> None:
+    full, part, resumed = run_world(2, _sequence, GPT_SMALL, str(tmp_path), timeout=120, env=ENV)[0]
+    assert part["stopped_at"] == 7 and len(part["losses"]) == 7
+    assert part["losses"] == full["losses"][:7]
+    assert resumed["losses"] == full["losses"]  # step for step, exactly
+    assert resumed["evals"] == full["evals"]
+    assert resumed["eval_value"] == full["eval_value"]
+    state = checkpoint.load(tmp_path)
+    assert state["step"] == 12 and state["data_position"]["samples_seen"] == 12 * 4
+
+
+@pytest.mark.timeout(120)
+def test_non_finite_loss_stops_every_rank_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+    options = {**MLP_SMALL, "out": str(tmp_path), "checkpoint_every": 3, "log_every": 4}
+    env = {**ENV, "PLAIT_TRAIN_NAN_AT": "8:1"}  # only rank 1's loss goes bad
+    reports = run_world(2, _nan, options, timeout=100, env=env)
+    assert reports[0] == reports[1]
+    assert reports[0]["step"] == 8 and reports[0]["checkpoint_step"] == 6
+    assert "at step 8" in reports[0]["message"] and "step 6" in reports[0]["message"]
+    state = checkpoint.load(tmp_path)
+    assert state["step"] == 6 and all(math.isfinite(v) for v in state["losses"])
+
+
+@pytest.mark.timeout(120)
+def test_plait_train_end_to_end(tmp_path: Path) -> None:
+    figures = tmp_path / "run.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--steps", "20", "--workers", "2",
+         "--json", str(figures)],
+        capture_output=True, text=True, timeout=110,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(figures.read_text())
+    for key in ("strategy", "world_size", "steps", "global_batch", "final_loss", "eval_name",
+                "eval_value", "samples_per_s", "wall_s"):  # fmt: skip
+        assert key in data
+    assert (data["strategy"], data["world_size"], data["steps"]) == ("allreduce", 2, 20)
+    assert data["global_batch"] == 64 and data["eval_name"] == "held-out accuracy"
+    assert 0.5 < data["eval_value"] <= 1.0 and data["final_loss"] < 2.3
+    assert data["samples_per_s"] > 0 and data["wall_s"] > 0
+    assert "summary:" in res.stdout and "held-out accuracy" in res.stdout
+    assert "[rank 0]" not in res.stdout  # rank 0 speaks for the job, unprefixed
+
+
+@pytest.mark.timeout(120)
+def test_nan_through_the_command_line(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--steps", "12", "--workers", "2",
+         "--out", str(tmp_path), "--checkpoint-every", "2", "--log-every", "5"],
+        capture_output=True, text=True, timeout=110,
+        env={**__import__("os").environ, "PLAIT_TRAIN_NAN_AT": "5"},
+    )  # fmt: skip
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "the training loss is nan at step 5" in res.stderr
+    assert "last good checkpoint (step 4)" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert checkpoint.load(tmp_path)["step"] == 4
+
+
+@pytest.mark.timeout(120)
+def test_under_a_launcher_plait_train_is_the_worker() -> None:
+    # RANK/WORLD_SIZE set (plait run, torchrun): train as that rank, world size from the job
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "run", "-n", "2", "-m", "plait", "train",
+         "--steps", "6", "--data", "synthetic"],
+        capture_output=True, text=True, timeout=110,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("[rank 0] summary:") == 1 and "[rank 1]" not in res.stdout
+    assert "2 workers" in res.stdout
