@@ -49,7 +49,7 @@ def test_config_survives_a_json_round_trip() -> None:
         ({"lr": float("nan")}, "lr nan is not > 0"),
         ({"steps": 10, "warmup_steps": 11}, "warmup_steps 11 > steps 10"),
         ({"resume": True}, "resume needs out"),
-        ({"strategy": "ps-async"}, "strategy 'ps-async' is not one of allreduce"),
+        ({"strategy": "ps-async"}, "strategy 'ps-async' is not one of allreduce, ps"),
         ({"lr_scaling": "sqrt"}, "lr_scaling 'sqrt' is not one of none, linear"),
     ],
 )

@@ -6,9 +6,18 @@ torchrun environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `M
 unchanged. Every output line is prefixed `[rank R]`. If a rank fails, the others are stopped
 and its traceback is printed last; Ctrl-C stops every rank.
 
+Parameter-server jobs: `plait run -n W --servers S script.py` starts W workers (ranks
+0..W-1, prefixed `[rank R]`) and S servers (ranks W..W+S-1, prefixed `[server i]`), with
+WORLD_SIZE = W + S and PLAIT_SERVERS = S in every rank; the script calls `plait.ps.init()`,
+which serves on server ranks and returns on workers. A failing server stops the job. With
+--keep-going-on-worker-failure (for async and ssp training, where the servers carry on
+without a dead worker) a failing worker is reported and the others go on; the job's exit
+status is then 0 if every other rank exits 0.
+
 This launcher is single-node. For several machines, use `torchrun` (`--nnodes`,
 `--node-rank`, `--rdzv-endpoint`): it sets the same variables and plait reads them the same
-way.
+way (for a parameter-server job, export PLAIT_SERVERS=S on every node: the last S of the
+WORLD_SIZE ranks serve).
 """
 
 from __future__ import annotations
@@ -35,6 +44,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=1,
         metavar="N",
         help="number of processes (ranks) to start on this machine (default: 1)",
+    )
+    p.add_argument(
+        "--servers",
+        type=int,
+        default=0,
+        metavar="S",
+        help="also start S parameter-server ranks after the N workers (default: 0)",
+    )
+    p.add_argument(
+        "--keep-going-on-worker-failure",
+        action="store_true",
+        help="with --servers: a worker that fails is reported and the others go on "
+        "(for asynchronous training); servers that fail still stop the job",
     )
     p.add_argument(
         "-m",
@@ -67,6 +89,13 @@ def run(args: argparse.Namespace) -> int:
     """Validate the arguments, launch the job, and return its exit status (2 on bad input)."""
     if args.nproc < 1:
         return _usage_error(f"-n/--nproc must be at least 1, got {args.nproc}")
+    if args.servers < 0:
+        return _usage_error(f"--servers must be at least 0, got {args.servers}")
+    if args.keep_going_on_worker_failure and args.servers == 0:
+        return _usage_error(
+            "--keep-going-on-worker-failure needs --servers S: without parameter servers "
+            "the workers depend on each other, so one failing stops them all"
+        )
     if args.master_port is not None and not 0 < args.master_port < 65536:
         return _usage_error(f"--master-port must be in 1..65535, got {args.master_port}")
     if args.module:
@@ -87,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         args.nproc,
         master_addr=args.master_addr,
         master_port=args.master_port,
+        servers=args.servers,
+        survivable=range(args.nproc) if args.keep_going_on_worker_failure else (),
     )
 
 

@@ -3,7 +3,13 @@
 The job ends when every rank has exited 0, when one rank fails (the others are stopped), or
 when the launcher gets SIGINT/SIGTERM (every rank is stopped). "Stopped" means: a signal to
 each rank's process group (each rank starts its own session, so whatever it spawned goes
-too), a grace period, then SIGKILL to the groups that are left.
+too), a grace period, then SIGKILL to the groups that are left. Ranks listed as survivable
+(the workers of an asynchronous parameter-server job) are the exception: when one fails,
+the launcher says so and the job goes on without it.
+
+Roles: with `servers=S`, the job has `nproc` worker ranks [0, nproc) followed by S server
+ranks [nproc, nproc + S); WORLD_SIZE is nproc + S and every rank gets PLAIT_SERVERS=S
+(env.py). Server ranks' lines are prefixed `[server i] `, workers' `[rank R] `.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -36,6 +42,7 @@ class _Rank:
     proc: subprocess.Popen[bytes]
     out: LinePump
     err: LinePump
+    name: str  # how messages name it: "rank 2", "rank 2 (worker 2)", "rank 5 (server 1)"
 
 
 @dataclass
@@ -79,31 +86,48 @@ def launch(
     grace_s: float = 3.0,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    servers: int = 0,
+    survivable: Collection[int] = (),
 ) -> int:
     """Run `cmd` as `nproc` local ranks with the torchrun environment; return the job's status.
 
     Args:
         cmd: the command each rank runs, e.g. `[sys.executable, "train.py", "--lr", "0.1"]`.
-        nproc: the number of ranks (>= 1).
+        nproc: the number of (worker) ranks (>= 1).
         env: the environment the rank variables are added to; `os.environ` when None.
         master_addr: the rendezvous address every rank gets as `MASTER_ADDR`.
         master_port: the rendezvous port; a free port on this machine when None.
         grace_s: how long stopped ranks get between the first signal and SIGKILL.
         stdout: where ranks' stdout lines go, prefixed `[rank R] `; `sys.stdout` when None.
         stderr: where ranks' stderr lines and the launcher's messages go; `sys.stderr` when None.
+        servers: parameter-server ranks started after the `nproc` workers, as ranks
+            nproc..nproc+servers-1 (WORLD_SIZE = nproc + servers, PLAIT_SERVERS = servers).
+        survivable: ranks whose failure does not stop the job (worker ranks only): it is
+            reported on `stderr` and the others go on.
 
     Returns:
-        0 if every rank exited 0; else the first failing rank's exit code (128 + N if it was
-        killed by signal N), or 128 + N if the launcher was stopped by signal N (130 for
-        Ctrl-C). A failed rank's last stderr lines are printed again after everything else.
+        0 if every rank exited 0 (or failed but was survivable); else the first failing
+        rank's exit code (128 + N if it was killed by signal N), or 128 + N if the launcher
+        was stopped by signal N (130 for Ctrl-C). A failed rank's last stderr lines are
+        printed again after everything else.
 
     Raises:
-        ValueError: `nproc` < 1 or `cmd` is empty.
+        ValueError: `nproc` < 1, `servers` < 0, `cmd` is empty, or a survivable rank is not
+            a worker rank.
     """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
+    if servers < 0:
+        raise ValueError(f"servers must be >= 0, got {servers}")
     if not cmd:
         raise ValueError("cmd is empty: expected a program and its arguments")
+    bad = sorted(r for r in survivable if not 0 <= r < nproc)
+    if bad:
+        raise ValueError(
+            f"survivable ranks {bad} are not worker ranks 0..{nproc - 1}: only workers may "
+            "fail without stopping the job"
+        )
+    world = nproc + servers
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
     port = free_port(master_addr) if master_port is None else master_port
@@ -114,12 +138,19 @@ def launch(
     with _catch_signals(sigs):
         try:
             preexec = _die_with_parent()
-            for r in range(nproc):
+            for r in range(world):
                 if sigs.first is not None:
                     break
                 proc = subprocess.Popen(
                     list(cmd),
-                    env=rank_env(r, nproc, master_addr=master_addr, master_port=port, base=env),
+                    env=rank_env(
+                        r,
+                        world,
+                        master_addr=master_addr,
+                        master_port=port,
+                        base=env,
+                        servers=servers,
+                    ),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -127,13 +158,14 @@ def launch(
                     preexec_fn=preexec,
                 )
                 assert proc.stdout is not None and proc.stderr is not None
-                prefix = f"[rank {r}] "
+                prefix, name = _names(r, nproc, servers)
                 ranks.append(
                     _Rank(
                         r,
                         proc,
                         LinePump(proc.stdout, out, prefix),
                         LinePump(proc.stderr, err, prefix),
+                        name,
                     )
                 )
             # Pumps start only once every rank is forked: preexec_fn and threads mix badly.
@@ -141,12 +173,12 @@ def launch(
                 rk.out.start()
                 rk.err.start()
             if sigs.first is None:
-                failed = _wait(ranks, sigs)
+                failed = _wait(ranks, sigs, set(survivable), err)
             if failed is not None:
                 others = sum(rk.proc.poll() is None for rk in ranks)
                 write_line(
                     err,
-                    f"plait run: rank {failed.rank} failed "
+                    f"plait run: {failed.name} failed "
                     f"({describe_exit(failed.proc.returncode)}); "
                     f"stopping the other {others} rank(s)\n",
                 )
@@ -157,7 +189,7 @@ def launch(
             rk.err.join(_PUMP_JOIN_S)
 
     if failed is not None:
-        failed = _root_cause(failed, ranks)
+        failed = _root_cause(failed, [rk for rk in ranks if rk.rank not in survivable])
         code = failed.proc.returncode
         if code < 0 and any("Traceback" in ln for ln in failed.err.lines()):
             # it raised, and our stop signal cut its exit (its goodbye to the peers) short
@@ -171,14 +203,35 @@ def launch(
     return 0
 
 
-def _wait(ranks: list[_Rank], sigs: _Signals) -> _Rank | None:
-    """Block until every rank is done (None), a rank fails (that rank) or a signal comes."""
+def _names(rank: int, workers: int, servers: int) -> tuple[str, str]:
+    """The output prefix and the name in messages of `rank` in a job with these roles."""
+    if servers == 0:
+        return f"[rank {rank}] ", f"rank {rank}"
+    if rank < workers:
+        return f"[rank {rank}] ", f"rank {rank} (worker {rank})"
+    return f"[server {rank - workers}] ", f"rank {rank} (server {rank - workers})"
+
+
+def _wait(ranks: list[_Rank], sigs: _Signals, survivable: set[int], err: TextIO) -> _Rank | None:
+    """Block until every rank is done (None), a rank fails (that rank) or a signal comes.
+
+    A survivable rank's failure is reported on `err`, once, and the wait goes on.
+    """
+    forgiven: set[int] = set()
     while sigs.first is None:
         running = False
         for rk in ranks:  # lowest rank first, so among same-tick failures the lowest wins
             code = rk.proc.poll()
             if code is None:
                 running = True
+            elif code != 0 and rk.rank in survivable:
+                if rk.rank not in forgiven:
+                    forgiven.add(rk.rank)
+                    write_line(
+                        err,
+                        f"plait run: {rk.name} failed ({describe_exit(code)}); "
+                        "the job goes on without it\n",
+                    )
             elif code != 0:
                 return rk
         if not running:
@@ -237,7 +290,7 @@ def _show_traceback(failed: _Rank, code: int, out: TextIO, err: TextIO) -> None:
     """Print the failed rank's stderr tail last, under a banner, once the job is gone."""
     out.flush()
     lines = failed.err.lines() or [f"(rank {failed.rank} wrote nothing on stderr)\n"]
-    banner = f"plait run: rank {failed.rank} failed ({describe_exit(code)}); its traceback:\n"
+    banner = f"plait run: {failed.name} failed ({describe_exit(code)}); its traceback:\n"
     write_line(err, "=" * 72 + "\n" + banner + "".join(lines))
 
 

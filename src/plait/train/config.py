@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 
 from plait.train import data as datasets
 from plait.train.errors import ConfigError
-from plait.train.options import option
+from plait.train.options import flag, option
 
 MODELS = ("mlp", "cnn", "gpt")
 MODEL_TASK = {"mlp": "classify", "cnn": "classify", "gpt": "lm"}
 TASK_NAMES = {"classify": "image classification", "lm": "language modelling"}
-STRATEGIES = ("allreduce",)  # later issues add the parameter server, pipelines, ...
+STRATEGIES = ("allreduce", "ps")  # later issues add pipelines, tensor parallelism, ...
+PS_MODES = ("sync", "async", "ssp")
+STALE_POLICIES = ("accept", "drop", "scale")
+PS_DEFAULTS = {"servers": 2, "ps_mode": "sync", "stale_policy": "accept", "warm_start_steps": 0}
+SSP_STALENESS = 4  # the default bound of --ps-mode ssp
 LR_SCALINGS = ("none", "linear")
 LR_DECAYS = ("cosine", "none")
 
@@ -90,9 +94,54 @@ class TrainConfig:
     seed: int = field(default=0, metadata=option("seed of the initialisation and data order"))
     strategy: str = field(
         default="allreduce",
-        metadata=option("how workers share the work: allreduce data parallelism",
-                        choices=STRATEGIES),
+        metadata=option("how workers share the work: allreduce data parallelism, or a "
+                        "parameter server (ps)", choices=STRATEGIES),
     )  # fmt: skip
+    servers: int | None = field(
+        default=None,
+        metadata=option(
+            "with --strategy ps: parameter-server processes, started besides the workers",
+            metavar="S",
+            default_text=str(PS_DEFAULTS["servers"]),
+        ),
+    )
+    ps_mode: str | None = field(
+        default=None,
+        metadata=option(
+            "with --strategy ps: sync (every step waits for every worker), async (Downpour: "
+            "no waiting), ssp (bounded staleness: at most --staleness steps ahead)",
+            choices=PS_MODES,
+            default_text=str(PS_DEFAULTS["ps_mode"]),
+        ),
+    )
+    staleness: int | None = field(
+        default=None,
+        metadata=option(
+            "with --ps-mode ssp: how many steps the fastest worker may run ahead of the "
+            "slowest; with --stale-policy drop: the staleness above which a gradient is "
+            "dropped",
+            metavar="TAU",
+            default_text=str(SSP_STALENESS),
+        ),
+    )
+    stale_policy: str | None = field(
+        default=None,
+        metadata=option(
+            "with --ps-mode async or ssp: what the servers do with a stale gradient: apply "
+            "it (accept), drop it if staler than --staleness, or scale its lr down by its "
+            "staleness",
+            choices=STALE_POLICIES,
+            default_text=str(PS_DEFAULTS["stale_policy"]),
+        ),
+    )
+    warm_start_steps: int | None = field(
+        default=None,
+        metadata=option(
+            "with --ps-mode async or ssp: run the first K steps synchronously",
+            metavar="K",
+            default_text=str(PS_DEFAULTS["warm_start_steps"]),
+        ),
+    )
     lr_scaling: str = field(
         default="none",
         metadata=option(
@@ -160,7 +209,8 @@ class TrainConfig:
                 f"model {self.model} does {TASK_NAMES[task]}, which data {self.data} does not "
                 f"provide; use data {' or '.join(fits)}"
             )
-        for name in ("strategy", "lr_scaling", "lr_decay"):
+        self._check_ps()
+        for name in ("lr_scaling", "lr_decay"):
             accepted = {"strategy": STRATEGIES, "lr_scaling": LR_SCALINGS,
                         "lr_decay": LR_DECAYS}[name]  # fmt: skip
             if getattr(self, name) not in accepted:
@@ -197,6 +247,50 @@ class TrainConfig:
         if self.log_every is None:
             self.log_every = max(1, self.steps // 10)
         _at_least("log_every", self.log_every, 1)
+
+    def _check_ps(self) -> None:
+        """Check the strategy and its options; fill in the parameter server's defaults."""
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        ps_options = ("servers", "ps_mode", "staleness", "stale_policy", "warm_start_steps")
+        if self.strategy != "ps":
+            given = [flag(n) for n in ps_options if getattr(self, n) is not None]
+            if given:
+                raise ConfigError(
+                    f"{', '.join(given)} applies to --strategy ps only, not strategy "
+                    f"{self.strategy}; add --strategy ps"
+                )
+            return
+        for name, default in PS_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        for name, accepted in (("ps_mode", PS_MODES), ("stale_policy", STALE_POLICIES)):
+            if getattr(self, name) not in accepted:
+                raise ConfigError(
+                    f"{name} {getattr(self, name)!r} is not one of {', '.join(accepted)}"
+                )
+        assert self.servers is not None and self.warm_start_steps is not None
+        _at_least("servers", self.servers, 1)
+        _at_least("warm_start_steps", self.warm_start_steps, 0)
+        if self.ps_mode == "sync":
+            if self.staleness is not None:
+                raise ConfigError(
+                    f"staleness {self.staleness} applies to --ps-mode ssp (the bound on how "
+                    "far a worker may run ahead) or async (the bound of --stale-policy drop), "
+                    "not ps_mode sync"
+                )
+        else:
+            self.staleness = SSP_STALENESS if self.staleness is None else self.staleness
+            _at_least("staleness", self.staleness, 0)
+        if self.ps_mode == "sync" and (self.stale_policy != "accept" or self.warm_start_steps):
+            raise ConfigError(
+                "stale_policy and warm_start_steps apply to --ps-mode async or ssp: in sync "
+                "mode no gradient is stale"
+            )
+        if self.out is not None or self.resume:
+            raise ConfigError(
+                "checkpoints (--out, --resume) are not supported with --strategy ps yet"
+            )
 
     @property
     def recipe(self) -> Recipe:

@@ -21,10 +21,24 @@ def evaluate(model: nn.Module, dataset: Dataset, comm: Communicator) -> float:
     model, and one allreduce sums (score, count). The held-out set is the same for every
     number of ranks, so the value is too (up to float rounding).
     """
+    total = comm.allreduce(score_shard(model, dataset, comm.rank, comm.size), op="sum")
+    return float(total[0] / total[1])
+
+
+@torch.no_grad()
+def evaluate_alone(model: nn.Module, dataset: Dataset) -> float:
+    """The same figure as `evaluate`, computed by one process on the whole held-out set."""
+    total = score_shard(model, dataset, 0, 1)
+    return float(total[0] / total[1])
+
+
+@torch.no_grad()
+def score_shard(model: nn.Module, dataset: Dataset, rank: int, world: int) -> torch.Tensor:
+    """(correct or summed loss, samples or tokens) over rank `rank`'s share of held-out data."""
     was_training = model.training
     model.eval()
-    score = torch.zeros(2, dtype=torch.float64)  # (correct or summed loss, samples or tokens)
-    indices = eval_shard(dataset.num_val, comm.rank, comm.size)
+    score = torch.zeros(2, dtype=torch.float64)
+    indices = eval_shard(dataset.num_val, rank, world)
     for chunk in indices.split(CHUNK):
         x, y = dataset.val_batch(chunk)
         out = model(x)
@@ -34,5 +48,4 @@ def evaluate(model: nn.Module, dataset: Dataset, comm: Communicator) -> float:
             score[0] += cross_entropy(out, y, reduction="sum").item()
         score[1] += y.numel()
     model.train(was_training)
-    total = comm.allreduce(score, op="sum")
-    return float(total[0] / total[1])
+    return score

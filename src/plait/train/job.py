@@ -11,6 +11,12 @@ dependency of the data, a writable --out, a checkpoint to resume), and then
 - when this process is already a rank of a job (RANK and WORLD_SIZE are set: started by
   torchrun or `plait run`), trains as that rank directly, with the job's world size as
   the number of workers.
+
+With `--strategy ps` the job also has `servers` parameter-server ranks after the workers
+(WORLD_SIZE = workers + servers, PLAIT_SERVERS = servers); under a launcher the last
+PLAIT_SERVERS (or --servers) ranks serve. In async and ssp modes a worker other than
+worker 0 (which reports) may fail without stopping the job: the servers carry on without
+it, and so do the other workers.
 """
 
 from __future__ import annotations
@@ -46,13 +52,42 @@ def configure(options: dict[str, Any]) -> TrainConfig:
     options = dict(options)
     if under_launcher():
         world = int(os.environ["WORLD_SIZE"])
+        if options.get("strategy") == "ps":
+            return _configure_ps_rank(options, world)
         if options.get("workers", world) != world:
             raise ConfigError(
                 f"workers {options['workers']} != WORLD_SIZE {world}: under torchrun or "
                 "plait run the launcher decides the number of workers; leave out --workers"
             )
         options["workers"] = world
-    config = TrainConfig(**options)
+    return _check(TrainConfig(**options))
+
+
+def _configure_ps_rank(options: dict[str, Any], world: int) -> TrainConfig:
+    """The config of a rank of a parameter-server job started by torchrun or `plait run`."""
+    env_servers = os.environ.get("PLAIT_SERVERS")
+    servers = options.get("servers", int(env_servers) if env_servers else None)
+    if servers is None:
+        raise ConfigError(
+            f"a job of WORLD_SIZE {world} with --strategy ps needs to know how many of its "
+            "ranks are servers: pass --servers S (or set PLAIT_SERVERS=S on every rank)"
+        )
+    if env_servers and int(env_servers) != servers:
+        raise ConfigError(f"servers {servers} != PLAIT_SERVERS {env_servers}")
+    workers = world - servers
+    if options.get("workers", workers) != workers:
+        raise ConfigError(
+            f"workers {options['workers']} != WORLD_SIZE {world} - servers {servers}: under "
+            "torchrun or plait run the launcher decides the number of workers; leave out "
+            "--workers"
+        )
+    if workers < 1:
+        raise ConfigError(f"WORLD_SIZE {world} - servers {servers} = {workers} workers < 1")
+    return _check(TrainConfig(**{**options, "workers": workers, "servers": servers}))
+
+
+def _check(config: TrainConfig) -> TrainConfig:
+    """Check what a config needs from this machine: the data's extra, writable files."""
     assert config.data is not None
     datasets.require(config.data)
     if config.out is not None:
@@ -83,12 +118,23 @@ def run(options: dict[str, Any], *, stdout: TextIO | None = None) -> int:
     from plait.train import report
 
     renderer: report.Renderer = report.Bar() if out.isatty() else report.Text(out)
-    renderer.text(f"plait train: starting {config.workers} workers")
+    servers = config.servers or 0
+    also = f" and {servers} parameter servers ({config.ps_mode})" if servers else ""
+    renderer.text(f"plait train: starting {config.workers} workers{also}")
     env = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0))
     cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(asdict(config))]
     stream = report.RankZeroStream(renderer)
+    # async/ssp: the servers go on without a dead worker; worker 0 reports, so it must live
+    survivable = range(1, config.workers) if config.ps_mode in ("async", "ssp") else ()
     try:
-        code = launch(cmd, config.workers, env=env, stdout=cast(TextIO, stream))
+        code = launch(
+            cmd,
+            config.workers,
+            env=env,
+            stdout=cast(TextIO, stream),
+            servers=servers,
+            survivable=survivable,
+        )
     finally:
         if isinstance(renderer, report.Bar):
             renderer.close()

@@ -11,8 +11,9 @@ Non-finite losses are found at the flush after them; every rank sees the same re
 values, so all stop together (NonFiniteLossError). Checkpoints are written only after a
 flush found every loss finite, so the last one on disk is good.
 
-Test hook (environment): PLAIT_TRAIN_NAN_AT="STEP[:RANK]" makes that rank's loss NaN at
-STEP (every rank's when RANK is left out).
+Test hooks (environment): PLAIT_TRAIN_NAN_AT="STEP[:RANK]" makes that rank's loss NaN at
+STEP (every rank's when RANK is left out); PLAIT_TRAIN_STRAGGLER="RANK:FACTOR" makes one
+rank FACTOR x slower (straggler.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from plait.train.errors import NonFiniteLossError
 from plait.train.evaluate import evaluate
 from plait.train.report import Emit
 from plait.train.schedule import lr_at
+from plait.train.straggler import Straggler
 
 FINAL_LOSS_STEPS = 10  # final_loss is the mean of the last this-many steps' losses
 
@@ -60,9 +62,13 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)  # steps 1..steps, global-batch means
     evals: list[list[float]] = field(default_factory=list)  # [step, value]
     stopped_at: int | None = None  # set when stop_after ended the run early
+    ps: dict[str, Any] | None = None  # --strategy ps: mode, servers and the servers' stats
 
     def figures(self) -> dict[str, Any]:
-        return asdict(self)
+        """The --json figures; a parameter-server run's `ps` entries are top-level keys."""
+        figures = asdict(self)
+        ps = figures.pop("ps")
+        return {**figures, **ps} if ps is not None else figures
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -74,6 +80,15 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
     return torch.optim.AdamW(
         model.parameters(), lr=config.peak_lr, betas=(0.9, 0.95), weight_decay=r.weight_decay
     )
+
+
+def step_lr(config: TrainConfig, step: int) -> float:
+    """The learning rate of step `step` (1-based): warm-up, then the decay."""
+    c = config
+    # Goyal et al.: with linear scaling, warm up from the unscaled lr to the scaled one
+    start = c.lr if c.lr_scaling == "linear" and c.lr is not None else 0.0
+    return lr_at(step, peak=c.peak_lr, steps=_int(c.steps), warmup_steps=_int(c.warmup_steps),
+                 start=start, decay=c.lr_decay)  # fmt: skip
 
 
 def _int(value: int | None) -> int:
@@ -125,6 +140,7 @@ class _Run:
         self.token = getattr(self.dataset, "token", "")  # LM: what the loss is per
         self.baseline = self.dataset.baseline()
         self.nan_at = _nan_hook(comm.rank)
+        self.straggler = Straggler.from_env()
         self.pending: list[torch.Tensor] = []  # this rank's losses since the last flush
         self.started = time.perf_counter()
         self.paused_s = 0.0  # evaluation and checkpoint time, left out of samples/s
@@ -142,17 +158,14 @@ class _Run:
         })  # fmt: skip
 
     def lr(self, step: int) -> float:
-        c = self.config
-        # Goyal et al.: with linear scaling, warm up from the unscaled lr to the scaled one
-        start = c.lr if c.lr_scaling == "linear" and c.lr is not None else 0.0
-        return lr_at(step, peak=c.peak_lr, steps=self.steps, warmup_steps=_int(c.warmup_steps),
-                     start=start, decay=c.lr_decay)  # fmt: skip
+        return step_lr(self.config, step)
 
     def step(self, step: int) -> None:
         """One optimizer step on this rank's slice of global step `step` (1-based)."""
         lr = self.lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        began = time.perf_counter()
         x, y = self.work.batch(step - 1)
         loss = self.work.loss(self.wrapped(x), y)
         if step == self.nan_at:
@@ -163,6 +176,7 @@ class _Run:
         if clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.optimizer.step()
+        self.straggler.delay(self.comm.rank, time.perf_counter() - began)
         self.pending.append(loss.detach())
         self.say("step", {"step": step})
 

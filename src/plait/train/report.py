@@ -86,6 +86,11 @@ def summary(rec: Record) -> list[str]:
     ]  # fmt: skip
     if rec.get("eval_baseline") is not None:
         rows.append(("unigram baseline", f"{rec['eval_baseline']:.4f} nats/{rec['token']}"))
+    if rec.get("ps_mode") is not None:
+        rows.append(("parameter servers", f"{rec['servers']}, {rec['ps_mode']}: staleness max "
+                     f"{rec.get('max_staleness', 0)}, mean {rec.get('mean_staleness', 0):.2f}; "
+                     f"{rec.get('dropped_gradients', 0)} gradients dropped; dead workers "
+                     f"{rec.get('dead_workers') or 'none'}"))  # fmt: skip
     rows += [
         ("samples/s", f"{rec['samples_per_s']:,.0f} (global, training steps only)"),
         ("wall time", f"{rec['wall_s']:.1f} s"),

@@ -12,6 +12,11 @@ an event and exits 0 too, and the `plait train` process prints it and exits with
 (so the launcher's "rank failed, its traceback" banner does not frame a message that is not
 a crash).
 
+With `--strategy ps`, `plait.ps.init()` decides the role from the rank: on a server rank it
+serves and exits the process when the workers are done; on a worker it returns, and the
+worker trains with ps_loop.train_ps (no `plait.init()`: the workers must not depend on each
+other). Worker 0 reports, as rank 0 does otherwise.
+
 Test hook: PLAIT_TRAIN_STOP_AFTER=K ends the run after step K as if it were killed there
 (see loop.train's stop_after).
 """
@@ -35,6 +40,8 @@ EXIT_NON_FINITE = 3
 
 def run(config: TrainConfig) -> int:
     """Train `config` as this process's rank of the job; return the exit status."""
+    if config.strategy == "ps":
+        return _run_ps(config)
     comm = plait.init()
     renderer = None
     if comm.rank == 0:
@@ -51,6 +58,29 @@ def run(config: TrainConfig) -> int:
     finally:
         if isinstance(renderer, report.Bar):
             renderer.close()  # stop drawing, whatever happened
+    return 0
+
+
+def _run_ps(config: TrainConfig) -> int:
+    """A rank of a parameter-server job: serve (never returns) or train as a worker."""
+    from plait import ps
+    from plait.train.ps_loop import train_ps
+
+    role = ps.init(servers=config.servers)  # a server rank exits inside
+    renderer = None
+    if role.rank == 0:
+        renderer = report.choose(sys.stdout, events=os.environ.get("PLAIT_TRAIN_EVENTS") == "1")
+    emit = renderer.handle if renderer is not None else None
+    t0 = float(os.environ.get("PLAIT_TRAIN_T0", "0")) or None
+    try:
+        train_ps(config, role, emit=emit, t0=t0)
+    except NonFiniteLossError as e:
+        return _explain(role.rank, renderer, e, EXIT_NON_FINITE)
+    except (CheckpointError, ConfigError, MissingExtraError) as e:
+        return _explain(role.rank, renderer, e, EXIT_BAD_INPUT)
+    finally:
+        if isinstance(renderer, report.Bar):
+            renderer.close()
     return 0
 
 

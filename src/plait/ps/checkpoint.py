@@ -1,0 +1,72 @@
+"""A server's shard on disk: written atomically, read back on --resume.
+
+    <dir>/ps-server-<i>.pt        the shard: values, optimizer state, versions, clocks, ...
+                                  (torch.save to a temp file, fsync, os.replace, fsync dir)
+    <dir>/ps-server-<i>.progress  the number of updates applied so far, rewritten after
+                                  every update (8 bytes, no fsync: it survives the process
+                                  being killed, not the machine losing power). On resume,
+                                  progress - the shard's count = the updates lost.
+
+Only files this job wrote are read, with torch.load(weights_only=True): tensors and plain
+containers, never arbitrary pickled objects.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import torch
+
+
+def shard_path(directory: str, server: int) -> str:
+    return os.path.join(directory, f"ps-server-{server}.pt")
+
+
+def save(directory: str, server: int, state: dict[str, Any]) -> str:
+    """Write `state` atomically: a reader sees the previous shard or this one, never half."""
+    os.makedirs(directory, exist_ok=True)
+    path = shard_path(directory, server)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def load(directory: str, server: int) -> dict[str, Any] | None:
+    """The last shard written, or None when there is none."""
+    path = shard_path(directory, server)
+    if not os.path.exists(path):
+        return None
+    state: dict[str, Any] = torch.load(path, weights_only=True)
+    return state
+
+
+class Progress:
+    """The update counter beside the shard (see the module docstring)."""
+
+    _FMT = struct.Struct("<q")
+
+    def __init__(self, directory: str, server: int) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, f"ps-server-{server}.progress")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def read(self) -> int:
+        data = os.pread(self.fd, self._FMT.size, 0)
+        return self._FMT.unpack(data)[0] if len(data) == self._FMT.size else 0
+
+    def write(self, updates: int) -> None:
+        os.pwrite(self.fd, self._FMT.pack(updates), 0)
+
+    def close(self) -> None:
+        os.close(self.fd)

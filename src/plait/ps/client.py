@@ -1,0 +1,320 @@
+"""The worker API: a Client over a model's parameters with push, pull and push_pull.
+
+    client = ps.Client(model.named_parameters(), cfg, role)
+    loss.backward(); client.push_pull(None)        # send p.grad, receive the new values
+    h = client.push_pull_async(None); ...; h.wait()
+
+Every operation sends one request to every server (a server with no keys still gets it: it
+keeps the worker's clock). A pull writes the served values into the parameters in place,
+in `wait()`, on the calling thread. Until a push's handle is waited for, leave the
+gradients alone: slices of large tensors are sent straight from their memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from plait.errors import PeerFailureError
+from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
+from plait.ps.errors import PSError
+from plait.ps.roles import Role
+from plait.ps.sharding import (
+    ParamSpec,
+    Plan,
+    gather,
+    make_plan,
+    scatter,
+    specs_from_json,
+    specs_to_json,
+)
+from plait.ps.transport import Transport
+from plait.ps.wire import DTYPES, Message
+
+
+class Handle:
+    """An operation in flight on every server; `wait()` finishes it (and raises its error)."""
+
+    def __init__(self, client: Client, servers: int, writes: bool) -> None:
+        self._client = client
+        self._writes = writes
+        self._left = servers
+        self._replies: dict[int, Message | Exception] = {}
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._finished = False
+        if servers == 0:
+            self._done.set()
+
+    def _reply(self, server: int, reply: Message | Exception) -> None:
+        with self._lock:
+            if server in self._replies:
+                return
+            self._replies[server] = reply
+            if len(self._replies) == self._left:
+                self._done.set()
+
+    def done(self) -> bool:
+        """Whether every server has answered (wait() will not block)."""
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        """Block until every server answered; write pulled values into the parameters.
+
+        Raises:
+            PeerFailureError: sync mode, a worker died (its rank and how it was seen).
+            PSError: a server rejected the request, or stayed silent for server_timeout_s.
+        """
+        while not self._done.wait(0.5):
+            if not self._client._transport.alive():
+                raise PSError(f"the PS I/O thread stopped: {self._client._transport.failure}")
+        if self._finished:
+            return
+        self._finished = True
+        errors = [(s, r) for s, r in sorted(self._replies.items(), key=lambda x: x[0])]
+        for s, r in errors:
+            if isinstance(r, Exception):
+                raise r
+            if r.op == "error":
+                raise _error(s, r)
+        if self._writes:
+            for s, r in sorted(self._replies.items(), key=lambda x: x[0]):
+                assert isinstance(r, Message)
+                self._client._write(s, r)
+
+
+def _error(server: int, reply: Message) -> Exception:
+    kind, reason = reply.meta.get("error"), str(reply.meta.get("reason", "?"))
+    rank = reply.meta.get("rank")
+    if kind == "peer_failure" and isinstance(rank, int):
+        return PeerFailureError(rank=rank, reason=f"worker {rank}: {reason}")
+    return PSError(f"parameter server {server} rejected the request ({kind}): {reason}")
+
+
+class Client:
+    """A worker's view of the parameter servers for `named_parameters`.
+
+    Raises:
+        PSError: parameters that differ from worker 0's (the first difference is named),
+            or a dtype the wire does not carry.
+    """
+
+    def __init__(
+        self,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter | torch.Tensor]],
+        cfg: PSConfig,
+        role: Role,
+    ) -> None:
+        named = list(named_parameters)
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.role = role
+        specs = [ParamSpec(n, tuple(p.shape), p.dtype) for n, p in named]
+        for s in specs:
+            if s.dtype not in DTYPES.values():
+                raise PSError(f"parameter {s.name} is {s.dtype}; expected one of {list(DTYPES)}")
+        store = role.store
+        if role.rank == 0:
+            store.set(STORE_PARAMS, specs_to_json(specs))
+            store.set(STORE_CONFIG, cfg.to_json())
+        else:
+            _check_same(specs, specs_from_json(store.get(STORE_PARAMS)), role.rank)
+            cfg = PSConfig.from_json(store.get(STORE_CONFIG))  # worker 0's is the job's
+        self.cfg = cfg
+        self.plan: Plan = make_plan(specs, role.num_servers, cfg.slice_bytes)
+        self._keys = [self.plan.keys_of(s) for s in range(role.num_servers)]
+        self.versions = {k.key: 0 for k in self.plan.keys}
+        self.clock = 0
+        self._final_stats: dict[str, Any] | None = None
+        endpoints = [store.get(store_server_key(s)).decode() for s in range(role.num_servers)]
+        _barrier(store, role.num_workers, cfg.server_timeout_s)
+        self._transport = Transport(
+            role.rank,
+            endpoints,
+            heartbeat_s=min(1.0, cfg.worker_timeout_s / 4),
+            server_timeout_s=cfg.server_timeout_s,
+        )
+        if role.rank == 0:
+            with torch.no_grad():
+                values = [p.detach() for p in self.params]
+                self._submit(
+                    "init",
+                    lambda s: [gather(self.plan, k, values) for k in self._keys[s]],
+                    writes=False,
+                ).wait()
+        self.pull()  # every worker starts from the served values (worker 0's model)
+
+    # -- the API --------------------------------------------------------------------------
+    def push(self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None) -> None:
+        """Send this step's gradients (None: each parameter's .grad); wait for the servers."""
+        self.push_async(grads, lr=lr).wait()
+
+    def pull(self) -> None:
+        """Write the newest values the consistency mode allows into the parameters."""
+        self.pull_async().wait()
+
+    def push_pull(
+        self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
+    ) -> None:
+        """push(grads), then pull the values the next step may use."""
+        self.push_pull_async(grads, lr=lr).wait()
+
+    def push_async(
+        self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
+    ) -> Handle:
+        return self._push("push", grads, lr)
+
+    def pull_async(self) -> Handle:
+        return self._submit("pull", lambda s: [], writes=True)
+
+    def push_pull_async(
+        self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
+    ) -> Handle:
+        return self._push("push_pull", grads, lr)
+
+    def stats(self) -> dict[str, Any]:
+        """Staleness and failure counts over all servers (every worker's gradients)."""
+        if self._final_stats is not None:
+            return dict(self._final_stats)
+        h = self._submit("stats", lambda s: [], writes=False)
+        h.wait()
+        metas = [r.meta for r in h._replies.values() if isinstance(r, Message)]
+        applied = sum(int(m.get("applied", 0)) for m in metas)
+        return {
+            "max_staleness": max((int(m.get("max_staleness", 0)) for m in metas), default=0),
+            "mean_staleness": sum(int(m.get("sum_staleness", 0)) for m in metas) / max(1, applied),
+            "max_clock_staleness": max(
+                (int(m.get("max_clock_staleness", 0)) for m in metas), default=0
+            ),
+            "mean_clock_staleness": sum(int(m.get("sum_clock_staleness", 0)) for m in metas)
+            / max(1, applied),
+            "dropped_gradients": sum(int(m.get("dropped", 0)) for m in metas),
+            "applied_gradients": applied,
+            "bytes_per_server": self.plan.bytes_per_server,
+            "lost_updates": sum(self._transport.lost),
+            "dead_workers": sorted({w for m in metas for w in m.get("dead", [])}),
+            "updates_per_server": [
+                int(r.meta.get("updates", 0))
+                for _, r in sorted(h._replies.items(), key=lambda x: x[0])
+                if isinstance(r, Message)
+            ],
+        }
+
+    def close(self) -> None:
+        """Say goodbye to every server (after reading the final stats)."""
+        if self._final_stats is not None:
+            return
+        try:
+            self._final_stats = self.stats()
+        except Exception:
+            self._final_stats = {}
+        try:
+            self._submit("bye", lambda s: [], writes=False).wait()
+        finally:
+            self._transport.close()
+
+    # -- internals ------------------------------------------------------------------------
+    def _submit(
+        self,
+        op: str,
+        tensors: Any,
+        *,
+        writes: bool,
+        lr: float | None = None,
+        with_versions: bool = False,
+    ) -> Handle:
+        n = self.role.num_servers
+        handle = Handle(self, n, writes)
+        for s in range(n):
+            keys = [k.key for k in self._keys[s]] if op != "pull" else []
+            msg = Message(
+                op,
+                keys=keys,
+                tensors=tensors(s),
+                versions=[self.versions[k] for k in keys] if with_versions else [],
+                lr=lr,
+                clock=self.clock,
+            )
+            if op in ("stats", "bye", "hb"):
+                msg.keys = []
+            self._transport.submit(s, msg, handle._reply)
+        return handle
+
+    def _push(self, op: str, grads: Iterable[torch.Tensor] | None, lr: float | None) -> Handle:
+        flat = self._grads(grads)
+        self.clock += 1
+        return self._submit(
+            op,
+            lambda s: [gather(self.plan, k, flat) for k in self._keys[s]],
+            writes=op == "push_pull",
+            lr=None if lr is None else float(lr),
+            with_versions=True,
+        )
+
+    def _grads(self, grads: Iterable[torch.Tensor] | None) -> list[torch.Tensor]:
+        if grads is None:
+            out = []
+            for n, p in zip(self.names, self.params, strict=True):
+                if p.grad is None:
+                    raise PSError(
+                        f"parameter {n} has no .grad: call backward() first, or pass "
+                        "the gradients to push"
+                    )
+                out.append(p.grad)
+            return out
+        out = list(grads)
+        if len(out) != len(self.params):
+            raise PSError(
+                f"expected {len(self.params)} gradients (one per parameter, in "
+                f"named_parameters order); got {len(out)}"
+            )
+        for n, p, g in zip(self.names, self.params, out, strict=True):
+            if g.shape != p.shape or g.dtype != p.dtype:
+                raise PSError(
+                    f"gradient of {n}: expected {p.dtype} {list(p.shape)}; got "
+                    f"{g.dtype} {list(g.shape)}"
+                )
+        return [g.detach() for g in out]
+
+    def _write(self, server: int, reply: Message) -> None:
+        mine = {k.key: k for k in self._keys[server]}
+        with torch.no_grad():
+            for i, (k, t) in enumerate(zip(reply.keys, reply.tensors, strict=True)):
+                key = mine.get(k)
+                if key is None or list(t.shape) != [key.numel] or t.dtype != key.dtype:
+                    raise PSError(
+                        f"server {server} answered key {k} with {t.dtype} "
+                        f"{list(t.shape)}; this worker's plan disagrees"
+                    )
+                scatter(key, t, self.params)
+                if reply.versions:
+                    self.versions[k] = reply.versions[i]
+
+
+def _barrier(store: Any, workers: int, timeout: float) -> None:
+    """Wait until every worker has read the store: worker 0 hosts it under `plait run`, so it
+    must not finish (and take the store down) before the slowest worker has started."""
+    store.add(STORE_JOINED, 1)
+    deadline = time.monotonic() + timeout
+    while (joined := store.add(STORE_JOINED, 0)) < workers:
+        if time.monotonic() > deadline:
+            raise PSError(
+                f"only {joined} of {workers} workers created a ps.Client within {timeout:.0f} s"
+            )
+        time.sleep(0.02)
+
+
+def _check_same(mine: list[ParamSpec], theirs: list[ParamSpec], rank: int) -> None:
+    for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+        if a != b:
+            raise PSError(
+                f"worker {rank}'s parameter {i} is {a.name} {a.dtype} {list(a.shape)}; worker "
+                f"0's is {b.name} {b.dtype} {list(b.shape)}: every worker must pass the same "
+                "named_parameters"
+            )
+    if len(mine) != len(theirs):
+        raise PSError(f"worker {rank} passed {len(mine)} parameters; worker 0 passed {len(theirs)}")

@@ -1,0 +1,57 @@
+"""`plait bench ps`: the table, the bar, bad input, and one tiny real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plait.cli.bench_ps import check_bar, markdown, summarize
+
+
+def _fig(sps: float, acc: float, **ps: float) -> dict[str, float | str]:
+    return {"samples_per_s": sps, "eval_value": acc, "eval_name": "held-out accuracy",
+            "final_loss": 0.1, "wall_s": 10.0, **ps}  # fmt: skip
+
+
+def test_summary_ratios_and_bar() -> None:
+    runs = {
+        "ps sync": [_fig(100, 0.97, max_staleness=0), _fig(200, 0.97, max_staleness=0)],
+        "ps async": [_fig(180, 0.965, max_staleness=9), _fig(300, 0.975, max_staleness=7)],
+        "ps ssp tau=4": [_fig(120, 0.90), _fig(240, 0.92)],
+        "allreduce": [_fig(150, 0.97), _fig(250, 0.97)],
+    }
+    rows = {r["config"]: r for r in summarize(runs)}
+    assert rows["ps async"]["vs_sync"] == pytest.approx((1.8 + 1.5) / 2)  # paired by repeat
+    assert rows["ps async"]["max_staleness"] == 8 and rows["allreduce"]["max_staleness"] is None
+    bar = check_bar(list(rows.values()))
+    assert "bar: ps async 1.65x sync (>= 1.5x), metric +0.00 points vs sync (within 1): met" in bar
+    assert "ps ssp tau=4 1.20x sync" in bar and "NOT met" in bar
+    table = markdown(list(rows.values())).splitlines()
+    assert table[0].startswith("| config | samples/s | vs ps sync |") and len(table) == 6
+
+
+def test_bad_input_exits_2() -> None:
+    res = subprocess.run([sys.executable, "-m", "plait", "bench", "ps", "--configs", "ps bsp"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 2 and "unknown configs ['ps bsp']" in res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_tiny_run(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "bench", "ps", "--configs", "ps async", "--workers",
+         "2", "--servers", "1", "--steps", "10", "--repeats", "1", "--straggler", "1.5",
+         "--json", str(out), "--markdown"],
+        capture_output=True, text=True, timeout=110,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    (row,) = data["summary"]
+    assert row["config"] == "ps async" and row["samples_per_s"] > 0 and row["vs_sync"] is None
+    assert data["runs"]["ps async"][0]["ps_mode"] == "async"
+    assert "| ps async |" in res.stdout

@@ -1,0 +1,136 @@
+"""Spawn a parameter-server world (W workers + S servers) of forked processes for the
+tests/test_ps_*.py files; no tests here.
+
+Ranks [0, W) run fn(role, *args) and report its result; ranks [W, W+S) run ps.init(),
+which serves and exits the process. Every world has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from world import _CTX, free_port
+
+# only effective if no test has started the fork server yet; harmless otherwise
+_CTX.set_forkserver_preload(["torch", "plait", "plait.ps"])
+
+
+def _child(rank: int, env: dict[str, str], fn: Any, args: tuple[Any, ...], out: Any) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ["RANK"] = str(rank)
+    import torch
+
+    import plait.ps as ps
+
+    torch.set_num_threads(1)
+    try:
+        role = ps.init()
+        out.put((rank, "ok", fn(role, *args)))
+    except SystemExit as e:
+        out.put((rank, "server-exit", e.code))
+        raise
+    except BaseException:
+        out.put((rank, "error", traceback.format_exc()))
+
+
+def _restart_server(env: dict[str, str], rank: int, argv: list[str]) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ["RANK"] = str(rank)
+    from plait.ps.server import main
+
+    main(argv)
+
+
+class PSWorld:
+    """A running world: its processes, and how to kill and restart a server."""
+
+    def __init__(self, workers: int, servers: int, env: dict[str, str]) -> None:
+        self.workers, self.servers = workers, servers
+        port = free_port()
+        self.env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "WORLD_SIZE": str(workers + servers),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "PLAIT_SERVERS": str(servers),
+            **env,
+        }
+        self.out = _CTX.Queue()
+        self.procs: list[Any] = []
+        self.extra: list[Any] = []
+
+    def kill(self, rank: int) -> None:
+        self.procs[rank].kill()
+        self.procs[rank].join(timeout=5)
+
+    def restart_server(self, rank: int, argv: list[str]) -> None:
+        p = _CTX.Process(target=_restart_server, args=(self.env, rank, argv), daemon=True)
+        p.start()
+        self.extra.append(p)
+
+
+def run_ps_world(
+    workers: int,
+    servers: int,
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    tolerate: Iterable[int] = (),
+    controller: Callable[[PSWorld], None] | None = None,
+) -> list[Any]:
+    """Run the world; return the W workers' results (None for tolerated ranks)."""
+    tolerate = set(tolerate)
+    world = PSWorld(workers, servers, env or {})
+    size = workers + servers
+    world.procs = [
+        _CTX.Process(target=_child, args=(r, world.env, fn, args, world.out), daemon=True)
+        for r in range(size)
+    ]
+    for p in world.procs:
+        p.start()
+    if controller is not None:
+        threading.Thread(target=controller, args=(world,), daemon=True).start()
+    results: dict[int, tuple[str, Any]] = {}
+    needed = set(range(workers)) - tolerate
+    deadline = time.monotonic() + timeout
+    try:
+        while not needed <= results.keys():
+            try:
+                rank, status, value = world.out.get(timeout=0.2)
+                results[rank] = (status, value)
+                continue
+            except Exception:
+                pass
+            dead = [r for r in needed - results.keys() if not world.procs[r].is_alive()]
+            if dead or time.monotonic() > deadline:
+                time.sleep(0.3)
+                while not world.out.empty():
+                    rank, status, value = world.out.get()
+                    results[rank] = (status, value)
+                why = f"ranks {dead} died" if dead else f"timeout {timeout:.0f} s"
+                raise AssertionError(f"{why}; reports: {results}")
+        # servers exit once every worker said goodbye (or died)
+        for r in range(workers, size):
+            world.procs[r].join(timeout=15)
+        stuck = [r for r in range(workers, size) if world.procs[r].is_alive()]
+        for p in world.extra:
+            p.join(timeout=15)
+    finally:
+        for p in world.procs + world.extra:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+    errors = {r: v for r, (s, v) in results.items() if s == "error" and r not in tolerate}
+    if errors:
+        raise AssertionError("\n".join(f"--- rank {r}:\n{tb}" for r, tb in errors.items()))
+    assert not [r for r in stuck if r not in tolerate], f"servers {stuck} did not exit"
+    return [results[r][1] if r in results and r not in tolerate else None for r in range(workers)]

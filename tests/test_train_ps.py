@@ -1,0 +1,132 @@
+"""`plait train --strategy ps`: options and their checks, the recipe -> servers mapping,
+the roles under a launcher, and whole jobs in each consistency mode (one with a worker
+that dies)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plait.train import job
+from plait.train.config import TrainConfig
+from plait.train.errors import ConfigError
+from plait.train.straggler import Straggler
+
+
+def test_ps_defaults_and_allreduce_leaves_them_unset() -> None:
+    c = TrainConfig(strategy="ps")
+    assert (c.servers, c.ps_mode, c.staleness, c.stale_policy) == (2, "sync", None, "accept")
+    s = TrainConfig(strategy="ps", ps_mode="ssp", workers=2)
+    assert s.staleness == 4 and s.warm_start_steps == 0
+    a = TrainConfig()
+    assert (a.servers, a.ps_mode, a.staleness, a.stale_policy) == (None,) * 4
+    d = TrainConfig(strategy="ps", ps_mode="async", stale_policy="drop", staleness=2)
+    assert TrainConfig(**json.loads(json.dumps(d.__dict__))) == d
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"servers": 2}, "--servers applies to --strategy ps only, not strategy allreduce"),
+        ({"ps_mode": "async", "staleness": 3}, "--ps-mode, --staleness applies to --strategy ps"),
+        ({"strategy": "ps", "servers": 0}, "servers 0 < 1"),
+        ({"strategy": "ps", "ps_mode": "ssp", "staleness": -1}, "staleness -1 < 0"),
+        ({"strategy": "ps", "staleness": 2}, "staleness 2 applies to --ps-mode ssp"),
+        ({"strategy": "ps", "ps_mode": "bsp"}, "ps_mode 'bsp' is not one of sync, async, ssp"),
+        ({"strategy": "ps", "ps_mode": "ssp", "stale_policy": "x"}, "is not one of accept"),
+        ({"strategy": "ps", "stale_policy": "drop"}, "apply to --ps-mode async or ssp"),
+        ({"strategy": "ps", "ps_mode": "async", "warm_start_steps": -1}, "warm_start_steps -1"),
+        ({"strategy": "ps", "out": "/tmp/x"}, "not supported with --strategy ps yet"),
+    ],
+)
+def test_bad_ps_options_say_what_is_wrong(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**options)
+    assert message in str(err.value)
+
+
+def test_recipes_map_onto_the_servers_optimizers() -> None:
+    pytest.importorskip("zmq")
+    from plait.train.strategies import ps_config
+
+    sgd = ps_config(TrainConfig(strategy="ps", ps_mode="ssp", staleness=3, lr=0.2))
+    assert (sgd.optimizer, sgd.momentum, sgd.weight_decay, sgd.lr) == ("sgd", 0.9, 1e-4, 0.2)
+    assert (sgd.mode, sgd.staleness, sgd.drop_bound) == ("ssp", 3, None)
+    adam = ps_config(TrainConfig(strategy="ps", model="gpt", ps_mode="async",
+                                 stale_policy="drop", staleness=5))  # fmt: skip
+    assert (adam.optimizer, adam.betas, adam.weight_decay) == ("adam", (0.9, 0.95), 0.0)
+    assert (adam.stale_policy, adam.drop_bound) == ("drop", 5)
+
+
+def test_under_a_launcher_the_last_ranks_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    monkeypatch.setenv("PLAIT_SERVERS", "1")
+    c = job.configure({"strategy": "ps", "data": "synthetic"})
+    assert (c.workers, c.servers) == (4, 1)
+    with pytest.raises(ConfigError, match="servers 2 != PLAIT_SERVERS 1"):
+        job.configure({"strategy": "ps", "servers": 2, "data": "synthetic"})
+    with pytest.raises(ConfigError, match=r"workers 2 != WORLD_SIZE 5 - servers 1"):
+        job.configure({"strategy": "ps", "workers": 2, "data": "synthetic"})
+    monkeypatch.delenv("PLAIT_SERVERS")
+    c = job.configure({"strategy": "ps", "servers": 3, "batch_size": 8, "data": "synthetic"})
+    assert (c.workers, c.servers) == (2, 3)
+    with pytest.raises(ConfigError, match="pass --servers S"):
+        job.configure({"strategy": "ps", "data": "synthetic"})
+
+
+def test_straggler_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAIT_TRAIN_STRAGGLER", "3:2.5")
+    assert Straggler.from_env() == Straggler(3, 2.5)
+    monkeypatch.setenv("PLAIT_TRAIN_STRAGGLER", "x")
+    with pytest.raises(ValueError, match="expected RANK:FACTOR"):
+        Straggler.from_env()
+    monkeypatch.delenv("PLAIT_TRAIN_STRAGGLER")
+    assert Straggler.from_env().factor == 1.0
+
+
+def _train(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    figures = tmp_path / "run.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--strategy", "ps", "--workers", "2",
+         "--servers", "1", "--json", str(figures), *args],
+        capture_output=True, text=True, timeout=110, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(figures.read_text()), res
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["sync", "ssp", "async"])
+def test_plait_train_ps_end_to_end(tmp_path: Path, mode: str) -> None:
+    data, res = _train(tmp_path, "--ps-mode", mode, "--steps", "20", "--eval-every", "0")
+    assert (data["strategy"], data["ps_mode"], data["servers"]) == ("ps", mode, 1)
+    assert (data["world_size"], data["steps"], data["global_batch"]) == (2, 20, 64)
+    assert 0.5 < data["eval_value"] <= 1.0 and data["samples_per_s"] > 0
+    assert data["bytes_per_server"][0] > 0 and data["dead_workers"] == []
+    if mode == "sync":  # every step averages both workers' gradients, nothing is stale
+        assert data["max_staleness"] == 0 and data["worker_steps"] == 20
+        assert data["applied_gradients"] == 40
+    else:  # slices are shared out as workers come free: 40 in all
+        assert data["applied_gradients"] == 40 and 1 <= data["worker_steps"] <= 39
+        assert data["mean_staleness"] <= data["max_staleness"]
+    if mode == "ssp":
+        assert data["max_staleness"] <= 2 * 4 + 1  # tau 4, at most one update per worker
+    assert "summary:" in res.stdout and "[rank 0]" not in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_async_job_outlives_a_dead_worker(tmp_path: Path) -> None:
+    data, res = _train(tmp_path, "--ps-mode", "async", "--steps", "30", "--eval-every", "0",
+                       env={"PLAIT_TRAIN_KILL_AT": "1:3"})  # fmt: skip
+    assert "rank 1 (worker 1) failed (killed by SIGKILL); the job goes on" in res.stderr
+    assert data["dead_workers"] == [1]
+    assert 0.5 < data["eval_value"] <= 1.0
+    # worker 0 trained every slice but worker 1's three (and the one it had claimed)
+    assert data["worker_steps"] >= 60 - 4
