@@ -162,6 +162,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             "final_loss": statistics.median(f["final_loss"] for f in figs),
             "max_staleness": _median([f.get("max_staleness") for f in figs]),
             "mean_staleness": _median([f.get("mean_staleness") for f in figs]),
+            "max_clock_staleness": _median([f.get("max_clock_staleness") for f in figs]),
             "dropped_gradients": _median([f.get("dropped_gradients") for f in figs]),
             "bytes_per_server": bytes_per_server[0],
             "wall_s": statistics.median(f["wall_s"] for f in figs),
@@ -170,7 +171,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def check_bar(rows: list[dict[str, Any]]) -> str:
-    """The issue's bar: async and ssp tau=4 >= 1.5x sync's throughput, metric within 1 point."""
+    """The issue's bar: async and ssp tau=4 >= 1.5x sync's throughput, metric within 1 point.
+
+    "Within 1 point" is read as "at most 1 point worse than sync": a better metric passes.
+    """
     by = {r["config"]: r for r in rows}
     if BASELINE not in by:
         return "bar: not checked (ps sync did not run)"
@@ -181,10 +185,10 @@ def check_bar(rows: list[dict[str, Any]]) -> str:
             continue
         r = by[name]
         gap = (r["eval_value"] - sync["eval_value"]) * 100
-        ok = r["vs_sync"] >= 1.5 and abs(gap) <= 1.0
+        ok = r["vs_sync"] >= 1.5 and gap >= -1.0
         verdict = "met" if ok else "NOT met"
         lines.append(f"bar: {name} {r['vs_sync']:.2f}x sync (>= 1.5x), metric "
-                     f"{gap:+.2f} points vs sync (within 1): {verdict}")  # fmt: skip
+                     f"{gap:+.2f} points vs sync (>= -1): {verdict}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -197,13 +201,17 @@ def _cells(r: dict[str, Any]) -> list[str]:
     metric = f"{value:.2%}" if r["eval_name"] == "held-out accuracy" else f"{value:.4f}"
     ratio = "" if r["vs_sync"] is None else f"{r['vs_sync']:.2f}x"
     return [r["config"], f"{r['samples_per_s']:.0f}", ratio,
-            metric, f"{r['final_loss']:.4f}", _num(r["max_staleness"], "g"),
-            _num(r["mean_staleness"], ".2f"), _num(r["dropped_gradients"], "g"),
+            metric, f"{r['final_loss']:.4f}", _num(r["max_clock_staleness"], "g"),
+            _num(r["max_staleness"], "g"), _num(r["mean_staleness"], ".2f"),
+            _num(r["dropped_gradients"], "g"),
             f"{r['wall_s']:.1f}"]  # fmt: skip
 
 
-HEAD = ["config", "samples/s", "vs ps sync", "held-out", "final loss", "max staleness",
-        "mean staleness", "dropped", "wall (s)"]  # fmt: skip
+# staleness in clocks (SSP's: a worker's clock minus the slowest live worker's when its
+# pull was answered; ssp keeps it <= tau) and in updates (applied to a slice since the
+# worker read it: what the drop/scale policies judge; see plait/ps/consistency.py)
+HEAD = ["config", "samples/s", "vs ps sync", "held-out", "final loss", "max clock stale",
+        "max update stale", "mean update stale", "dropped", "wall (s)"]  # fmt: skip
 
 
 def render(rows: list[dict[str, Any]], title: str, console: Console) -> None:
