@@ -17,6 +17,7 @@ from plait.errors import CollectiveMismatchError, CommTimeoutError, PeerFailureE
 if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
     from plait.comm.handle import Handle
+    from plait.comm.mesh import Mesh
     from plait.comm.world import default, init, is_initialized, shutdown
     from plait.data_parallel import DataParallel
 
@@ -24,6 +25,7 @@ _LAZY = {
     "Communicator": "plait.comm.communicator",
     "DataParallel": "plait.data_parallel",
     "Handle": "plait.comm.handle",
+    "Mesh": "plait.comm.mesh",
     "default": "plait.comm.world",
     "init": "plait.comm.world",
     "is_initialized": "plait.comm.world",
@@ -36,6 +38,7 @@ __all__ = [
     "Communicator",
     "DataParallel",
     "Handle",
+    "Mesh",
     "PeerFailureError",
     "PlaitError",
     "default",
