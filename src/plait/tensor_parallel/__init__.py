@@ -1,0 +1,20 @@
+"""Tensor (intra-layer) parallelism: Megatron-LM's column/row/vocab-parallel layers."""
+
+from plait.tensor_parallel.comm import copy_to_tp, gather_from_tp, reduce_from_tp, split_to_tp
+from plait.tensor_parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+from plait.tensor_parallel.loss import vocab_parallel_cross_entropy
+
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "copy_to_tp",
+    "gather_from_tp",
+    "reduce_from_tp",
+    "split_to_tp",
+    "vocab_parallel_cross_entropy",
+]
