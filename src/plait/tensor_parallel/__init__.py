@@ -7,6 +7,7 @@ from plait.tensor_parallel.layers import (
     VocabParallelEmbedding,
 )
 from plait.tensor_parallel.loss import vocab_parallel_cross_entropy
+from plait.tensor_parallel.parallelize import parallelize
 
 __all__ = [
     "ColumnParallelLinear",
@@ -14,6 +15,7 @@ __all__ = [
     "VocabParallelEmbedding",
     "copy_to_tp",
     "gather_from_tp",
+    "parallelize",
     "reduce_from_tp",
     "split_to_tp",
     "vocab_parallel_cross_entropy",
