@@ -1,0 +1,64 @@
+"""Activation and gradient exchange between neighbouring pipeline stages.
+
+Every tensor travels as two messages on the pipeline communicator: a fixed-size int64
+header ``[dtype code, ndim, *shape, 0-padding]`` (``HEADER`` elements), then the payload.
+Both use the same tag, and messages between one pair of ranks with one tag arrive in order,
+so a receiver needs to know neither shape nor dtype in advance. The header costs one tiny
+message per transfer; exchanging shapes once per step would save it, but micro-batches of
+an uneven ``torch.chunk`` differ in their first dimension, so per-message headers keep the
+code simple and always right.
+
+Sends are non-blocking (`isend`): the caller keeps the returned requests (which keep the
+tensors alive) and waits on them at the end of the step, so a stage never stalls on a
+neighbour that is busy with other work of the schedule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plait.comm.communicator import Communicator
+from plait.comm.frames import Request
+
+MAX_NDIM = 8
+HEADER = 2 + MAX_NDIM
+DTYPES: list[torch.dtype] = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
+
+
+def header(t: torch.Tensor) -> torch.Tensor:
+    """The int64 header describing `t`'s dtype and shape."""
+    if t.dtype not in DTYPES:
+        raise TypeError(f"pipeline cannot send dtype {t.dtype}; expected one of {DTYPES}")
+    if t.dim() > MAX_NDIM:
+        raise ValueError(f"pipeline sends tensors of at most {MAX_NDIM} dims; got {t.dim()}")
+    h = torch.zeros(HEADER, dtype=torch.int64)
+    h[0] = DTYPES.index(t.dtype)
+    h[1] = t.dim()
+    if t.dim():
+        h[2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    return h
+
+
+def send_tensor(comm: Communicator, t: torch.Tensor, peer: int, tag: int) -> list[Request]:
+    """Start sending header and payload of `t` to `peer`; wait on the returned requests."""
+    payload = t.detach().contiguous()
+    return [comm.isend(header(payload), peer, tag), comm.isend(payload, peer, tag)]
+
+
+def recv_tensor(comm: Communicator, peer: int, tag: int) -> torch.Tensor:
+    """Receive a tensor sent by `send_tensor` from `peer` with `tag`; shape and dtype from it."""
+    h = comm.recv(torch.empty(HEADER, dtype=torch.int64), peer, tag)
+    code, ndim = int(h[0]), int(h[1])
+    shape = [int(s) for s in h[2 : 2 + ndim]]
+    return comm.recv(torch.empty(shape, dtype=DTYPES[code]), peer, tag)

@@ -1,0 +1,164 @@
+"""The pipeline runtime against the unsplit model: loss and every gradient, both schedules.
+
+One world per size (2 and 4 stages) runs every (schedule, chunks, balance) combination:
+each rank builds the full model from one seed, computes the full-batch reference loss and
+gradients, then runs its stage through `Pipeline.step` and compares. float64, so the
+tolerance is tight. The in-flight activation count (from the actions) and the saved-tensor
+bytes (from autograd hooks) must match what the schedule promises.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from plait import Communicator, Mesh
+from plait.pipeline import Pipeline, split_sizes
+from world import run_world
+
+f64 = torch.float64
+LAYERS = 8  # 4 x (Linear, Tanh)
+BATCH = 8
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for i in range(LAYERS // 2):
+        layers += [nn.Linear(6 if i == 0 else 5, 5), nn.Tanh()]
+    return nn.Sequential(*layers).to(f64)
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _one(
+    comm: Communicator, schedule: str, chunks: int, balance: list[int] | None, use_mesh: bool
+) -> dict[str, Any]:
+    model = _model()
+    torch.manual_seed(1)
+    x = torch.randn(BATCH, 6, dtype=f64)
+    y = torch.randn(BATCH, 5, dtype=f64)
+    ref = copy.deepcopy(model)
+    ref_loss = _mse(ref(x), y)
+    ref_loss.backward()
+    group: Any = Mesh(pp=comm.size, comm=comm) if use_mesh else comm
+    pipe = Pipeline(model, group, chunks=chunks, schedule=schedule, balance=balance)
+    p, s = comm.size, comm.rank
+    sizes = split_sizes(LAYERS, p, balance)
+    start = sum(sizes[:s])
+    errs: list[float] = []
+    for _ in range(2):  # twice: a second step must work alike after zero_grad
+        pipe.stage.zero_grad()
+        loss = pipe.step(x if s == 0 else None, y if s == p - 1 else None, _mse)
+        if s == p - 1:
+            assert loss is not None
+            errs.append(abs(float(loss) - float(ref_loss.detach())))
+        else:
+            assert loss is None
+        for i, layer in enumerate(pipe.stage):
+            for (name, got), want in zip(
+                layer.named_parameters(), ref[start + i].parameters(), strict=True
+            ):
+                assert got.grad is not None, f"layer {start + i}.{name} has no grad"
+                errs.append(float((got.grad - want.grad).abs().max()))
+    st = pipe.stats
+    return {
+        "err": max(errs, default=0.0),
+        "n_layers": len(pipe.stage),
+        "want_layers": sizes[s],
+        "peak": st.peak_inflight,
+        "saved_peak": st.peak_saved_bytes,
+        "mb_saved": st.mb_saved_bytes,
+        "saved_live": st.saved_live,
+        "bubble": st.bubble,
+        "actions": len(st.times),
+        "compute": st.compute_time,
+        "step": st.step_time,
+    }
+
+
+def _all(comm: Communicator) -> dict[str, Any]:
+    p = comm.size
+    out: dict[str, Any] = {}
+    uneven = [1] * (p - 1) + [LAYERS - (p - 1)]
+    for schedule in ("gpipe", "1f1b"):
+        for chunks in (1, 2, 4):
+            for bal in (None, uneven):
+                for use_mesh in (False, True) if chunks == 2 else (False,):
+                    key = f"{schedule}/c{chunks}/{bal}/mesh={use_mesh}"
+                    out[key] = _one(comm, schedule, chunks, bal, use_mesh)
+    return out
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_pipeline_matches_unsplit_model(size: int) -> None:
+    results = run_world(size, _all, timeout=60)
+    for stage, res in enumerate(results):
+        for key, r in res.items():
+            schedule = key.split("/")[0]
+            chunks = int(key.split("/")[1][1:])
+            assert r["err"] < 1e-10, (stage, key, r)
+            assert r["n_layers"] == r["want_layers"], (stage, key, r)
+            assert r["actions"] == 2 * chunks
+            if schedule == "gpipe":
+                assert r["peak"] == chunks, (stage, key, r)
+            else:
+                assert r["peak"] <= size - stage, (stage, key, r)
+                assert r["peak"] == min(size - stage, chunks), (stage, key, r)
+            # saved-tensor hooks agree: equal micro-batches save equal bytes, and the peak
+            # is exactly the in-flight count times one micro-batch's bytes; all freed after
+            assert len(set(r["mb_saved"])) == 1 and r["mb_saved"][0] > 0, (stage, key, r)
+            assert r["saved_peak"] == r["peak"] * r["mb_saved"][0], (stage, key, r)
+            assert r["saved_live"] == 0, (stage, key, r)
+            assert 0.0 <= r["bubble"] < 1.0 and r["compute"] <= r["step"]
+
+
+def _fake(size: int, rank: int = 0) -> Any:
+    return types.SimpleNamespace(size=size, rank=rank)
+
+
+def test_bad_balance_is_a_clear_error() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match=r"3 \+ 3 = 6 != 8 layers"):
+        Pipeline(model, _fake(2), chunks=2, balance=[3, 3])
+    with pytest.raises(ValueError, match="has 3 entries but the pipeline has 2 stages"):
+        Pipeline(model, _fake(2), chunks=2, balance=[2, 3, 3])
+    with pytest.raises(ValueError, match="positive"):
+        Pipeline(model, _fake(2), chunks=2, balance=[0, 8])
+    with pytest.raises(ValueError, match="cannot split 8 layers into 9"):
+        Pipeline(model, _fake(9), chunks=2)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        Pipeline(model, _fake(2), chunks=2, schedule="zigzag")
+
+
+def test_split_sizes_default_is_even() -> None:
+    assert split_sizes(8, 3) == [3, 3, 2]
+    assert split_sizes(8, 4) == [2, 2, 2, 2]
+    assert split_sizes(5, 5, [1, 1, 1, 1, 1]) == [1, 1, 1, 1, 1]
+
+
+def test_batch_smaller_than_chunks() -> None:
+    pipe = Pipeline(_model(), _fake(1), chunks=4)
+    with pytest.raises(ValueError, match="batch size 2, fewer than chunks=4"):
+        pipe.step(torch.zeros(2, 6, dtype=f64), torch.zeros(2, 5, dtype=f64), _mse)
+
+
+def test_single_stage_equals_reference() -> None:
+    model = _model()
+    ref = copy.deepcopy(model)
+    x, y = torch.randn(8, 6, dtype=f64), torch.randn(8, 5, dtype=f64)
+    ref_loss = _mse(ref(x), y)
+    ref_loss.backward()
+    pipe = Pipeline(model, _fake(1), chunks=4, schedule="gpipe")
+    loss = pipe.step(x, y, _mse)
+    assert loss is not None and abs(float(loss) - float(ref_loss.detach())) < 1e-12
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None
+        assert float((a.grad - b.grad).abs().max()) < 1e-12
