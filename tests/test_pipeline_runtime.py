@@ -162,3 +162,92 @@ def test_single_stage_equals_reference() -> None:
     for a, b in zip(model.parameters(), ref.parameters(), strict=True):
         assert a.grad is not None and b.grad is not None
         assert float((a.grad - b.grad).abs().max()) < 1e-12
+
+
+def _checkpoint_all(comm: Communicator) -> dict[str, Any]:
+    """Every (schedule, checkpoint) at chunks 4: gradient error and peak saved bytes."""
+    out: dict[str, Any] = {}
+    p, s = comm.size, comm.rank
+    torch.manual_seed(1)
+    x = torch.randn(BATCH, 6, dtype=f64)
+    y = torch.randn(BATCH, 5, dtype=f64)
+    for schedule in ("gpipe", "1f1b"):
+        for mode in ("never", "except_last", "always"):
+            model = _model()
+            ref = copy.deepcopy(model)
+            ref_loss = _mse(ref(x), y)
+            ref_loss.backward()
+            pipe = Pipeline(model, comm, chunks=4, schedule=schedule, checkpoint=mode)
+            start = sum(pipe.balance[:s])
+            loss = pipe.step(x if s == 0 else None, y if s == p - 1 else None, _mse)
+            errs = [] if loss is None else [abs(float(loss) - float(ref_loss.detach()))]
+            for i, layer in enumerate(pipe.stage):
+                for got, want in zip(layer.parameters(), ref[start + i].parameters(), strict=True):
+                    assert got.grad is not None and want.grad is not None
+                    errs.append(float((got.grad - want.grad).abs().max()))
+            out[f"{schedule}/{mode}"] = {
+                "err": max(errs),
+                "saved_peak": pipe.stats.peak_saved_bytes,
+                "saved_live": pipe.stats.saved_live,
+                "last_is_loss": (loss is not None) == (s == p - 1),
+            }
+    # balance="time": profiled on rank 0, broadcast, so both ranks agree
+    pipe = Pipeline(_model(), comm, chunks=2, balance="time", sample=x[:4])
+    out["time_balance"] = pipe.balance
+    return out
+
+
+def test_checkpoint_keeps_gradients_and_saves_memory() -> None:
+    results = run_world(2, _checkpoint_all, timeout=60)
+    for stage, res in enumerate(results):
+        for key, r in res.items():
+            if key == "time_balance":
+                continue
+            assert r["err"] < 1e-10, (stage, key, r)
+            assert r["saved_live"] == 0 and r["last_is_loss"], (stage, key, r)
+        for schedule in ("gpipe", "1f1b"):
+            never = res[f"{schedule}/never"]["saved_peak"]
+            always = res[f"{schedule}/always"]["saved_peak"]
+            assert always <= never, (stage, schedule, always, never)
+    for schedule in ("gpipe", "1f1b"):
+        # stage 0 holds more than one micro-batch in flight: checkpointing must pay off there
+        never = max(r[f"{schedule}/never"]["saved_peak"] for r in results)
+        always = max(r[f"{schedule}/always"]["saved_peak"] for r in results)
+        assert always < never, (schedule, always, never)
+    balances = [r["time_balance"] for r in results]
+    assert balances[0] == balances[1] and sum(balances[0]) == LAYERS, balances
+
+
+def test_bad_checkpoint_and_balance_mode_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match=r"unknown checkpoint 'sometimes'.*'never'"):
+        Pipeline(_model(), _fake(2), chunks=2, checkpoint="sometimes")
+    with pytest.raises(ValueError, match=r"unknown balance 'speed'.*'size', 'time'"):
+        Pipeline(_model(), _fake(2), chunks=2, balance="speed")
+    with pytest.raises(ValueError, match="needs sample="):
+        Pipeline(_model(), _fake(2), chunks=2, balance="time")
+
+
+def test_balance_by_size_isolates_the_huge_layer() -> None:
+    torch.manual_seed(0)
+    layers = [nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Linear(4, 400), nn.Linear(400, 4)]
+    model = nn.Sequential(*layers)
+    # parameter bytes: 80, 0, 80, 8000, 6416 -> the two big layers get a stage each
+    assert Pipeline(model, _fake(2), chunks=2, balance="size").balance == [4, 1]
+    assert Pipeline(model, _fake(3), chunks=2, balance="size").balance == [3, 1, 1]
+    pipe = Pipeline(model, _fake(3, rank=1), chunks=2, balance="size")
+    assert len(pipe.stage) == 1 and pipe.stage[0] is layers[3]
+
+
+def test_checkpoint_single_stage_equals_reference() -> None:
+    for mode in ("except_last", "always"):
+        model = _model()
+        ref = copy.deepcopy(model)
+        x, y = torch.randn(8, 6, dtype=f64), torch.randn(8, 5, dtype=f64)
+        ref_loss = _mse(ref(x), y)
+        ref_loss.backward()
+        pipe = Pipeline(model, _fake(1), chunks=4, schedule="1f1b", checkpoint=mode)
+        loss = pipe.step(x, y, _mse)
+        assert loss is not None and abs(float(loss) - float(ref_loss.detach())) < 1e-12
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None
+            assert float((a.grad - b.grad).abs().max()) < 1e-12

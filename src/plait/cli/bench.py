@@ -15,7 +15,7 @@ from rich.table import Table
 
 from plait.bench.units import ALGORITHMS as ALL
 from plait.bench.units import format_size, parse_size
-from plait.cli import bench_ps, bench_train
+from plait.cli import bench_pipeline, bench_ps, bench_train
 from plait.launch import launch
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
@@ -61,6 +61,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     c.set_defaults(func=run)
     bench_train.add_parser(which)
     bench_ps.add_parser(which)
+    bench_pipeline.add_parser(which)
 
 
 def _validate(args: argparse.Namespace) -> str | None:

@@ -20,10 +20,44 @@ from torch import nn
 from plait.comm.communicator import Communicator
 from plait.comm.frames import Request
 from plait.comm.mesh import Mesh
+from plait.pipeline.balance import balance as balance_costs
 from plait.pipeline.p2p import recv_tensor, send_tensor
 from plait.pipeline.schedule import SCHEDULES, Action, ScheduleError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+CHECKPOINTS = ("never", "except_last", "always")
+BALANCE_BY = ("size", "time")
+
+
+def size_costs(layers: Sequence[nn.Module]) -> list[float]:
+    """Per-layer cost for `balance="size"`: the bytes of the layer's parameters."""
+    return [float(sum(p.numel() * p.element_size() for p in m.parameters())) for m in layers]
+
+
+def time_costs(layers: Sequence[nn.Module], sample: torch.Tensor, repeats: int = 3) -> list[float]:
+    """Per-layer cost for `balance="time"`: median seconds of forward + backward of each layer
+    on `sample` (one micro-batch), the layers run in order so each sees its real input.
+
+    Gradients are taken with `torch.autograd.grad`, so no parameter's `.grad` is touched.
+    """
+    costs: list[float] = []
+    x = sample.detach()
+    for layer in layers:
+        params = [p for p in layer.parameters() if p.requires_grad]
+        runs: list[float] = []
+        y = x
+        for _ in range(repeats):
+            xi = x.detach().requires_grad_(x.is_floating_point())
+            start = time.perf_counter()
+            y = layer(xi)
+            if y.requires_grad:
+                wrt = ([xi] if xi.requires_grad else []) + params
+                torch.autograd.grad(y, wrt, torch.ones_like(y), allow_unused=True)
+            runs.append(time.perf_counter() - start)
+        costs.append(sorted(runs)[len(runs) // 2])
+        x = y.detach()
+    return costs
 
 
 def split_sizes(layers: int, stages: int, balance: Sequence[int] | None = None) -> list[int]:
@@ -100,7 +134,16 @@ class Pipeline:
         comm: the pipeline communicator, or a `Mesh` (its `pp` axis is used).
         chunks: micro-batches per step.
         schedule: a key of `SCHEDULES` ("gpipe" or "1f1b").
-        balance: layers per stage; default as even as possible.
+        balance: layers per stage as a list; or "size" (split by each layer's parameter
+            bytes) or "time" (split by each layer's profiled forward + backward time on
+            `sample`), both through `plait.pipeline.balance`; default as even as possible.
+            "time" profiles on rank 0 only and broadcasts the split, so every rank agrees.
+        checkpoint: re-materialisation (GPipe; torchgpipe's names). "never" keeps every
+            micro-batch's activations until its backward; "always" runs each forward
+            under `torch.no_grad`, keeping only the stage's input, and re-runs it with grad
+            enabled (same RNG state) right before the backward; "except_last" checkpoints
+            every micro-batch but the last.
+        sample: one micro-batch of the model's input, needed (on rank 0) by balance="time".
     """
 
     def __init__(
@@ -109,7 +152,9 @@ class Pipeline:
         comm: Communicator | Mesh,
         chunks: int,
         schedule: str = "1f1b",
-        balance: list[int] | None = None,
+        balance: list[int] | str | None = None,
+        checkpoint: str = "never",
+        sample: torch.Tensor | None = None,
     ) -> None:
         self.comm = comm.pp if isinstance(comm, Mesh) else comm
         self.stages = self.comm.size
@@ -118,16 +163,52 @@ class Pipeline:
             raise ScheduleError(f"unknown schedule {schedule!r}; expected one of {list(SCHEDULES)}")
         if not isinstance(chunks, int) or chunks < 1:
             raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+        if checkpoint not in CHECKPOINTS:
+            raise ValueError(
+                f"unknown checkpoint {checkpoint!r}; expected one of {list(CHECKPOINTS)}"
+            )
         self.chunks = chunks
         self.schedule = schedule
+        self.checkpoint = checkpoint
         self.actions = SCHEDULES[schedule](self.stages, chunks)[self.rank]
         layers = list(module)
+        if isinstance(balance, str):
+            balance = self._balance_by(balance, layers, sample)
         self.balance = split_sizes(len(layers), self.stages, balance)
         start = sum(self.balance[: self.rank])
         self.stage = nn.Sequential(*layers[start : start + self.balance[self.rank]])
         self.first = self.rank == 0
         self.last = self.rank == self.stages - 1
         self.stats = PipeStats()
+
+    def _balance_by(
+        self, how: str, layers: list[nn.Module], sample: torch.Tensor | None
+    ) -> list[int]:
+        if how not in BALANCE_BY:
+            raise ValueError(
+                f"unknown balance {how!r}; expected a list of layer counts or one of "
+                f"{list(BALANCE_BY)}"
+            )
+        if len(layers) < self.stages:
+            raise ValueError(f"cannot split {len(layers)} layers into {self.stages} stages")
+        if how == "size":
+            return balance_costs(size_costs(layers), self.stages)
+        sizes: list[int] | None = None
+        if self.rank == 0:
+            if sample is None:
+                raise ValueError(
+                    'balance="time" needs sample= (one micro-batch of the input) on rank 0'
+                )
+            sizes = balance_costs(time_costs(layers, sample), self.stages)
+        if self.stages == 1:
+            return sizes if sizes is not None else [len(layers)]
+        got: list[int] = self.comm.broadcast_object(sizes, root=0)
+        return got
+
+    def _checkpointed(self, mb: int) -> bool:
+        if self.checkpoint == "always":
+            return True
+        return self.checkpoint == "except_last" and mb < self.chunks - 1
 
     def _tag(self, kind: str, mb: int) -> int:
         return (0 if kind == "F" else 1) * self.chunks + mb
@@ -149,6 +230,8 @@ class Pipeline:
         self.stats = stats
         ins: dict[int, torch.Tensor] = {}
         outs: dict[int, torch.Tensor] = {}
+        kept: dict[int, _Saved] = {}  # checkpointed micro-batches: the input, counted
+        rng: dict[int, torch.Tensor] = {}
         losses: dict[int, torch.Tensor] = {}
         pending: list[Request] = []
         total = None
@@ -172,14 +255,21 @@ class Pipeline:
                         x.requires_grad_()
                 start = time.perf_counter()
                 before = stats.saved_live
-                with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                    y = self.stage(x)
-                    if t_mbs is not None:
-                        t = t_mbs[mb]
-                        losses[mb] = loss_fn(y, t) * (len(t) / batch)
+                if self._checkpointed(mb):
+                    rng[mb] = torch.get_rng_state()
+                    with torch.no_grad():
+                        y = self.stage(x)
+                    kept[mb] = _Saved(x, stats)
+                else:
+                    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                        y = self.stage(x)
+                        if t_mbs is not None:
+                            t = t_mbs[mb]
+                            losses[mb] = loss_fn(y, t) * (len(t) / batch)
+                    outs[mb] = y
                 stats.mb_saved_bytes.append(stats.saved_live - before)
                 end = time.perf_counter()
-                ins[mb], outs[mb] = x, y
+                ins[mb] = x
                 inflight += 1
                 stats.peak_inflight = max(stats.peak_inflight, inflight)
                 if not self.last:
@@ -190,7 +280,19 @@ class Pipeline:
                 else:
                     grad = recv_tensor(self.comm, self.rank + 1, self._tag("B", mb))
                 start = time.perf_counter()
-                x, y = ins.pop(mb), outs.pop(mb)
+                x = ins.pop(mb)
+                if mb in kept:
+                    # re-materialise: the input's bytes are autograd's again from here
+                    del kept[mb]
+                    with torch.random.fork_rng(devices=[]):
+                        torch.set_rng_state(rng.pop(mb))
+                        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                            y = self.stage(x)
+                            if t_mbs is not None:
+                                t = t_mbs[mb]
+                                losses[mb] = loss_fn(y, t) * (len(t) / batch)
+                else:
+                    y = outs.pop(mb)
                 if self.last:
                     loss = losses.pop(mb)
                     loss.backward()
