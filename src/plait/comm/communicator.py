@@ -147,9 +147,15 @@ class Communicator:
             return call()
         return self._worker.submit(call).wait()
 
-    def _exchange(self, seq: int, call: Call, needed: bool = False) -> list[Call] | None:
-        """Share every rank's call; raise CollectiveMismatchError on disagreement."""
-        if self.size == 1 or not (needed or check_enabled()):
+    def _exchange(
+        self, seq: int, call: Call, needed: bool = False, check: bool = True
+    ) -> list[Call] | None:
+        """Share every rank's call; raise CollectiveMismatchError on disagreement.
+
+        Skipped unless the call `needed` the others' records (shapes), or `check` (the
+        caller's) and PLAIT_CHECK both ask for it.
+        """
+        if self.size == 1 or not (needed or (check and check_enabled())):
             return None
         n = record_bytes(self.size)
         mine = torch.frombuffer(bytearray(call.encode(self.size)), dtype=torch.uint8)
@@ -209,8 +215,7 @@ class Communicator:
         call = Call.of("allreduce", t, op=op, algorithm=algorithm)
 
         def run(seq: int) -> torch.Tensor:
-            if check:
-                self._exchange(seq, call)
+            self._exchange(seq, call, check=check)
             if self.size == 1 or t.numel() == 0:
                 return t
             buf = t if t.is_contiguous() else t.contiguous()
@@ -252,8 +257,7 @@ class Communicator:
         call = Call.of("broadcast", t, root=root, algorithm=algorithm)
 
         def run(seq: int) -> torch.Tensor:
-            if check:
-                self._exchange(seq, call)
+            self._exchange(seq, call, check=check)
             if self.size == 1 or t.numel() == 0:
                 return t
             buf = t if t.is_contiguous() else t.contiguous()

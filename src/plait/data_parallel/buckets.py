@@ -82,13 +82,14 @@ class Bucket:
                 region.zero_()
             else:
                 region.copy_(p.grad)
-            if self.flags is not None:
-                self.flags[i] = 0.0 if p.grad is None else 1.0
+        if self.flags is not None:  # one copy, not a tensor write per parameter
+            self.flags.copy_(torch.tensor([p.grad is not None for p in self.params]))
 
     def unpack(self) -> None:
         """Write the reduced gradients back; leave alone those no rank produced."""
+        used = [True] * len(self.params) if self.flags is None else (self.flags > 0).tolist()
         for i, p in enumerate(self.params):
-            if self.flags is not None and self.flags[i].item() == 0.0:
+            if not used[i]:
                 continue
             if p.grad is None:
                 p.grad = self.slice(i).clone()
