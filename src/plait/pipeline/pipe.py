@@ -9,6 +9,7 @@ gradients travel with a small shape header (see `plait.pipeline.p2p`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from plait.pipeline.p2p import recv_tensor, send_tensor
 from plait.pipeline.schedule import SCHEDULES, Action, ScheduleError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Accumulate = Callable[[], contextlib.AbstractContextManager[Any]]
 
 CHECKPOINTS = ("never", "except_last", "always")
 BALANCE_BY = ("size", "time")
@@ -144,6 +146,10 @@ class Pipeline:
             enabled (same RNG state) right before the backward; "except_last" checkpoints
             every micro-batch but the last.
         sample: one micro-batch of the model's input, needed (on rank 0) by balance="time".
+
+    `self.stage` is the module the schedule runs; it may be replaced by a wrapper of itself
+    before the first step, e.g. `DataParallel(pipe.stage, comm=mesh.dp)` to average the
+    stage's gradients over data-parallel replicas (see `step`'s `accumulate`).
     """
 
     def __init__(
@@ -176,9 +182,11 @@ class Pipeline:
             balance = self._balance_by(balance, layers, sample)
         self.balance = split_sizes(len(layers), self.stages, balance)
         start = sum(self.balance[: self.rank])
-        self.stage = nn.Sequential(*layers[start : start + self.balance[self.rank]])
+        self.stage: nn.Module = nn.Sequential(*layers[start : start + self.balance[self.rank]])
         self.first = self.rank == 0
         self.last = self.rank == self.stages - 1
+        # the position of this stage's final backward: the one that may reduce gradients
+        self.final_backward = max(i for i, a in enumerate(self.actions) if a.kind == "B")
         self.stats = PipeStats()
 
     def _balance_by(
@@ -214,7 +222,11 @@ class Pipeline:
         return (0 if kind == "F" else 1) * self.chunks + mb
 
     def step(
-        self, inputs: torch.Tensor | None, targets: torch.Tensor | None, loss_fn: LossFn
+        self,
+        inputs: torch.Tensor | None,
+        targets: torch.Tensor | None,
+        loss_fn: LossFn,
+        accumulate: Accumulate | None = None,
     ) -> torch.Tensor | None:
         """Run one forward and backward of the mini-batch; return the mean loss on the last
         stage, None elsewhere. Gradients accumulate in the stage's parameters' `.grad`.
@@ -222,6 +234,10 @@ class Pipeline:
         Each micro-batch's loss is weighted by its share of the batch (1 / chunks when the
         batch divides evenly), so for a mean-reduced loss the gradients equal the full-batch
         ones. `inputs` is needed on the first stage, `targets` on the last.
+
+        accumulate: a context-manager factory (e.g. a DataParallel stage's `no_sync`) that
+            every backward but this stage's final one runs inside, so that gradients are
+            reduced once per step, overlapped with the final backward.
         """
         x_mbs = self._split(inputs, "inputs") if self.first else None
         t_mbs = self._split(targets, "targets") if self.last else None
@@ -244,7 +260,7 @@ class Pipeline:
             return s.tensor
 
         t0 = time.perf_counter()
-        for act in self.actions:
+        for i, act in enumerate(self.actions):
             mb = act.mb
             if act.kind == "F":
                 if x_mbs is not None:
@@ -293,12 +309,16 @@ class Pipeline:
                                 losses[mb] = loss_fn(y, t) * (len(t) / batch)
                 else:
                     y = outs.pop(mb)
-                if self.last:
-                    loss = losses.pop(mb)
-                    loss.backward()
-                    total = loss.detach() if total is None else total + loss.detach()
-                elif y.requires_grad:
-                    torch.autograd.backward(y, grad)
+                hold = contextlib.nullcontext
+                if accumulate is not None and i != self.final_backward:
+                    hold = accumulate  # type: ignore[assignment]
+                with hold():
+                    if self.last:
+                        loss = losses.pop(mb)
+                        loss.backward()
+                        total = loss.detach() if total is None else total + loss.detach()
+                    elif y.requires_grad:
+                        torch.autograd.backward(y, grad)
                 end = time.perf_counter()
                 del y
                 inflight -= 1
@@ -314,6 +334,23 @@ class Pipeline:
         idle = max(stats.step_time - stats.compute_time, 0.0)
         stats.bubble = idle / stats.step_time if stats.step_time > 0 else 0.0
         return total
+
+    @torch.no_grad()
+    def forward(self, inputs: torch.Tensor | None) -> torch.Tensor | None:
+        """Forward only, in one piece (no micro-batches; for evaluation): the model's output
+        on the last stage, None elsewhere. `inputs` is needed on the first stage."""
+        if self.first:
+            if inputs is None:
+                raise ValueError("stage 0 needs inputs (got None)")
+            x = inputs
+        else:
+            x = recv_tensor(self.comm, self.rank - 1, self._tag("F", 0))
+        y = self.stage(x)
+        if self.last:
+            return y
+        for req in send_tensor(self.comm, y, self.rank + 1, self._tag("F", 0)):
+            req.wait()
+        return None
 
     def _split(self, t: torch.Tensor | None, name: str) -> list[torch.Tensor]:
         if t is None:

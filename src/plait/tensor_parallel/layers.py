@@ -136,3 +136,15 @@ class VocabParallelEmbedding(nn.Module):
         local = (ids - self.start).masked_fill(outside, 0)
         rows = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         return reduce_from_tp(rows, self.comm)
+
+
+def sharded_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters of `module` that hold a tp rank's slice (not a replica): column-parallel
+    weights and biases, row-parallel weights, vocab-parallel embeddings."""
+    found: list[nn.Parameter] = []
+    for m in module.modules():
+        if isinstance(m, (ColumnParallelLinear, VocabParallelEmbedding)):
+            found += [p for p in m.parameters(recurse=False)]
+        elif isinstance(m, RowParallelLinear):
+            found.append(m.weight)  # the bias is added after the sum: a replica
+    return found

@@ -22,6 +22,7 @@ PS_MODES = ("sync", "async", "ssp")
 STALE_POLICIES = ("accept", "drop", "scale")
 PS_DEFAULTS = {"servers": 2, "ps_mode": "sync", "stale_policy": "accept", "warm_start_steps": 0}
 SSP_STALENESS = 4  # the default bound of --ps-mode ssp
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # plait.pipeline.SCHEDULES (not imported: no torch)
 LR_SCALINGS = ("none", "linear")
 LR_DECAYS = ("cosine", "none")
 
@@ -97,6 +98,32 @@ class TrainConfig:
         metadata=option("how workers share the work: allreduce data parallelism, or a "
                         "parameter server (ps)", choices=STRATEGIES),
     )  # fmt: skip
+    dp: int | None = field(
+        default=None,
+        metadata=option(
+            "data-parallel replicas of the mesh (dp * pp * tp = workers)",
+            default_text="workers / (pp * tp)",
+        ),
+    )
+    pp: int = field(
+        default=1,
+        metadata=option("pipeline stages: the model's layers cut into pp contiguous stages"),
+    )
+    tp: int = field(
+        default=1,
+        metadata=option("tensor-parallel ranks: gpt's attention heads and MLP split over tp"),
+    )
+    chunks: int | None = field(
+        default=None,
+        metadata=option(
+            "micro-batches per step of each pipeline", metavar="M",
+            default_text="4 with --pp > 1, else 1",
+        ),
+    )  # fmt: skip
+    schedule: str = field(
+        default="1f1b",
+        metadata=option("the pipeline schedule", choices=PIPELINE_SCHEDULES),
+    )
     servers: int | None = field(
         default=None,
         metadata=option(
@@ -225,12 +252,7 @@ class TrainConfig:
         _at_least("workers", self.workers, 1)
         _at_least("steps", self.steps, 1)
         _at_least("batch_size", self.batch_size, 1)
-        if self.batch_size % self.workers != 0:
-            raise ConfigError(
-                f"batch_size {self.batch_size} % workers {self.workers} = "
-                f"{self.batch_size % self.workers} != 0: the global batch is split evenly "
-                "over the workers"
-            )
+        self._check_mesh()
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError(f"lr {self.lr} is not > 0")
         _at_least("warmup_steps", self.warmup_steps, 0)
@@ -247,6 +269,64 @@ class TrainConfig:
         if self.log_every is None:
             self.log_every = max(1, self.steps // 10)
         _at_least("log_every", self.log_every, 1)
+
+    @property
+    def on_mesh(self) -> bool:
+        """Whether the run needs a mesh (pipeline or tensor parallelism), not plain dp."""
+        return self.pp > 1 or self.tp > 1
+
+    def _check_mesh(self) -> None:
+        """Check dp, pp, tp, chunks and schedule against workers and the batch; fill in dp."""
+        assert self.batch_size is not None
+        for name in ("pp", "tp"):
+            _at_least(name, getattr(self, name), 1)
+        if self.schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError(
+                f"schedule {self.schedule!r} is not one of {', '.join(PIPELINE_SCHEDULES)}"
+            )
+        if self.dp is None:
+            if self.workers % (self.pp * self.tp):
+                raise ConfigError(
+                    f"workers {self.workers} % (pp({self.pp}) * tp({self.tp})) = "
+                    f"{self.workers % (self.pp * self.tp)} != 0: the workers are laid on a "
+                    "dp x pp x tp grid"
+                )
+            self.dp = self.workers // (self.pp * self.tp)
+        _at_least("dp", self.dp, 1)
+        if self.dp * self.pp * self.tp != self.workers:
+            raise ConfigError(
+                f"dp({self.dp}) * pp({self.pp}) * tp({self.tp}) = "
+                f"{self.dp * self.pp * self.tp} != workers {self.workers}"
+            )
+        if self.chunks is None:
+            self.chunks = 4 if self.pp > 1 else 1
+        _at_least("chunks", self.chunks, 1)
+        split = "workers" if self.dp == self.workers else "dp"
+        if self.batch_size % self.dp != 0:
+            raise ConfigError(
+                f"batch_size {self.batch_size} % {split} {self.dp} = "
+                f"{self.batch_size % self.dp} != 0: the global batch is split evenly "
+                f"over the {'workers' if split == 'workers' else 'data-parallel replicas'}"
+            )
+        if self.batch_size // self.dp < self.chunks:
+            raise ConfigError(
+                f"batch_size {self.batch_size} / dp {self.dp} = {self.batch_size // self.dp} "
+                f"samples per replica < chunks {self.chunks}: every micro-batch needs a sample"
+            )
+        if not self.on_mesh:
+            return
+        if self.strategy != "allreduce":
+            raise ConfigError(
+                f"--pp/--tp run with --strategy allreduce (data parallelism over dp), "
+                f"not strategy {self.strategy}"
+            )
+        if self.tp > 1 and self.model != "gpt":
+            raise ConfigError(
+                f"--tp {self.tp} splits a transformer's attention heads and MLP; model "
+                f"{self.model} has none: use --model gpt"
+            )
+        if self.out is not None or self.resume:
+            raise ConfigError("checkpoints (--out, --resume) are not supported with --pp/--tp yet")
 
     def _check_ps(self) -> None:
         """Check the strategy and its options; fill in the parameter server's defaults."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -9,6 +12,9 @@ from plait.comm.communicator import Communicator
 from plait.train.data.base import Classification, Dataset
 from plait.train.data.sampler import eval_shard
 from plait.train.workloads import cross_entropy
+
+if TYPE_CHECKING:
+    from plait.train.mesh_model import MeshModel
 
 CHUNK = 64  # held-out samples per forward pass
 
@@ -33,15 +39,40 @@ def evaluate_alone(model: nn.Module, dataset: Dataset) -> float:
 
 
 @torch.no_grad()
-def score_shard(model: nn.Module, dataset: Dataset, rank: int, world: int) -> torch.Tensor:
-    """(correct or summed loss, samples or tokens) over rank `rank`'s share of held-out data."""
+def evaluate_mesh(model: MeshModel, dataset: Dataset) -> float:
+    """`evaluate` for a model on a mesh: each dp replica scores its share through the
+    pipeline, whose last stage holds the outputs; one rank per stage-replica (tp 0) counts."""
+    mesh = model.mesh
+    score = score_shard(model.module, dataset, mesh.coords["dp"], mesh.shape["dp"],
+                        forward=model.forward)  # fmt: skip
+    if not (model.last and mesh.coords["tp"] == 0):
+        score.zero_()
+    total = mesh.comm.allreduce(score, op="sum")
+    return float(total[0] / total[1])
+
+
+@torch.no_grad()
+def score_shard(
+    model: nn.Module,
+    dataset: Dataset,
+    rank: int,
+    world: int,
+    forward: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+) -> torch.Tensor:
+    """(correct or summed loss, samples or tokens) over rank `rank`'s share of held-out data.
+
+    forward: what computes the output (default `model`); a None output (a pipeline stage
+        other than the last) scores nothing.
+    """
     was_training = model.training
     model.eval()
     score = torch.zeros(2, dtype=torch.float64)
     indices = eval_shard(dataset.num_val, rank, world)
     for chunk in indices.split(CHUNK):
         x, y = dataset.val_batch(chunk)
-        out = model(x)
+        out = (forward or model)(x)
+        if out is None:
+            continue
         if isinstance(dataset, Classification):
             score[0] += (out.argmax(dim=-1) == y).sum().item()
         else:

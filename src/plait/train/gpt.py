@@ -9,6 +9,8 @@ The layout is the contract later issues rely on:
 - Attention infers its number of heads from the width of `q`'s output
   (`out_features // head_dim`), so a rank that holds a column slice of `q`/`k`/`v` runs its
   share of the heads with no other change.
+- `layers()` lists the model as [Embed, *blocks, Head], sharing its parameters, so that
+  `plait.pipeline.Pipeline` can cut the whole model, embeddings and head included.
 - The embedding and the output head are not tied: tied weights would bind the first and
   the last pipeline stage together.
 """
@@ -123,13 +125,46 @@ class GPT(nn.Module):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        _, t = idx.shape  # (batch, seq)
-        if t > self.config.block_size:
-            raise ValueError(f"sequence length {t} > block_size {self.config.block_size}")
-        pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (batch, seq, hidden)
+        x = _embed(self, idx)  # (batch, seq, hidden)
         x = self.blocks(x)
         return self.head(self.ln_f(x))  # (batch, seq, vocab)
+
+    def layers(self) -> list[nn.Module]:
+        """The model as a list of layers whose composition is `forward`, for a pipeline:
+        [Embed, *blocks, Head]. They share this model's parameters (no copies)."""
+        return [Embed(self), *self.blocks, Head(self)]
+
+
+class Embed(nn.Module):
+    """GPT's first layer in `GPT.layers()`: ids (batch, seq) -> (batch, seq, hidden)."""
+
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.config = gpt.config
+        self.tok_emb, self.pos_emb, self.drop = gpt.tok_emb, gpt.pos_emb, gpt.drop
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return _embed(self, idx)
+
+
+class Head(nn.Module):
+    """GPT's last layer in `GPT.layers()`: (batch, seq, hidden) -> logits (batch, seq, vocab)."""
+
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.ln_f, self.head = gpt.ln_f, gpt.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln_f(x))
+
+
+def _embed(m: GPT | Embed, idx: torch.Tensor) -> torch.Tensor:
+    """Token ids (batch, seq) -> token + position embeddings (batch, seq, hidden)."""
+    _, t = idx.shape
+    if t > m.config.block_size:
+        raise ValueError(f"sequence length {t} > block_size {m.config.block_size}")
+    pos = torch.arange(t, device=idx.device)
+    return m.drop(m.tok_emb(idx) + m.pos_emb(pos))
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -35,7 +35,8 @@ from plait.train import checkpoint, models, strategies, workloads
 from plait.train.config import TrainConfig
 from plait.train.data.base import Classification
 from plait.train.errors import NonFiniteLossError
-from plait.train.evaluate import evaluate
+from plait.train.evaluate import evaluate, evaluate_mesh
+from plait.train.mesh_model import MeshModel, make_mesh
 from plait.train.report import Emit
 from plait.train.schedule import lr_at
 from plait.train.straggler import Straggler
@@ -63,12 +64,14 @@ class TrainResult:
     evals: list[list[float]] = field(default_factory=list)  # [step, value]
     stopped_at: int | None = None  # set when stop_after ended the run early
     ps: dict[str, Any] | None = None  # --strategy ps: mode, servers and the servers' stats
+    mesh: dict[str, Any] | None = None  # --pp/--tp: the mesh, bubble and activations
 
     def figures(self) -> dict[str, Any]:
-        """The --json figures; a parameter-server run's `ps` entries are top-level keys."""
+        """The --json figures; `ps` and `mesh` entries are top-level keys."""
         figures = asdict(self)
-        ps = figures.pop("ps")
-        return {**figures, **ps} if ps is not None else figures
+        for extra in ("ps", "mesh"):
+            figures.update(figures.pop(extra) or {})
+        return figures
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -111,11 +114,17 @@ class _Run:
         self.steps, self.batch = _int(config.steps), _int(config.batch_size)
         self.say: Emit = emit if emit is not None and comm.rank == 0 else (lambda k, r: None)
         assert config.data is not None
+        mesh = make_mesh(config, comm) if config.on_mesh else None
+        # the data-parallel replicas split the batch; a mesh's pp and tp ranks share theirs
+        where = (mesh.coords["dp"], mesh.shape["dp"]) if mesh else (comm.rank, comm.size)
         self.work = workloads.build(
-            config.model, self.batch, comm.rank, comm.size, seed=config.seed, data=config.data
+            config.model, self.batch, *where, seed=config.seed, data=config.data
         )
         self.dataset = self.work.dataset
         self.model = self.work.model()
+        self.parameters = models.count_parameters(self.model)  # before tp shards it
+        self.replicas = where[1]
+        self.mesh_model = MeshModel(self.model, mesh, config) if mesh else None
         self.options = asdict(config)
         self.first = 0
         self.losses: list[float] = []
@@ -131,8 +140,11 @@ class _Run:
             self.saved_step = self.first
         elif config.out is not None and comm.rank == 0:
             checkpoint.check_writable(config.out)
-        self.wrapped = strategies.wrap(config.strategy, self.model, comm)
-        self.optimizer = make_optimizer(self.model, config)
+        # what trains on this rank: the model, or its part on the mesh
+        self.local = self.mesh_model.module if self.mesh_model else self.model
+        if self.mesh_model is None:
+            self.wrapped = strategies.wrap(config.strategy, self.model, comm)
+        self.optimizer = make_optimizer(self.local, config)
         if state is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             checkpoint.set_rng_state(state["rng"])
@@ -150,7 +162,8 @@ class _Run:
         c, d = self.config, self.dataset
         out = str(checkpoint.path(c.out)) if c.resume and c.out else None
         self.say("start", {
-            "model": c.model, "parameters": models.count_parameters(self.model),
+            "model": c.model, "parameters": self.parameters, "replicas": self.replicas,
+            "mesh": self.mesh_model.describe() if self.mesh_model else None,
             "data": c.data, "num_train": d.num_train, "num_val": d.num_val, "unit": self.unit,
             "workers": self.comm.size, "global_batch": self.batch, "steps": self.steps,
             "strategy": c.strategy, "optimizer": c.recipe.optimizer, "peak_lr": c.peak_lr,
@@ -167,18 +180,38 @@ class _Run:
             group["lr"] = lr
         began = time.perf_counter()
         x, y = self.work.batch(step - 1)
-        loss = self.work.loss(self.wrapped(x), y)
-        if step == self.nan_at:
-            loss = loss * float("nan")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # gradients arrive averaged over the ranks
         clip = self.config.recipe.grad_clip
-        if clip > 0:
-            nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if self.mesh_model is None:
+            loss = self.work.loss(self.wrapped(x), y)
+            if step == self.nan_at:
+                loss = loss * float("nan")
+            loss.backward()  # gradients arrive averaged over the ranks
+            if clip > 0:
+                nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        else:
+            loss = self._mesh_step(step, x, y)
+            if clip > 0:
+                self.mesh_model.clip(clip)
         self.optimizer.step()
         self.straggler.delay(self.comm.rank, time.perf_counter() - began)
         self.pending.append(loss.detach())
         self.say("step", {"step": step})
+
+    def _mesh_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mesh's step; returns what this rank adds to the flush's average over ranks.
+
+        The loss exists on the last stage's dp * tp ranks only (tp replicas alike): they add
+        loss * pp and the others 0, so the average over dp * pp * tp ranks is the mean over
+        dp replicas, the global batch's loss.
+        """
+        assert self.mesh_model is not None
+        loss = self.mesh_model.step(x, y, self.work.loss)
+        if loss is None:
+            return torch.zeros(())
+        if step == self.nan_at:
+            loss = loss * float("nan")
+        return loss * self.mesh_model.mesh.pp.size
 
     def flush(self, step: int, log: bool) -> None:
         """Average the buffered losses over ranks (one allreduce); stop on a bad one."""
@@ -204,7 +237,10 @@ class _Run:
 
     def evaluate(self, step: int) -> None:
         began = time.perf_counter()
-        value = evaluate(self.model, self.dataset, self.comm)
+        if self.mesh_model is None:
+            value = evaluate(self.model, self.dataset, self.comm)
+        else:
+            value = evaluate_mesh(self.mesh_model, self.dataset)
         self.evals.append([step, value])
         self.say("eval", {"step": step, "name": self.dataset.eval_name, "value": value,
                           "baseline": self.baseline, "token": self.token})  # fmt: skip
@@ -237,6 +273,7 @@ class _Run:
             samples_per_s=trained * self.batch / train_s if trained else 0.0,
             wall_s=time.time() - self.t0, model=self.config.model, data=str(self.config.data),
             eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
+            mesh=self.mesh_model.figures() if self.mesh_model else None,
         )  # fmt: skip
 
 

@@ -47,13 +47,17 @@ class Renderer(Protocol):
 
 
 def header(rec: Record) -> list[str]:
+    replicas = rec.get("replicas", rec["workers"])
+    split = f"{rec['workers']} workers" if replicas == rec["workers"] else f"dp {replicas}"
     lines = [
         f"plait train: {rec['model']} ({rec['parameters']:,} parameters) on {rec['data']} "
         f"({rec['num_train']:,} train / {rec['num_val']:,} held-out {rec['unit']}s), "
-        f"{rec['workers']} workers x {rec['global_batch'] // rec['workers']} = global batch "
+        f"{split} x {rec['global_batch'] // replicas} = global batch "
         f"{rec['global_batch']}, {rec['steps']} steps, strategy {rec['strategy']}, "
         f"{rec['optimizer']} peak lr {rec['peak_lr']:g}"
     ]
+    if rec.get("mesh"):
+        lines.append(f"mesh: {rec['mesh']} over {rec['workers']} workers")
     if rec.get("resumed_from"):
         lines.append(f"resumed from {rec['resumed_from']} at step {rec['first_step']}")
     return lines
@@ -91,6 +95,11 @@ def summary(rec: Record) -> list[str]:
                      f"{rec.get('max_staleness', 0)}, mean {rec.get('mean_staleness', 0):.2f}; "
                      f"{rec.get('dropped_gradients', 0)} gradients dropped; dead workers "
                      f"{rec.get('dead_workers') or 'none'}"))  # fmt: skip
+    if rec.get("pp") is not None:
+        rows.append(("mesh", f"dp {rec['dp']} x pp {rec['pp']} x tp {rec['tp']}, "
+                     f"{rec['chunks']} chunks, {rec['schedule']}: bubble "
+                     f"{rec['bubble_fraction']:.3f} (theory {rec['bubble_theory']:.3f}), "
+                     f"peak activations per stage {rec['peak_activations']}"))  # fmt: skip
     rows += [
         ("samples/s", f"{rec['samples_per_s']:,.0f} (global, training steps only)"),
         ("wall time", f"{rec['wall_s']:.1f} s"),

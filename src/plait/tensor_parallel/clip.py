@@ -1,0 +1,46 @@
+"""Gradient-norm clipping of a model laid on a mesh: the norm of the whole model's gradient.
+
+With tensor parallelism a sharded parameter's gradient is split over the tp ranks and a
+replicated one (layer norms, embeddings, row-parallel biases) is the same on each; with
+pipelining each pp rank holds other layers. The global squared norm is therefore
+
+    sum over tp of (sharded squares) + (replicated squares, counted once), summed over pp,
+
+which is two scalar allreduces. Data-parallel replicas hold equal (averaged) gradients, so
+dp needs none. Every rank then scales by the same factor, as `torch.nn.utils.
+clip_grad_norm_` would on the unsplit model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from plait.comm.mesh import Mesh
+from plait.tensor_parallel.layers import sharded_parameters
+
+
+def clip_grad_norm_(module: nn.Module, max_norm: float, mesh: Mesh) -> torch.Tensor:
+    """Scale `module`'s gradients so the whole model's gradient norm is at most `max_norm`.
+
+    `module` is this rank's part (its tp-sharded pipeline stage). Returns the norm before
+    clipping (float64 scalar), the same on every rank.
+    """
+    sharded = {id(p) for p in sharded_parameters(module)}
+    squares = torch.zeros(2, dtype=torch.float64)  # [sharded, replicated]
+    grads = [(id(p), p.grad) for p in module.parameters() if p.grad is not None]
+    for key, g in grads:
+        squares[0 if key in sharded else 1] += g.double().pow(2).sum()
+    # replicated squares are equal on every tp rank: divide so the tp sum counts them once
+    local = squares[0] + squares[1] / mesh.tp.size
+    total = local.reshape(1)
+    if mesh.tp.size > 1:
+        total = mesh.tp.allreduce(total, op="sum")
+    if mesh.pp.size > 1:
+        total = mesh.pp.allreduce(total, op="sum")
+    norm = total[0].sqrt()
+    scale = max_norm / (float(norm) + 1e-6)
+    if scale < 1.0:
+        for _, g in grads:
+            g.mul_(scale)
+    return norm

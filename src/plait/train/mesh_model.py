@@ -1,0 +1,139 @@
+"""`plait train --dp D --pp P --tp T`: the model laid on a dp x pp x tp mesh.
+
+Every rank builds the whole model from the seed (the same weights a single process would
+start from), then keeps its part:
+
+1. tp > 1: `plait.tensor_parallel.parallelize` swaps gpt's attention and MLP projections for
+   column/row-parallel ones holding this rank's slice (Megatron-LM's split);
+2. the layers (`GPT.layers()`, or an `nn.Sequential`'s children) are cut into pp
+   contiguous stages by `plait.pipeline.Pipeline`, which keeps this rank's stage and runs
+   `chunks` micro-batches through the schedule;
+3. dp > 1: `plait.DataParallel` wraps the stage over the dp axis. Every backward but the
+   stage's last in a step runs under `no_sync`, so gradients are averaged once per step,
+   overlapped with that last backward.
+
+The ranks of one dp index read the same slice of the global batch (the first stage its
+inputs, the last its targets); the loss exists on the last stage only. Gradient clipping
+takes the norm of the whole model's gradient across tp and pp (`clip_grad_norm_`). With a
+fixed seed the losses equal a single process's on the same global batch, up to float
+rounding (tests/test_train_mesh.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from plait.comm.communicator import Communicator
+from plait.comm.mesh import Mesh, MeshError
+from plait.data_parallel import DataParallel
+from plait.pipeline import Pipeline
+from plait.tensor_parallel import clip_grad_norm_, parallelize
+from plait.train.config import TrainConfig
+from plait.train.errors import ConfigError
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def make_mesh(config: TrainConfig, comm: Communicator) -> Mesh:
+    """`comm`'s ranks on config's grid; dp follows from the world size when it was not given
+    for this world (under torchrun the world need not be `config.workers`)."""
+    pp, tp = config.pp, config.tp
+    dp = config.dp if config.dp is not None and config.workers == comm.size else None
+    if dp is None:
+        dp = comm.size // (pp * tp) if comm.size % (pp * tp) == 0 else 0
+    try:
+        return Mesh(dp=dp, pp=pp, tp=tp, comm=comm)
+    except MeshError as e:
+        raise ConfigError(f"{e} (world size {comm.size} from the launcher)") from None
+
+
+def layers(model: nn.Module) -> list[nn.Module]:
+    """`model` as a list of layers whose composition is its forward."""
+    as_layers = getattr(model, "layers", None)
+    if callable(as_layers):
+        found: list[nn.Module] = as_layers()
+        return found
+    if isinstance(model, nn.Sequential):
+        return list(model)
+    raise ConfigError(f"{type(model).__name__} is neither an nn.Sequential nor has layers()")
+
+
+class MeshModel:
+    """This rank's part of `model` on `mesh`, trained by `step` like a whole model."""
+
+    def __init__(self, model: nn.Module, mesh: Mesh, config: TrainConfig) -> None:
+        self.mesh = mesh
+        assert config.chunks is not None
+        try:
+            if mesh.tp.size > 1:
+                parallelize(model, mesh)
+            self.pipe = Pipeline(layers(model), mesh, chunks=config.chunks,
+                                 schedule=config.schedule)  # fmt: skip
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.module = self.pipe.stage  # this rank's parameters
+        self.dp: DataParallel | None = None
+        if mesh.dp.size > 1:
+            self.dp = DataParallel(self.module, comm=mesh.dp)
+            self.pipe.stage = self.dp
+        self.first, self.last = self.pipe.first, self.pipe.last
+        self.steps = 0
+        self.bubble_sum = 0.0  # over steps after the first (which pays one-off set-up)
+        self.peak_inflight = 0
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor | None:
+        """Forward and backward of this dp replica's batch (x, y); the mean loss on the last
+        stage, None elsewhere. Gradients land averaged over dp in the stage's `.grad`."""
+        accumulate = self.dp.no_sync if self.dp is not None else None
+        loss = self.pipe.step(x if self.first else None, y if self.last else None, loss_fn,
+                              accumulate=accumulate)  # fmt: skip
+        self.steps += 1
+        stats = self.pipe.stats
+        if self.steps > 1:
+            self.bubble_sum += stats.bubble
+        self.peak_inflight = max(self.peak_inflight, stats.peak_inflight)
+        return loss
+
+    def clip(self, max_norm: float) -> None:
+        clip_grad_norm_(self.module, max_norm, self.mesh)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Forward only (evaluation): the output on the last stage, None elsewhere."""
+        return self.pipe.forward(x if self.first else None)
+
+    def describe(self) -> str:
+        """One line for the run's header, e.g. "dp 2 x pp 2 x tp 1, 4 chunks, 1f1b"."""
+        s = self.mesh.shape
+        return (f"dp {s['dp']} x pp {s['pp']} x tp {s['tp']}, {self.pipe.chunks} chunks, "
+                f"{self.pipe.schedule}")  # fmt: skip
+
+    def figures(self) -> dict[str, Any]:
+        """The --json mesh figures; a collective (every rank calls it), the same everywhere.
+
+        bubble_fraction: each stage's mean idle share of a step (steps after the first),
+        averaged over stages; bubble_by_stage lists them. peak_activations: per stage, the
+        most micro-batches whose forward had run and backward not yet (1F1B: at most pp;
+        GPipe: chunks).
+        """
+        pp, s = self.mesh.pp.size, self.mesh.coords["pp"]
+        # each stage's figure from the rank at dp 0, tp 0 of it (its replicas measure alike)
+        lead = self.mesh.coords["dp"] == 0 and self.mesh.coords["tp"] == 0
+        bubble = torch.zeros(pp, dtype=torch.float64)
+        peak = torch.zeros(pp, dtype=torch.float64)
+        if lead:
+            bubble[s] = self.bubble_sum / max(self.steps - 1, 1)
+            peak[s] = self.peak_inflight
+        both = self.mesh.comm.allreduce(torch.cat([bubble, peak]), op="sum").tolist()
+        chunks, shape = self.pipe.chunks, self.mesh.shape
+        return {
+            "dp": shape["dp"], "pp": shape["pp"], "tp": shape["tp"], "chunks": chunks,
+            "schedule": self.pipe.schedule,
+            "bubble_fraction": sum(both[:pp]) / pp,
+            "bubble_theory": (pp - 1) / (chunks + pp - 1),
+            "bubble_by_stage": both[:pp],
+            "peak_activations": [int(v) for v in both[pp:]],
+        }  # fmt: skip
