@@ -115,6 +115,15 @@ def test_sigkill_in_native_allreduce():
 
 
 @pytest.mark.timeout(60)
+def test_sigkill_in_shared_memory_allreduce_names_it_and_leaves_nothing_in_dev_shm():
+    # rank 0 created the segment; it is unlinked once mapped, so its death leaves no name
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("plait-")}
+    results = _world(4, _allreduce_then_die, 0, "SIGKILL", "shm", env=IN_ALGORITHM, dead=0)
+    _check(results, dead=0, within=DYING_DELAY + 3, blocked_in="shm.py")
+    assert {n for n in os.listdir("/dev/shm") if n.startswith("plait-")} <= before
+
+
+@pytest.mark.timeout(60)
 def test_exception_in_ring_allreduce():
     # the failing rank leaves cleanly (its shutdown says BYE) while rank 0 waits on it:
     # still a failure, and ranks 1 and 2, which only wait on live neighbours, name rank 3 too

@@ -36,7 +36,16 @@ def test_fit_line_recovers_a_line():
 
 
 class _Comm:
-    size, num_nodes = 4, 1
+    size, num_nodes = 4, 2  # across hosts: the cost model decides (on one host: shm)
+
+
+def test_auto_uses_shared_memory_when_every_rank_shares_a_host(monkeypatch):
+    one_host = type("OneHost", (), {"size": 4, "num_nodes": 1})()
+    assert select.allreduce(1024, one_host) == "shm"
+    assert select.broadcast(1 << 20, one_host) == "shm"
+    assert select.allreduce(1024, _Comm()) != "shm"
+    monkeypatch.setenv("PLAIT_SHM", "0")  # the switch that turns the transport off
+    assert select.allreduce(1024, one_host) != "shm"
 
 
 def test_interpolation_is_a_local_alpha_beta_line():
@@ -57,13 +66,13 @@ def test_calibration_round_trip_decides_auto(tmp_path, monkeypatch):
         "tree": (5e-5, 5e-8),
     }
     points = {a: [[n, x + y * n] for n in sizes] for a, (x, y) in lines.items()}
-    select.save_calibration(4, 1, "allreduce", points)
+    select.save_calibration(4, 2, "allreduce", points)
     select.load_calibration(reload=True)
     try:
         assert select.allreduce(1024, _Comm()) == "tree"
         assert select.allreduce(1 << 26, _Comm()) == "native"
         saved = json.loads((tmp_path / "cal.json").read_text())
-        assert saved["points"]["p4-n1"]["allreduce"]["ring"] == points["ring"]
+        assert saved["points"]["p4-n2"]["allreduce"]["ring"] == points["ring"]
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
         select.load_calibration(reload=True)
@@ -85,14 +94,14 @@ def test_auto_leaves_the_baseline_only_for_a_clear_gain(tmp_path, monkeypatch):
     # ring 5% faster than native at every size: within the noise, so native
     lines = {"native": 1.0, "ring": 0.95, "halving_doubling": 1.2, "tree": 1.5}
     select.save_calibration(
-        4, 1, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
+        4, 2, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
     )
     select.load_calibration(reload=True)
     try:
         assert select.allreduce(1 << 20, _Comm()) == "native"
         lines["ring"] = 0.8  # 20% faster: worth it
         select.save_calibration(
-            4, 1, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
+            4, 2, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
         )
         select.load_calibration(reload=True)
         assert select.allreduce(1 << 20, _Comm()) == "ring"

@@ -1,4 +1,4 @@
-"""`plait run -n N script.py [args...]`: run a script as N ranks on this machine.
+"""`plait run -n N script.py [args...]`: run a script as N ranks on this machine (or N per host).
 
 Each rank runs `python script.py args...` (or `python -m module args...` with `-m`) with the
 torchrun environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
@@ -14,10 +14,18 @@ which serves on server ranks and returns on workers. A failing server stops the 
 without a dead worker) a failing worker is reported and the others go on; the job's exit
 status is then 0 if every other rank exits 0.
 
-This launcher is single-node. For several machines, use `torchrun` (`--nnodes`,
-`--node-rank`, `--rdzv-endpoint`): it sets the same variables and plait reads them the same
-way (for a parameter-server job, export PLAIT_SERVERS=S on every node: the last S of the
-WORLD_SIZE ranks serve).
+Several hosts: run one `plait run` per host with torchrun's static multi-node flags,
+
+    plait run -n N --nnodes M --node-rank K --master-addr HOST0 --master-port 29500 script.py
+
+on host K = 0..M-1, where HOST0 is an address of host 0 that every host can reach (rank 0
+runs there and hosts the rendezvous store on that port). Host K runs global ranks
+K*N..K*N+N-1: RANK = K * N + local rank, WORLD_SIZE = M * N, LOCAL_RANK, LOCAL_WORLD_SIZE
+= N, GROUP_RANK = NODE_RANK = K, GROUP_WORLD_SIZE = M. With --nnodes 1 (the default) the
+job is local: loopback and a free port. `torchrun` with the same flags starts the same job
+(and plait reads its variables the same way); for a parameter-server job across hosts,
+export PLAIT_SERVERS=S on every host (the last S of the WORLD_SIZE ranks serve) instead of
+--servers.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Register `plait run` on the sub-command parser `sub`."""
     p = sub.add_parser(
         "run",
-        help="launch a script on N local processes",
+        help="launch a script on N local processes (N per host with --nnodes)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -44,6 +52,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=1,
         metavar="N",
         help="number of processes (ranks) to start on this machine (default: 1)",
+    )
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        metavar="M",
+        help="number of hosts in the job, each running its own `plait run -n N` (default: 1)",
+    )
+    p.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        metavar="K",
+        help="which host this is, in 0..M-1; host 0 runs rank 0 (default: 0)",
     )
     p.add_argument(
         "--servers",
@@ -66,14 +88,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--master-addr",
-        default="127.0.0.1",
-        help="rendezvous address given to every rank as MASTER_ADDR (default: 127.0.0.1)",
+        default=None,
+        help="rendezvous address given to every rank as MASTER_ADDR: host 0's address, "
+        "reachable from every host (default with --nnodes 1: 127.0.0.1; needed otherwise)",
     )
     p.add_argument(
         "--master-port",
         type=int,
         default=None,
-        help="rendezvous port given as MASTER_PORT (default: a free port on this machine)",
+        help="rendezvous port given as MASTER_PORT, the same on every host (default with "
+        "--nnodes 1: a free port on this machine; needed otherwise)",
     )
     p.add_argument("script", metavar="SCRIPT", help="the Python script (or module, with -m)")
     p.add_argument(
@@ -98,6 +122,33 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.master_port is not None and not 0 < args.master_port < 65536:
         return _usage_error(f"--master-port must be in 1..65535, got {args.master_port}")
+    if args.nnodes < 1:
+        return _usage_error(f"--nnodes must be at least 1, got {args.nnodes}")
+    if not 0 <= args.node_rank < args.nnodes:
+        return _usage_error(
+            f"--node-rank must be in 0..{args.nnodes - 1} (--nnodes {args.nnodes}), "
+            f"got {args.node_rank}"
+        )
+    if args.nnodes > 1:
+        missing = [
+            flag
+            for flag, value in (
+                ("--master-addr", args.master_addr),
+                ("--master-port", args.master_port),
+            )
+            if value is None
+        ]
+        if missing:
+            return _usage_error(
+                f"--nnodes {args.nnodes} needs {' and '.join(missing)}: every host must be "
+                "given host 0's address and the same port, e.g. "
+                "--master-addr 10.0.0.1 --master-port 29500"
+            )
+        if args.servers:
+            return _usage_error(
+                f"--servers is single-host (--nnodes {args.nnodes}); across hosts, export "
+                "PLAIT_SERVERS=S on every host instead: the last S ranks of the job serve"
+            )
     if args.module:
         cmd = [sys.executable, "-m", args.script, *args.script_args]
     elif not os.path.isfile(args.script):
@@ -114,10 +165,12 @@ def run(args: argparse.Namespace) -> int:
     return launch(
         cmd,
         args.nproc,
-        master_addr=args.master_addr,
+        master_addr="127.0.0.1" if args.master_addr is None else args.master_addr,
         master_port=args.master_port,
         servers=args.servers,
         survivable=range(args.nproc) if args.keep_going_on_worker_failure else (),
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from plait.comm import messaging, native, select, split
+from plait.comm import messaging, native, select, shm, split
 from plait.comm.algorithms import direct, halving_doubling, ring, tree
 from plait.comm.calls import Call, agree, check_enabled, dtype_from_name, dtype_name, record_bytes
 from plait.comm.engine import Engine
@@ -26,8 +26,8 @@ from plait.errors import PlaitError
 T = TypeVar("T")
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "allreduce": ("auto", "native", "ring", "halving_doubling", "tree"),
-    "broadcast": ("auto", "native", "tree"),
+    "allreduce": ("auto", "native", "ring", "halving_doubling", "tree", "shm"),
+    "broadcast": ("auto", "native", "tree", "shm"),
     "reduce": ("auto", "native", "tree"),
     "allgather": ("auto", "native", "ring"),
     "reduce_scatter": ("auto", "native", "ring"),
@@ -110,6 +110,7 @@ class Communicator:
         self._seq = 0
         self._seq_lock = threading.Lock()  # a lost update would desynchronise the ranks
         self._worker = Worker(f"plait-comm-{comm_id}")
+        self._shm: shm.Arena | None = None  # made by the first shared-memory collective
 
     def __repr__(self) -> str:
         return (
@@ -164,6 +165,21 @@ class Communicator:
         calls = [Call.decode(b.numpy().tobytes()) for b in blocks]
         agree(calls)
         return calls
+
+    def _arena(self, seq: int, nbytes: int) -> shm.Arena:
+        """The shared-memory segment, created or grown (collectively) to fit `nbytes`."""
+        if not shm.available(self.size, self.num_nodes):
+            raise shm.ShmError(
+                f"algorithm 'shm' needs every rank on one host (x86-64 with {shm.SHM_DIR}); "
+                f"this communicator spans {self.num_nodes} hosts"
+            )
+        want = shm.slot_bytes_for(nbytes)
+        if self._shm is None or self._shm.slot_bytes < want:
+            if self._shm is not None:
+                self._shm.close()
+            self._shm = shm.Arena.create(self._engine, self._channel(seq, 2), want,
+                                         f"{self._id}-{seq}")  # fmt: skip
+        return self._shm
 
     def _native_group(self) -> native.Group:
         if self._pg is None:  # sub-communicators create their gloo group on first native use
@@ -225,6 +241,9 @@ class Communicator:
             base = "sum" if op == "avg" else op
             if name == "native":
                 self._native("allreduce", lambda g: native.allreduce(g, buf, op))
+            elif name == "shm":
+                nbytes = buf.numel() * buf.element_size()
+                shm.allreduce(self._arena(seq, nbytes), _flat(buf), base)
             else:
                 ch = self._channel(seq, 1)
                 if name == "ring":
@@ -268,6 +287,9 @@ class Communicator:
             )
             if name == "native":
                 self._native("broadcast", lambda g: native.broadcast(g, buf, root))
+            elif name == "shm":
+                nbytes = buf.numel() * buf.element_size()
+                shm.broadcast(self._arena(seq, nbytes), _flat(buf), root)
             else:
                 tree.broadcast(self._channel(seq, 1), _flat(buf), root)
             if buf is not t:

@@ -109,6 +109,38 @@ def listen_host(master_addr: str) -> str:
         return host
 
 
+def interface_of(address: str) -> str | None:
+    """The name of the local network interface holding IPv4 `address` (None if none)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915  # Linux: an interface's IPv4 address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                got = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on this one
+                continue
+            if socket.inet_ntoa(got[20:24]) == address:
+                return name
+    return None
+
+
+def gloo_interface(master_addr: str) -> str | None:
+    """The interface gloo should use: the one plait's engine listens on, unless loopback.
+
+    Left alone, gloo binds to whatever the hostname resolves to, which on many machines
+    (and in every network namespace of scripts/netns.sh) is 127.0.0.1: unreachable from
+    other hosts. None when GLOO_SOCKET_IFNAME is set already or the job is local.
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    host = listen_host(master_addr)
+    if ipaddress.ip_address(host).is_loopback:
+        return None
+    return interface_of(host)
+
+
 def node_id() -> str:
     """What makes two ranks 'on the same host': PLAIT_NODE_ID, else the hostname."""
     return os.environ.get("PLAIT_NODE_ID") or socket.gethostname()

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from plait.comm import shm
+
 if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
 
@@ -127,14 +129,20 @@ def _best(collective: str, candidates: tuple[str, ...], n: int, comm: Communicat
 
 
 def allreduce(n: int, comm: Communicator) -> str:
-    """The allreduce algorithm for n bytes on `comm`."""
+    """The allreduce algorithm for n bytes on `comm`: shared memory when every rank shares a
+    host, else by the cost model."""
+    if shm.available(comm.size, comm.num_nodes):
+        return "shm"
     # ties go to the first: tree moves the fewest messages in all (2(p-1)), which counts
     # when ranks outnumber cores and every message costs a wake-up
     return _best("allreduce", ("tree", "halving_doubling", "ring", "native"), n, comm)
 
 
 def broadcast(n: int, comm: Communicator) -> str:
-    """The broadcast (or reduce) algorithm: binomial tree against gloo's, by the model."""
+    """The broadcast algorithm: shared memory on one host, else binomial tree against
+    gloo's, by the model."""
+    if shm.available(comm.size, comm.num_nodes):
+        return "shm"
     lg = math.ceil(math.log2(comm.size)) if comm.size > 1 else 0
     tree = lg * (DEFAULT.alpha + n * DEFAULT.beta)
     gloo = lg * (DEFAULT.native_alpha + n * DEFAULT.native_beta)
@@ -142,7 +150,11 @@ def broadcast(n: int, comm: Communicator) -> str:
 
 
 def reduce(n: int, comm: Communicator) -> str:
-    return broadcast(n, comm)
+    """The reduce algorithm: binomial tree against gloo's, by the model."""
+    lg = math.ceil(math.log2(comm.size)) if comm.size > 1 else 0
+    tree = lg * (DEFAULT.alpha + n * DEFAULT.beta)
+    gloo = lg * (DEFAULT.native_alpha + n * DEFAULT.native_beta)
+    return "tree" if tree <= gloo else "native"
 
 
 def save_calibration(size: int, num_nodes: int, collective: str, points: dict[str, Points]) -> Path:

@@ -60,6 +60,9 @@ def init() -> Communicator:
             store = dist.distributed_c10d._get_default_store()
         else:
             store = rendezvous.make_store(env, init_timeout)
+            ifname = rendezvous.gloo_interface(env.master_addr)
+            if ifname is not None:  # read by gloo when it makes a group, now and later
+                os.environ["GLOO_SOCKET_IFNAME"] = ifname
             dist.init_process_group(
                 "gloo",
                 store=dist.PrefixStore("gloo", store),

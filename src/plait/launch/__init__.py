@@ -1,4 +1,5 @@
-"""Process launching: N local ranks with the torchrun environment, prefixed logs, teardown."""
+"""Process launching: N local ranks (one host's share of a multi-host job) with the torchrun
+environment, prefixed logs, teardown."""
 
 from __future__ import annotations
 

@@ -14,23 +14,32 @@ def rank_env(
     master_port: int,
     base: Mapping[str, str] | None = None,
     servers: int = 0,
+    nnodes: int = 1,
+    node_rank: int = 0,
 ) -> dict[str, str]:
-    """Return the environment of local rank `rank` of a single-node job of `nproc` processes.
+    """Return the environment of local rank `rank` of node `node_rank` of a job.
+
+    The job has `nnodes` nodes of `nproc` processes each, numbered node by node as torchrun
+    numbers them: global rank = node_rank * nproc + rank.
 
     Args:
-        rank: this process's rank (global and local: the job has one node).
-        nproc: the number of processes in the job.
+        rank: this process's rank on its node (its global rank too when `nnodes` is 1).
+        nproc: the number of processes on each node.
         master_addr: the address rank 0's rendezvous store listens on.
         master_port: the port rank 0's rendezvous store listens on.
         base: the environment to extend; `os.environ` when None.
-        servers: how many of the `nproc` ranks, the last ones, are parameter servers.
+        servers: how many of the `nproc` ranks, the last ones, are parameter servers
+            (single-node jobs only).
+        nnodes: the number of nodes, each running `nproc` processes.
+        node_rank: this node's index in [0, nnodes); node 0 runs global rank 0 (the store).
 
     Returns:
-        `base` plus `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`,
-        `GROUP_WORLD_SIZE`, `ROLE_NAME`, `ROLE_RANK`, `ROLE_WORLD_SIZE`, `MASTER_ADDR`,
-        `MASTER_PORT` and `PYTHONUNBUFFERED=1`. `OMP_NUM_THREADS=1` is added when `nproc > 1`
-        and `base` does not set it, as torchrun does, so that N ranks do not each start one
-        thread per core.
+        `base` plus `RANK` (global), `WORLD_SIZE` (nnodes * nproc), `LOCAL_RANK`,
+        `LOCAL_WORLD_SIZE` (nproc), `GROUP_RANK` and its alias `NODE_RANK` (node_rank),
+        `GROUP_WORLD_SIZE` (nnodes), `ROLE_NAME`, `ROLE_RANK`, `ROLE_WORLD_SIZE`,
+        `MASTER_ADDR`, `MASTER_PORT` and `PYTHONUNBUFFERED=1`. `OMP_NUM_THREADS=1` is added
+        when `nproc > 1` and `base` does not set it, as torchrun does, so that N ranks do
+        not each start one thread per core.
 
         With `servers` > 0 (a parameter-server job), `PLAIT_SERVERS` is set to it, and the
         torchrun role variables say each rank's role: `ROLE_NAME` "worker" for ranks
@@ -38,20 +47,38 @@ def rank_env(
         role, `ROLE_WORLD_SIZE` the role's size. `plait.ps.init()` decides the role from
         `RANK`, `WORLD_SIZE` and `PLAIT_SERVERS` alone (as under torchrun, which sets no
         roles); the role variables are for the script's own use.
+
+    Raises:
+        ValueError: `rank` not in [0, nproc), `node_rank` not in [0, nnodes), `servers` not
+            in [0, nproc), or `servers` > 0 with `nnodes` > 1.
     """
+    if nnodes < 1:
+        raise ValueError(f"nnodes must be >= 1, got {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node_rank must be in 0..{nnodes - 1} (nnodes={nnodes}), got {node_rank}")
+    if not 0 <= rank < nproc:
+        raise ValueError(f"rank must be in 0..{nproc - 1} (nproc={nproc}), got {rank}")
     if not 0 <= servers < nproc:
         raise ValueError(f"servers must be in 0..{nproc - 1} (at least one worker), got {servers}")
+    if servers > 0 and nnodes > 1:
+        raise ValueError(
+            f"servers={servers} with nnodes={nnodes}: roles are per job, not per node; export "
+            "PLAIT_SERVERS=S on every node instead (the last S ranks of the job serve)"
+        )
+    world = nnodes * nproc
+    global_rank = node_rank * nproc + rank
     env = dict(os.environ if base is None else base)
     env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(nproc),
+        RANK=str(global_rank),
+        WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(nproc),
-        GROUP_RANK="0",
-        GROUP_WORLD_SIZE="1",
+        GROUP_RANK=str(node_rank),
+        NODE_RANK=str(node_rank),
+        GROUP_WORLD_SIZE=str(nnodes),
         ROLE_NAME="default",
-        ROLE_RANK=str(rank),
-        ROLE_WORLD_SIZE=str(nproc),
+        ROLE_RANK=str(global_rank),
+        ROLE_WORLD_SIZE=str(world),
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
         PYTHONUNBUFFERED="1",

@@ -10,6 +10,12 @@ the launcher says so and the job goes on without it.
 Roles: with `servers=S`, the job has `nproc` worker ranks [0, nproc) followed by S server
 ranks [nproc, nproc + S); WORLD_SIZE is nproc + S and every rank gets PLAIT_SERVERS=S
 (env.py). Server ranks' lines are prefixed `[server i] `, workers' `[rank R] `.
+
+Several nodes: with `nnodes=M, node_rank=K`, this launcher starts node K's share of an
+M-node job (global ranks K*N..K*N+N-1), torchrun's static rendezvous: one launcher per
+node, all given the same MASTER_ADDR/MASTER_PORT, where node 0 runs rank 0 and its store.
+Each launcher watches only its own ranks; a failure on another node reaches them as a
+PeerFailureError (plait) or a gloo error, they exit, and so this launcher stops too.
 """
 
 from __future__ import annotations
@@ -88,6 +94,8 @@ def launch(
     stderr: TextIO | None = None,
     servers: int = 0,
     survivable: Collection[int] = (),
+    nnodes: int = 1,
+    node_rank: int = 0,
 ) -> int:
     """Run `cmd` as `nproc` local ranks with the torchrun environment; return the job's status.
 
@@ -104,6 +112,11 @@ def launch(
             nproc..nproc+servers-1 (WORLD_SIZE = nproc + servers, PLAIT_SERVERS = servers).
         survivable: ranks whose failure does not stop the job (worker ranks only): it is
             reported on `stderr` and the others go on.
+        nnodes: the number of nodes in the job, each running `nproc` ranks under its own
+            launcher (WORLD_SIZE = nnodes * nproc); more than 1 needs `master_port` and
+            rules out `servers`.
+        node_rank: which node this launcher is, in [0, nnodes): it runs global ranks
+            node_rank * nproc .. node_rank * nproc + nproc - 1, prefixed with those ranks.
 
     Returns:
         0 if every rank exited 0 (or failed but was survivable); else the first failing
@@ -112,8 +125,9 @@ def launch(
         printed again after everything else.
 
     Raises:
-        ValueError: `nproc` < 1, `servers` < 0, `cmd` is empty, or a survivable rank is not
-            a worker rank.
+        ValueError: `nproc` < 1, `servers` < 0, `cmd` is empty, a survivable rank is not
+            a worker rank, `node_rank` is not in [0, nnodes), or `nnodes` > 1 without
+            `master_port` or with `servers`.
     """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
@@ -121,13 +135,27 @@ def launch(
         raise ValueError(f"servers must be >= 0, got {servers}")
     if not cmd:
         raise ValueError("cmd is empty: expected a program and its arguments")
+    if nnodes < 1:
+        raise ValueError(f"nnodes must be >= 1, got {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node_rank must be in 0..{nnodes - 1} (nnodes={nnodes}), got {node_rank}")
+    if nnodes > 1 and master_port is None:
+        raise ValueError(
+            f"nnodes={nnodes} needs master_port: every node's launcher must be given the same one"
+        )
+    if nnodes > 1 and (servers or survivable):
+        raise ValueError(
+            f"servers and survivable are for single-node jobs (nnodes={nnodes}); across nodes "
+            "export PLAIT_SERVERS=S on every node: the last S ranks of the job serve"
+        )
     bad = sorted(r for r in survivable if not 0 <= r < nproc)
     if bad:
         raise ValueError(
             f"survivable ranks {bad} are not worker ranks 0..{nproc - 1}: only workers may "
             "fail without stopping the job"
         )
-    world = nproc + servers
+    local_world = nproc + servers  # one node: servers come after the workers
+    first = node_rank * nproc  # the global rank of this node's local rank 0
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
     port = free_port(master_addr) if master_port is None else master_port
@@ -138,18 +166,20 @@ def launch(
     with _catch_signals(sigs):
         try:
             preexec = _die_with_parent()
-            for r in range(world):
+            for local in range(local_world):
                 if sigs.first is not None:
                     break
                 proc = subprocess.Popen(
                     list(cmd),
                     env=rank_env(
-                        r,
-                        world,
+                        local,
+                        local_world,
                         master_addr=master_addr,
                         master_port=port,
                         base=env,
                         servers=servers,
+                        nnodes=nnodes,
+                        node_rank=node_rank,
                     ),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
@@ -158,6 +188,7 @@ def launch(
                     preexec_fn=preexec,
                 )
                 assert proc.stdout is not None and proc.stderr is not None
+                r = first + local
                 prefix, name = _names(r, nproc, servers)
                 ranks.append(
                     _Rank(

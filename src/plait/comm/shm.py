@@ -1,0 +1,224 @@
+"""Collectives through shared memory among the ranks of one host.
+
+On one host a socket moves every byte twice through the kernel, and gloo's allreduce of
+64 MB over 4 ranks here runs at ~0.5 GB/s while one core copies memory at ~8 GB/s. Here
+the ranks of a communicator that all share a host map one segment:
+
+    [ flags: one int64 per rank, each on its own 64-byte line | slot 0 | slot 1 | ... ]
+
+and an allreduce of n bytes (n <= a slot; larger tensors go in slot-sized parts) is
+
+    1. copy in:  rank r copies its tensor into slot r;                     arrive, wait
+    2. reduce:   rank r reduces block r (n/p bytes) of every slot into slot r's block r;
+                                                                           arrive, wait
+    3. copy out: rank r copies block j of slot j, for every j, into its tensor; arrive
+
+so each byte is reduced once, by one rank, and every rank ends with the same bits. Per
+rank that is ~(4 + 3(p-1)/p) n bytes of memory traffic and no system call. "arrive" bumps
+this rank's own counter (one writer per word: no atomics needed); "wait" waits until every
+counter has reached it. The next call's copy-in first waits for everyone's copy-out.
+
+Ordering: a counter is stored after the data it announces, and x86-64 keeps stores in
+order (TSO), so a rank that sees the counter sees the data. Other architectures would need
+fences Python does not give, so the transport is x86-64 only (`available`).
+
+Waiting does not burn a core a peer needs: it spins on the counters with `sched_yield`
+(which hands the core to a runnable peer) for `SPIN_S`, then sleeps with a growing pause
+(up to 1 ms). It checks the engine's failure state as it waits, so a peer that dies
+mid-collective becomes the engine's PeerFailureError (the engine's thread watches the
+peer's socket and heartbeats), and a live peer that never arrives a CommTimeoutError.
+
+Clean-up: local rank 0 creates the segment under /dev/shm, every other rank maps it, and
+rank 0 unlinks the name as soon as all have (one round of messages). From then on the
+memory has no name: the kernel frees it when the last rank unmaps it or dies, so nothing is
+left in /dev/shm after a crash, unless a rank dies inside that one handshake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import platform
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from plait.comm.ops import reduce_into
+from plait.errors import CommTimeoutError, PlaitError
+
+if TYPE_CHECKING:
+    from plait.comm.engine import Engine
+    from plait.comm.p2p import Channel
+
+SHM_DIR = "/dev/shm"
+LINE = 64  # bytes per rank counter: its own cache line, so counters never share one
+MIN_SLOT = 1 << 20  # a new segment's slots hold at least this many bytes ...
+MAX_SLOT = 32 << 20  # ... and at most this many: larger tensors go in parts
+SPIN_S = 200e-6  # yield-spin this long before sleeping
+MAX_NAP_S = 1e-3
+
+
+def available(size: int, num_nodes: int) -> bool:
+    """Whether a communicator of `size` ranks on `num_nodes` hosts can use shared memory."""
+    if os.environ.get("PLAIT_SHM", "1") == "0":
+        return False
+    return (
+        size > 1
+        and num_nodes == 1
+        and platform.machine() in ("x86_64", "AMD64")
+        and os.path.isdir(SHM_DIR)
+    )
+
+
+def slot_bytes_for(nbytes: int) -> int:
+    """The slot size a segment grown for an `nbytes` message gets: a power of two."""
+    want = min(max(nbytes, MIN_SLOT), MAX_SLOT)
+    return 1 << (want - 1).bit_length()
+
+
+class Arena:
+    """One communicator's segment: p counters and p slots of `slot_bytes` each."""
+
+    def __init__(self, engine: Engine, rank: int, size: int, slot_bytes: int, mm: mmap.mmap):
+        self.engine, self.rank, self.size = engine, rank, size
+        self.slot_bytes = slot_bytes
+        self._mm = mm
+        self._counters = np.frombuffer(mm, dtype=np.int64, count=size * LINE // 8)
+        self._counters = self._counters.reshape(size, LINE // 8)
+        self._data = torch.frombuffer(mm, dtype=torch.uint8, offset=size * LINE)
+        self.count = int(self._counters[rank, 0])  # arrivals so far (0 for a new segment)
+
+    @classmethod
+    def create(cls, engine: Engine, ch: Channel, slot_bytes: int, label: str) -> Arena:
+        """Collective over `ch` (all on one host): rank 0 creates, the others map, rank 0
+        unlinks. `label` must tell this communicator's segments apart (e.g. its id and the
+        call's sequence number); rank 0's pid, which it sends, makes the name unique."""
+        rank, size = ch.rank, ch.size
+        total = size * LINE + size * slot_bytes
+        flag = torch.tensor([os.getpid()], dtype=torch.int64)
+        if rank == 0:
+            path = os.path.join(SHM_DIR, f"plait-{os.getpid()}-{label}")
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                os.ftruncate(fd, total)
+                mm = mmap.mmap(fd, total)
+            finally:
+                os.close(fd)
+            try:
+                for peer in range(1, size):  # "it exists"
+                    ch.isend(flag, peer).wait()
+                for peer in range(1, size):  # "mapped"
+                    ch.irecv(flag, peer).wait()
+            finally:
+                os.unlink(path)
+        else:
+            ch.irecv(flag, 0).wait()
+            path = os.path.join(SHM_DIR, f"plait-{int(flag[0])}-{label}")
+            fd = os.open(path, os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, total)
+            finally:
+                os.close(fd)
+            ch.isend(flag, 0).wait()
+        return cls(engine, rank, size, slot_bytes, mm)
+
+    def close(self) -> None:
+        del self._counters, self._data
+        # BufferError: a view is still alive somewhere; the kernel frees the memory at exit
+        with contextlib.suppress(BufferError):
+            self._mm.close()
+
+    # ------------------------------------------------------------- synchronisation
+    def arrive(self) -> None:
+        self.count += 1
+        self._counters[self.rank, 0] = self.count
+
+    def wait(self, target: int | None = None) -> None:
+        """Until every rank has arrived `target` times (default: as often as this one)."""
+        target = self.count if target is None else target
+        counters = self._counters[:, 0]
+        if counters.min() >= target:
+            return
+        start = time.monotonic()
+        nap = 20e-6
+        while counters.min() < target:
+            now = time.monotonic()
+            if now - start < SPIN_S:
+                os.sched_yield()
+                continue
+            error = self.engine.error
+            if error is not None:
+                raise error
+            if now - start > self.engine.timeout:
+                late = [r for r in range(self.size) if counters[r] < target]
+                raise CommTimeoutError(
+                    f"rank {self.rank} waited {self.engine.timeout:.0f} s in a shared-memory "
+                    f"collective for rank(s) {late} of its communicator, which are alive but "
+                    "did not arrive (raise PLAIT_TIMEOUT if they are busy on purpose)"
+                )
+            time.sleep(nap)
+            nap = min(nap * 2, MAX_NAP_S)
+
+    def slot(self, j: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """Slot j's first `numel` elements of `dtype` (1-D)."""
+        start = j * self.slot_bytes
+        return self._data[start : start + numel * _itemsize(dtype)].view(dtype)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _bounds(numel: int, parts: int) -> list[int]:
+    q, extra = divmod(numel, parts)
+    out = [0]
+    for i in range(parts):
+        out.append(out[-1] + q + (1 if i < extra else 0))
+    return out
+
+
+def allreduce(arena: Arena, buf: torch.Tensor, op: str) -> None:
+    """Reduce 1-D contiguous `buf` over the arena's ranks in place (op: sum/prod/min/max)."""
+    p, r = arena.size, arena.rank
+    per_slot = arena.slot_bytes // buf.element_size()
+    for lo in range(0, buf.numel(), per_slot):
+        part = buf[lo : lo + per_slot]
+        n = part.numel()
+        slots = [arena.slot(j, buf.dtype, n) for j in range(p)]
+        arena.wait()  # every rank has copied the previous call's result out
+        slots[r].copy_(part)
+        arena.arrive()
+        arena.wait()
+        b = _bounds(n, p)
+        acc = slots[r][b[r] : b[r + 1]]
+        for k in range(1, p):  # the same order on every rank is not needed: one reducer
+            j = (r + k) % p
+            reduce_into(acc, slots[j][b[r] : b[r + 1]], op)
+        arena.arrive()
+        arena.wait()
+        for j in range(p):
+            part[b[j] : b[j + 1]].copy_(slots[j][b[j] : b[j + 1]])
+        arena.arrive()
+
+
+def broadcast(arena: Arena, buf: torch.Tensor, root: int) -> None:
+    """Overwrite 1-D contiguous `buf` with root's, through root's slot."""
+    per_slot = arena.slot_bytes // buf.element_size()
+    for lo in range(0, buf.numel(), per_slot):
+        part = buf[lo : lo + per_slot]
+        slot = arena.slot(root, buf.dtype, part.numel())
+        arena.wait()
+        if arena.rank == root:
+            slot.copy_(part)
+        arena.arrive()
+        arena.wait()
+        if arena.rank != root:
+            part.copy_(slot)
+        arena.arrive()
+
+
+class ShmError(PlaitError):
+    """Shared memory was asked for where it cannot work (ranks on several hosts)."""

@@ -1,0 +1,121 @@
+"""The shared-memory transport: answers, bit-identity, no messages, no leftovers, failures.
+
+Every world here has all its ranks on one host, so `algorithm="auto"` is "shm" too. The
+slot size is shrunk inside the ranks so that tensors larger than a slot (sent in parts)
+are covered with small tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from plait import Communicator
+from plait.comm import shm
+from world import run_world
+
+ENV = {"PLAIT_TIMEOUT": "60"}
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+SIZES = (0, 1, 5, 1000, 20_001)  # 20_001 x 8 bytes > the 64 KiB test slot: in parts
+SMALL_SLOT = 1 << 16
+
+
+def _leftovers() -> set[str]:
+    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith("plait-")}
+
+
+def _inputs(rank: int, dtype: torch.dtype, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * rank + n)
+    x = torch.randn(n, generator=g) * 3
+    return x.round().to(dtype) if not dtype.is_floating_point else x.to(dtype)
+
+
+def _battery(comm: Communicator) -> Any:
+    shm.MAX_SLOT = SMALL_SLOT
+    out: dict[str, torch.Tensor] = {}
+    for dtype in DTYPES:
+        for n in SIZES:
+            x = _inputs(comm.rank, dtype, n)
+            for op in ("sum", "avg", "max", "min"):
+                out[f"{dtype}-{n}-{op}"] = comm.allreduce(x, op=op, algorithm="shm")
+    wide = _inputs(comm.rank, torch.float32, 2 * 301).view(301, 2)
+    out["strided"] = comm.allreduce(wide[:, 1], algorithm="shm")  # not contiguous
+    for root in range(comm.size):
+        out[f"bcast-{root}"] = comm.broadcast(_inputs(comm.rank, torch.float64, 20_001), root,
+                                              algorithm="shm")  # fmt: skip
+    # after the segment exists, an allreduce sends no message at all
+    x = _inputs(comm.rank, torch.float32, 1000)
+    before = comm._engine.counts()
+    comm.allreduce(x, algorithm="shm", check=False)
+    comm.allreduce(x, algorithm="auto", check=False)
+    messages = sum(s + r for s, r in comm._engine.counts().values()) - sum(
+        s + r for s, r in before.values()
+    )
+    # plain lists: a tensor put on a multiprocessing queue travels as a shared-memory handle
+    # that dies with the rank's process; float64 holds every value here exactly
+    return {k: (str(v.dtype), v.double().tolist()) for k, v in out.items()}, messages, _leftovers()
+
+
+def _reference(size: int, key: str) -> torch.Tensor:
+    if key.startswith("bcast-"):
+        return _inputs(int(key.split("-")[1]), torch.float64, 20_001)
+    if key == "strided":
+        return sum(_inputs(r, torch.float32, 602).view(301, 2)[:, 1] for r in range(size))
+    name, n, op = key.rsplit("-", 2)
+    dtype = next(d for d in DTYPES if str(d) == name)
+    xs = torch.stack([_inputs(r, dtype, int(n)).double() for r in range(size)])
+    if op == "max":
+        return xs.max(0).values.to(dtype)
+    if op == "min":
+        return xs.min(0).values.to(dtype)
+    total = xs.sum(0)
+    if op == "avg":
+        total = total / size if dtype.is_floating_point else torch.floor(total / size)
+    return total.to(dtype)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_shared_memory_collectives_are_right_and_identical_on_every_rank(size: int) -> None:
+    before = _leftovers()
+    ranks = run_world(size, _battery, timeout=120, env=ENV)
+    first = ranks[0][0]
+    for key, (dtype, got) in first.items():
+        want = _reference(size, key)
+        assert dtype == str(want.dtype), key
+        low = want.dtype in (torch.float16, torch.bfloat16)
+        tol = {"rtol": 2e-2, "atol": 5e-2} if low else {}
+        torch.testing.assert_close(torch.tensor(got).to(want.dtype), want, **tol, msg=key)
+        for out, _, _ in ranks[1:]:
+            assert out[key][1] == got, f"{key}: ranks differ"  # bit-identical
+    for _, messages, names in ranks:
+        assert messages == 0  # no byte went through the sockets
+        assert not names - before  # the segment's name was unlinked once mapped
+    assert not _leftovers() - before
+
+
+def _grow(comm: Communicator) -> Any:
+    sizes = []
+    for n in (10, 1 << 19, 3 << 20):  # 40 B, 2 MiB, 12 MiB: the slots grow twice
+        x = torch.full((n,), float(comm.rank + 1))
+        assert comm.allreduce(x, algorithm="shm")[n - 1].item() == comm.size * (comm.size + 1) / 2
+        assert comm._shm is not None
+        sizes.append(comm._shm.slot_bytes)
+    return sizes
+
+
+@pytest.mark.timeout(90)
+def test_the_segment_grows_for_larger_tensors() -> None:
+    for sizes in run_world(2, _grow, timeout=60, env=ENV):
+        assert sizes == [shm.MIN_SLOT, 2 << 20, 16 << 20]
+
+
+def test_the_transport_is_for_one_host_only() -> None:
+    assert shm.available(4, 1)
+    assert not shm.available(4, 2) and not shm.available(1, 1)
+    assert shm.slot_bytes_for(10) == shm.MIN_SLOT
+    assert shm.slot_bytes_for(3 << 20) == 4 << 20
+    assert shm.slot_bytes_for(1 << 30) == shm.MAX_SLOT
