@@ -40,11 +40,12 @@ def test_bench_collectives_writes_every_algorithm(tmp_path):
     assert data["world_size"] == 2
     assert set(data["results"]) == {"4096", "65536"}
     for cells in data["results"].values():
-        assert set(cells) == {"torch", "native", "ring", "halving_doubling", "tree", "auto"}
+        assert set(cells) == {"torch", "native", "shm", "ring", "halving_doubling", "tree", "auto"}
         assert all(len(ts) == 2 and min(ts) > 0 for ts in cells.values())
     assert set(data["calibration"]) == {"native", "ring", "halving_doubling", "tree"}
     assert json.loads((tmp_path / "cal.json").read_text())["points"]["p2-n1"]["allreduce"]
-    assert "vs torch" in proc.stdout and "auto (" in proc.stdout
+    assert "vs torch" in proc.stdout and "auto (shm)" in proc.stdout  # one host: shared memory
+    assert data["memcpy_GBps"] > 0 and "memory copy, one thread" in proc.stdout
     again = subprocess.run(
         [
             sys.executable,
@@ -63,7 +64,8 @@ def test_bench_collectives_writes_every_algorithm(tmp_path):
     )
     assert again.returncode == 0, again.stderr
     lines = again.stdout.strip().splitlines()
-    assert lines[0].startswith("| size | torch (ms) |") and len(lines) == 2 + 2
+    assert lines[0].startswith("| size | torch (ms) | native (ms) | shm (ms) |")
+    assert len(lines) == 2 + 2 + 2 and lines[-1].startswith("memory copy")
 
 
 def test_bench_rejects_bad_input():

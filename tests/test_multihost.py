@@ -9,6 +9,7 @@ are tested without namespaces.
 from __future__ import annotations
 
 import fcntl
+import json
 import subprocess
 import sys
 import time
@@ -69,6 +70,7 @@ def test_plait_run_two_hosts_two_ranks_each(hosts: Hosts) -> None:
     start = time.monotonic()
     outs = _run_on_hosts(hosts, argv, timeout=90)
     _check_outputs(outs, nproc=2)
+    assert all("hierarchical structure ok" in out for out in outs)
     # each host's launcher prefixes its ranks' lines with their global ranks
     assert "[rank 2] OK rank=2" in outs[1] and "[rank 0]" not in outs[1]
     print(f"plait run, 2 hosts x 2 ranks: {time.monotonic() - start:.1f} s")
@@ -261,3 +263,36 @@ def test_plait_run_multinode_bad_input_exits_2() -> None:
         launch([sys.executable, "-c", "pass"], 2, nnodes=2, node_rank=1)
     with pytest.raises(ValueError, match=r"node_rank must be in 0\.\.1"):
         launch([sys.executable, "-c", "pass"], 2, nnodes=2, node_rank=5, master_port=1)
+
+
+@pytest.mark.timeout(150)
+def test_bench_collectives_across_simulated_hosts(tmp_path: Path) -> None:
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    out = tmp_path / "hosts.json"
+    with LOCK.open("wb") as lock:  # the bench makes the namespaces itself
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        res = subprocess.run(
+            [sys.executable, "-m", "plait", "bench", "collectives", "--hosts", "2", "-n", "2",
+             "--link-rate", "1gbit", "--sizes", "64K", "--repeats", "1", "--budget", "0.2",
+             "--json", str(out)],
+            capture_output=True, text=True, timeout=140,
+        )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert (data["world_size"], data["num_nodes"]) == (4, 2)
+    cells = data["results"]["65536"]
+    assert "hierarchical" in cells and "shm" not in cells  # shm needs one host
+    assert data["auto_choice"]["65536"] in cells
+    assert "4 ranks on 2 hosts" in res.stdout
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "plait-h" not in listed  # the bench took its hosts down
+
+
+def test_bench_link_rate_needs_hosts() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "bench", "collectives", "--link-rate", "1gbit"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2 and "add --hosts H" in res.stderr

@@ -29,6 +29,17 @@ def test_default_model_prefers_latency_for_small_and_bandwidth_for_large():
     assert large in ("ring", "halving_doubling")  # tree moves 2 lg p * n bytes
 
 
+def test_across_hosts_the_two_level_allreduce_wins_where_the_network_is_the_cost():
+    # 2 hosts x 2 ranks on a 1 Gbit/s network: the host link carries n instead of 1.5 n
+    two_by_two = type(
+        "TwoByTwo", (_Comm,), {"num_nodes": 2, "_levels": lambda s: ([0, 1], [0, 2])}
+    )()
+    assert select.allreduce(16 << 20, two_by_two) == "hierarchical"
+    flat = select.predict("ring", 16 << 20, 4, select.NETWORK)
+    two_level = select.predict_hierarchical(16 << 20, 2, 2, select.NETWORK)
+    assert 1.3 < flat / two_level < 1.5
+
+
 def test_fit_line_recovers_a_line():
     a, b = fit_line([(n, 5e-5 + 2e-9 * n) for n in (4096, 65536, 1 << 20, 8 << 20)])
     assert a == pytest.approx(5e-5, rel=1e-6)
@@ -36,14 +47,18 @@ def test_fit_line_recovers_a_line():
 
 
 class _Comm:
-    size, num_nodes = 4, 2  # across hosts: the cost model decides (on one host: shm)
+    size, num_nodes = 4, 1  # with PLAIT_SHM=0 (shared memory off) the cost model decides
+
+    def _levels(self):
+        return None
 
 
 def test_auto_uses_shared_memory_when_every_rank_shares_a_host(monkeypatch):
     one_host = type("OneHost", (), {"size": 4, "num_nodes": 1})()
     assert select.allreduce(1024, one_host) == "shm"
     assert select.broadcast(1 << 20, one_host) == "shm"
-    assert select.allreduce(1024, _Comm()) != "shm"
+    two_hosts = type("TwoHosts", (_Comm,), {"num_nodes": 2})()
+    assert select.allreduce(1024, two_hosts) != "shm"
     monkeypatch.setenv("PLAIT_SHM", "0")  # the switch that turns the transport off
     assert select.allreduce(1024, one_host) != "shm"
 
@@ -58,6 +73,7 @@ def test_interpolation_is_a_local_alpha_beta_line():
 
 def test_calibration_round_trip_decides_auto(tmp_path, monkeypatch):
     monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "cal.json"))
+    monkeypatch.setenv("PLAIT_SHM", "0")
     sizes = (4096, 1 << 20, 1 << 26)
     lines = {
         "native": (1e-3, 1e-10),
@@ -66,13 +82,13 @@ def test_calibration_round_trip_decides_auto(tmp_path, monkeypatch):
         "tree": (5e-5, 5e-8),
     }
     points = {a: [[n, x + y * n] for n in sizes] for a, (x, y) in lines.items()}
-    select.save_calibration(4, 2, "allreduce", points)
+    select.save_calibration(4, 1, "allreduce", points)
     select.load_calibration(reload=True)
     try:
         assert select.allreduce(1024, _Comm()) == "tree"
         assert select.allreduce(1 << 26, _Comm()) == "native"
         saved = json.loads((tmp_path / "cal.json").read_text())
-        assert saved["points"]["p4-n2"]["allreduce"]["ring"] == points["ring"]
+        assert saved["points"]["p4-n1"]["allreduce"]["ring"] == points["ring"]
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
         select.load_calibration(reload=True)
@@ -90,18 +106,19 @@ def test_sizes_parse_and_print():
 
 def test_auto_leaves_the_baseline_only_for_a_clear_gain(tmp_path, monkeypatch):
     monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "cal.json"))
+    monkeypatch.setenv("PLAIT_SHM", "0")
     sizes = (4096, 1 << 26)
     # ring 5% faster than native at every size: within the noise, so native
     lines = {"native": 1.0, "ring": 0.95, "halving_doubling": 1.2, "tree": 1.5}
     select.save_calibration(
-        4, 2, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
+        4, 1, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
     )
     select.load_calibration(reload=True)
     try:
         assert select.allreduce(1 << 20, _Comm()) == "native"
         lines["ring"] = 0.8  # 20% faster: worth it
         select.save_calibration(
-            4, 2, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
+            4, 1, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
         )
         select.load_calibration(reload=True)
         assert select.allreduce(1 << 20, _Comm()) == "ring"

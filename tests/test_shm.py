@@ -102,8 +102,8 @@ def _grow(comm: Communicator) -> Any:
     for n in (10, 1 << 19, 3 << 20):  # 40 B, 2 MiB, 12 MiB: the slots grow twice
         x = torch.full((n,), float(comm.rank + 1))
         assert comm.allreduce(x, algorithm="shm")[n - 1].item() == comm.size * (comm.size + 1) / 2
-        assert comm._shm is not None
-        sizes.append(comm._shm.slot_bytes)
+        assert "all" in comm._arenas
+        sizes.append(comm._arenas["all"].slot_bytes)
     return sizes
 
 
@@ -119,3 +119,27 @@ def test_the_transport_is_for_one_host_only() -> None:
     assert shm.slot_bytes_for(10) == shm.MIN_SLOT
     assert shm.slot_bytes_for(3 << 20) == 4 << 20
     assert shm.slot_bytes_for(1 << 30) == shm.MAX_SLOT
+
+
+def _cpu_while_waiting(comm: Communicator) -> Any:
+    x = torch.ones(1000)
+    comm.allreduce(x, algorithm="shm")  # the segment exists; everyone is in step
+    if comm.rank == 1:
+        import time
+
+        time.sleep(1.0)  # a slow peer: the others wait for it inside the collective
+    cpu = os.times()
+    comm.allreduce(x, algorithm="shm", check=False)
+    after = os.times()
+    return (after.user - cpu.user) + (after.system - cpu.system), after.elapsed - cpu.elapsed
+
+
+@pytest.mark.timeout(90)
+def test_waiting_for_a_slow_peer_does_not_burn_a_core() -> None:
+    # 4 ranks on this 2-core machine: a waiting rank must leave the cores to the others
+    results = run_world(4, _cpu_while_waiting, timeout=60, env=ENV)
+    for rank, (cpu, wall) in enumerate(results):
+        print(f"rank {rank}: {cpu:.3f} s CPU in {wall:.2f} s inside the allreduce")
+        if rank != 1:
+            assert wall > 0.8, (rank, wall)  # it did wait for rank 1
+            assert cpu < 0.25 * wall, f"rank {rank} used {cpu:.2f} s of CPU in {wall:.2f} s"

@@ -10,6 +10,7 @@ import os
 import torch
 
 import plait
+from plait.comm import select
 
 comm = plait.init()
 nnodes = int(os.environ["GROUP_WORLD_SIZE"])
@@ -20,13 +21,31 @@ assert comm.num_nodes == nnodes, comm
 assert comm.local_size == nproc, comm
 assert comm.node_rank == int(os.environ["GROUP_RANK"]), comm
 assert comm.local_rank == int(os.environ["LOCAL_RANK"]), comm
-for algorithm in ("ring", "native"):
-    # rank r contributes arange(n) + r: the sum is size * arange(n) + size * (size - 1) / 2
-    n = 1 << 16
-    total = comm.allreduce(torch.arange(n, dtype=torch.float64) + comm.rank, algorithm=algorithm)
-    expected = comm.size * torch.arange(n, dtype=torch.float64) + comm.size * (comm.size - 1) / 2
-    torch.testing.assert_close(total, expected, rtol=0, atol=0)
+two_level = comm.num_nodes > 1 and comm.local_size > 1
+algorithms = ["ring", "native"] + (["hierarchical", "auto"] if two_level else [])
+for algorithm in algorithms:
+    # rank r contributes arange(n) + r: the sum is size * arange(n) + size * (size - 1) / 2;
+    # 600_001 float64 (4.8 MB) is larger than a shared-memory slot made for 1 MB, and odd
+    for n in (1, 1 << 16, 600_001):
+        x = torch.arange(n, dtype=torch.float64) + comm.rank
+        total = comm.allreduce(x, algorithm=algorithm)
+        expected = (
+            comm.size * torch.arange(n, dtype=torch.float64) + comm.size * (comm.size - 1) / 2
+        )
+        torch.testing.assert_close(total, expected, rtol=0, atol=0)
     print(f"allreduce {algorithm} ok", flush=True)
+if two_level:
+    assert select.allreduce(16 << 20, comm) == "hierarchical"
+    # the structure: inside a host nothing goes through the sockets, across hosts only the
+    # peer of the same local rank hears from this rank
+    x = torch.ones(1 << 18)
+    before = comm._engine.counts()
+    comm.allreduce(x, algorithm="hierarchical", check=False)
+    after = comm._engine.counts()
+    talked = {p for p in after if after[p] != before.get(p, (0, 0))}
+    peers = {r for r in range(comm.size) if r % comm.local_size == comm.local_rank} - {comm.rank}
+    assert talked == peers, (talked, peers)
+    print("hierarchical structure ok", flush=True)
 print(
     f"OK rank={comm.rank} size={comm.size} node_rank={comm.node_rank} "
     f"num_nodes={comm.num_nodes} local_rank={comm.local_rank} local_size={comm.local_size} "

@@ -8,6 +8,13 @@ turns (in a fresh shuffled order each repeat), every timing is the slowest
 rank's, and the report is the median over repeats. `torch` is the peer: raw
 `torch.distributed.all_reduce` (gloo), no plait code on the path. `native` is plait's
 passthrough to the same call, with plait's mismatch check and failure watchdog around it.
+`shm` (shared memory) runs only where every rank shares a host, `hierarchical` only
+across hosts with the same number (> 1) of ranks each: elsewhere they are left out.
+
+The bound inside a host is memory bandwidth, so the run also measures it: rank 0 alone
+(the others wait) copies a buffer of the largest size (at least 16 MB, out of cache) with
+one thread, and reports bytes copied per second; each algorithm's bandwidth is shown as a
+fraction of that.
 """
 
 from __future__ import annotations
@@ -80,6 +87,19 @@ def measure(
     return results
 
 
+def memcpy_bandwidth(nbytes: int, repeats: int = 7) -> float:
+    """One thread's memory-copy bandwidth in GB/s (bytes copied per second, median)."""
+    src = torch.ones(max(nbytes, 16 << 20) // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return src.numel() * 4 / statistics.median(times) / 1e9
+
+
 def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     """Least-squares t = A + B n, weighted by 1/t so small and large sizes count alike."""
     w = [1.0 / t for _, t in points]
@@ -96,12 +116,24 @@ def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 def worker(args: argparse.Namespace) -> None:
     import plait
-    from plait.comm import select
+    from plait.comm import select, shm
 
     comm = plait.init()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     algorithms = [a for a in args.algorithms.split(",") if a]
+    if "shm" in algorithms and not shm.available(comm.size, comm.num_nodes):
+        algorithms.remove("shm")
+        if comm.rank == 0:
+            print(f"leaving out shm: the ranks span {comm.num_nodes} hosts", flush=True)
+    if "hierarchical" in algorithms and comm._levels() is None:
+        algorithms.remove("hierarchical")
+        if comm.rank == 0:
+            print("leaving out hierarchical: it needs several hosts of equal size", flush=True)
     out: dict[str, Any] = {"world_size": comm.size, "num_nodes": comm.num_nodes}
+    comm.barrier()
+    if comm.rank == 0:
+        out["memcpy_GBps"] = memcpy_bandwidth(min(max(sizes), 64 << 20))
+    comm.barrier()
     if args.calibrate:
         fit_algs = ["native", "ring", "halving_doubling", "tree"]
         cal_sizes = [parse_size(s) for s in CALIBRATION_SIZES.split(",")]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 #: What `plait bench collectives` can time: torch.distributed's own allreduce and plait's.
-ALGORITHMS = ("torch", "native", "ring", "halving_doubling", "tree", "auto")
+ALGORITHMS = ("torch", "native", "shm", "ring", "halving_doubling", "tree", "hierarchical", "auto")
 
 
 def parse_size(text: str) -> int:

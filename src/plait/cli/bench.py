@@ -17,6 +17,7 @@ from plait.bench.units import ALGORITHMS as ALL
 from plait.bench.units import format_size, parse_size
 from plait.cli import bench_pipeline, bench_ps, bench_train
 from plait.launch import launch
+from plait.launch.hosts import HostsError, launch_on_hosts
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 
@@ -30,7 +31,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Time allreduce (float32) for every algorithm and torch.distributed's "
         "own, in one run; report medians over repeats and the ratio to torch.",
     )
-    c.add_argument("-n", "--nproc", type=int, default=4, help="ranks (default 4)")
+    c.add_argument(
+        "-n", "--nproc", type=int, default=4, help="ranks (per host with --hosts; default 4)"
+    )
+    c.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        metavar="H",
+        help="simulate H hosts with network namespaces (needs root), -n ranks on each",
+    )
+    c.add_argument(
+        "--link-rate",
+        metavar="RATE",
+        help="with --hosts: limit each host's link, e.g. 1gbit (tc tbf)",
+    )
     c.add_argument(
         "--sizes", default=DEFAULT_SIZES, help=f"bytes per rank (default {DEFAULT_SIZES})"
     )
@@ -67,6 +82,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _validate(args: argparse.Namespace) -> str | None:
     if args.nproc < 1:
         return f"-n must be >= 1; got {args.nproc}"
+    if args.hosts < 1:
+        return f"--hosts must be >= 1; got {args.hosts}"
+    if args.link_rate and args.hosts == 1:
+        return "--link-rate limits the links between hosts: add --hosts H (H >= 2)"
     if args.repeats < 1:
         return f"--repeats must be >= 1; got {args.repeats}"
     unknown = [a for a in args.algorithms.split(",") if a not in ALL]
@@ -101,7 +120,14 @@ def run(args: argparse.Namespace) -> int:
         ]  # fmt: skip
         if args.calibrate:
             cmd.append("--calibrate")
-        code = launch(cmd, args.nproc)
+        if args.hosts > 1:
+            try:
+                code = launch_on_hosts(cmd[2:], args.nproc, args.hosts, args.link_rate)
+            except HostsError as e:
+                print(f"plait bench collectives: {e}", file=sys.stderr)
+                return 2
+        else:
+            code = launch(cmd, args.nproc)
         if code != 0:
             return code
         data = json.loads(out.read_text())
@@ -142,15 +168,17 @@ def summarize(data: dict[str, Any]) -> list[dict[str, Any]]:
                         speedup(cells["native"], cells[algorithm]) if "native" in med else None
                     ),
                     "auto_choice": data.get("auto_choice", {}).get(size_s),
+                    "of_memcpy": algbw / data["memcpy_GBps"] if data.get("memcpy_GBps") else None,
                 }
             )
     return rows
 
 
 def render(data: dict[str, Any], console: Console) -> None:
-    p = data["world_size"]
+    p, hosts = data["world_size"], data.get("num_nodes", 1)
+    where = f"{p} ranks" if hosts == 1 else f"{p} ranks on {hosts} hosts"
     table = Table(
-        title=f"allreduce, float32, {p} ranks: median time over repeats; speed ratio "
+        title=f"allreduce, float32, {where}: median time over repeats; speed ratio "
         "(median of per-repeat ratios) > 1 means faster"
     )
     for col in (
@@ -161,6 +189,7 @@ def render(data: dict[str, Any], console: Console) -> None:
         "busbw (GB/s)",
         "vs torch",
         "vs native",
+        "algbw / memcpy",
     ):
         table.add_column(col, justify="right" if col != "algorithm" else "left")
     last = None
@@ -179,8 +208,18 @@ def render(data: dict[str, Any], console: Console) -> None:
             f"{row['busbw_GBps']:.3f}",
             "" if row["vs_torch"] is None else f"{row['vs_torch']:.2f}x",
             "" if row["vs_native"] is None else f"{row['vs_native']:.2f}x",
+            "" if row["of_memcpy"] is None else f"{row['of_memcpy']:.3f}",
         )
     console.print(table)
+    if data.get("memcpy_GBps"):
+        console.print(_memcpy_line(data))
+
+
+def _memcpy_line(data: dict[str, Any]) -> str:
+    return (
+        f"memory copy, one thread, measured in this run: {data['memcpy_GBps']:.1f} GB/s (the "
+        "bound inside a host; 'algbw / memcpy' is each algorithm's share of it)"
+    )
 
 
 def _console() -> Console:
@@ -203,4 +242,6 @@ def markdown(data: dict[str, Any]) -> str:
             value = auto.get(key)
             line.append("" if value is None else f"{value:.2f}x")
         lines.append("| " + " | ".join(line) + " |")
+    if data.get("memcpy_GBps"):
+        lines += ["", _memcpy_line(data)]
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from plait.comm import messaging, native, select, shm, split
-from plait.comm.algorithms import direct, halving_doubling, ring, tree
+from plait.comm.algorithms import direct, halving_doubling, hierarchical, ring, tree
 from plait.comm.calls import Call, agree, check_enabled, dtype_from_name, dtype_name, record_bytes
 from plait.comm.engine import Engine
 from plait.comm.frames import Request
@@ -26,7 +26,7 @@ from plait.errors import PlaitError
 T = TypeVar("T")
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "allreduce": ("auto", "native", "ring", "halving_doubling", "tree", "shm"),
+    "allreduce": ("auto", "native", "ring", "halving_doubling", "tree", "shm", "hierarchical"),
     "broadcast": ("auto", "native", "tree", "shm"),
     "reduce": ("auto", "native", "tree"),
     "allgather": ("auto", "native", "ring"),
@@ -110,7 +110,9 @@ class Communicator:
         self._seq = 0
         self._seq_lock = threading.Lock()  # a lost update would desynchronise the ranks
         self._worker = Worker(f"plait-comm-{comm_id}")
-        self._shm: shm.Arena | None = None  # made by the first shared-memory collective
+        # shared-memory segments, made by the first collective that needs one: "all" (every
+        # rank on one host) and "local" (this host's ranks, for the hierarchical allreduce)
+        self._arenas: dict[str, shm.Arena] = {}
 
     def __repr__(self) -> str:
         return (
@@ -120,9 +122,15 @@ class Communicator:
         )
 
     # ------------------------------------------------------------------ machinery
-    def _channel(self, seq: int, sub: int) -> _Channel:
-        tag = (self._id << 33) | ((seq & 0xFFFFFFFF) << 1) | sub
-        return _Channel(self._engine, self.ranks, self.rank, tag)
+    def _channel(self, seq: int, sub: int, members: list[int] | None = None) -> _Channel:
+        """Call `seq`'s message stream `sub` (< 8), over every rank or only `members`
+        (communicator ranks, this one among them; renumbered 0.. in that order)."""
+        # 30-bit id, 30 bits of seq (calls 2^30 apart never overlap), 3 of stream: 63 bits
+        tag = (self._id << 33) | ((seq & 0x3FFFFFFF) << 3) | sub
+        if members is None:
+            return _Channel(self._engine, self.ranks, self.rank, tag)
+        ranks = [self.ranks[m] for m in members]
+        return _Channel(self._engine, ranks, members.index(self.rank), tag)
 
     def _issue(self, fn: Callable[[int], T], async_op: bool = False) -> Any:
         """Give the call its sequence number now; run it inline, or after queued async calls."""
@@ -166,20 +174,38 @@ class Communicator:
         agree(calls)
         return calls
 
-    def _arena(self, seq: int, nbytes: int) -> shm.Arena:
-        """The shared-memory segment, created or grown (collectively) to fit `nbytes`."""
-        if not shm.available(self.size, self.num_nodes):
+    def _arena(self, seq: int, nbytes: int, members: list[int] | None = None) -> shm.Arena:
+        """The shared-memory segment of every rank (or of `members`, this host's ranks),
+        created or grown collectively to fit `nbytes`."""
+        which = "all" if members is None else "local"
+        size, hosts = (self.size, self.num_nodes) if members is None else (len(members), 1)
+        if not shm.available(size, hosts):
             raise shm.ShmError(
                 f"algorithm 'shm' needs every rank on one host (x86-64 with {shm.SHM_DIR}); "
                 f"this communicator spans {self.num_nodes} hosts"
             )
         want = shm.slot_bytes_for(nbytes)
-        if self._shm is None or self._shm.slot_bytes < want:
-            if self._shm is not None:
-                self._shm.close()
-            self._shm = shm.Arena.create(self._engine, self._channel(seq, 2), want,
-                                         f"{self._id}-{seq}")  # fmt: skip
-        return self._shm
+        arena = self._arenas.get(which)
+        if arena is None or arena.slot_bytes < want:
+            if arena is not None:
+                arena.close()
+            ch = self._channel(seq, 2, members)
+            arena = shm.Arena.create(self._engine, ch, want, f"{self._id}-{seq}-{which}")
+            self._arenas[which] = arena
+        return arena
+
+    def _levels(self) -> tuple[list[int], list[int]] | None:
+        """(this host's ranks, the ranks of this local rank on every host), as communicator
+        ranks in order, for the hierarchical allreduce; None unless there are several hosts
+        with the same number (> 1) of ranks each."""
+        order = list(dict.fromkeys(self._nodes))
+        hosts = [[i for i, n in enumerate(self._nodes) if n == h] for h in order]
+        sizes = {len(h) for h in hosts}
+        if len(hosts) < 2 or len(sizes) != 1 or sizes == {1}:
+            return None
+        local = hosts[self.node_rank]
+        j = local.index(self.rank)
+        return local, [h[j] for h in hosts]
 
     def _native_group(self) -> native.Group:
         if self._pg is None:  # sub-communicators create their gloo group on first native use
@@ -244,6 +270,8 @@ class Communicator:
             elif name == "shm":
                 nbytes = buf.numel() * buf.element_size()
                 shm.allreduce(self._arena(seq, nbytes), _flat(buf), base)
+            elif name == "hierarchical":
+                self._hierarchical(seq, _flat(buf), base)
             else:
                 ch = self._channel(seq, 1)
                 if name == "ring":
@@ -259,6 +287,20 @@ class Communicator:
             return t
 
         return run
+
+    def _hierarchical(self, seq: int, buf: torch.Tensor, op: str) -> None:
+        levels = self._levels()
+        if levels is None:
+            raise shm.ShmError(
+                "algorithm 'hierarchical' needs ranks on several hosts with the same number "
+                f"(> 1) of ranks each; this communicator has {self.num_nodes} host(s) with "
+                f"{[self._nodes.count(n) for n in dict.fromkeys(self._nodes)]} ranks"
+            )
+        local, cross = levels
+        arena = self._arena(seq, buf.numel() * buf.element_size(), local)
+        part_bytes = min(buf.numel() * buf.element_size(), arena.slot_bytes)
+        across = select.cross_allreduce(part_bytes // len(local), len(cross))
+        hierarchical.allreduce(arena, self._channel(seq, 3, cross), buf, op, across)
 
     # ------------------------------------------------------- broadcast and reduce
     def broadcast(

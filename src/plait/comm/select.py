@@ -21,14 +21,18 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import torch
 
 from plait.comm import shm
 
 if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
+    from plait.comm.p2p import Channel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +50,10 @@ class Link:
 
 DEFAULT = Link()
 
+#: Across hosts every algorithm's bytes cross the same network, plait's and gloo's alike:
+#: a 1 Gbit/s link with 100 us per message (the multi-host test network's rate).
+NETWORK = Link(alpha=100e-6, beta=8 / 1e9, native_alpha=100e-6, native_beta=8 / 1e9)
+
 
 def predict(algorithm: str, n: int, p: int, link: Link = DEFAULT) -> float:
     """Predicted seconds for an allreduce of n bytes over p ranks."""
@@ -62,6 +70,35 @@ def predict(algorithm: str, n: int, p: int, link: Link = DEFAULT) -> float:
     if algorithm == "native":
         return 2 * (p - 1) * link.native_alpha + 2 * share * n * link.native_beta + share * n * g
     raise ValueError(f"no cost model for {algorithm!r}")
+
+
+#: The shared-memory level of the hierarchical model (this machine, 4 ranks on 2 cores):
+#: seconds per synchronisation of a host's ranks, and seconds per byte for the host's
+#: reduce-scatter and all-gather together.
+SHM_SYNC = 50e-6
+SHM_BETA = 1 / 2e9
+
+
+def predict_hierarchical(n: int, hosts: int, local: int, link: Link = DEFAULT) -> float:
+    """Predicted seconds of the two-level allreduce of n bytes over `hosts` x `local` ranks.
+
+    The host level (reduce-scatter, all-gather) takes local + 3 synchronisations and
+    SHM_BETA per byte; the network level is the best flat allreduce of n / local bytes over
+    `hosts` ranks, with the link's bandwidth divided among the `local` groups that share it
+    (so its bandwidth term is that of n bytes).
+    """
+    shared = Link(alpha=link.alpha, beta=link.beta * local, gamma=link.gamma)
+    cross = min(predict(a, n // local, hosts, shared) for a in ("ring", "halving_doubling", "tree"))
+    return (local + 3) * SHM_SYNC + n * SHM_BETA + cross
+
+
+def cross_allreduce(n: int, hosts: int) -> Callable[[Channel, torch.Tensor, str], None]:
+    """The flat algorithm between hosts in the hierarchical allreduce (n bytes per group)."""
+    from plait.comm.algorithms import halving_doubling, ring, tree
+
+    best = min(("tree", "halving_doubling", "ring"), key=lambda a: predict(a, n, hosts))
+    return {"tree": tree.allreduce, "halving_doubling": halving_doubling.allreduce,
+            "ring": ring.allreduce}[best]  # fmt: skip
 
 
 def calibration_path() -> Path:
@@ -116,6 +153,17 @@ def interpolate(points: Points, n: float) -> float:
 SWITCH_MARGIN = 0.9
 
 
+def _cost(collective: str, algorithm: str, n: int, comm: Communicator, link: Link) -> float:
+    """Calibrated seconds of `algorithm` at n bytes on comm's world, else the model's."""
+    measured = load_calibration().get(world_key(comm.size, comm.num_nodes), {}).get(collective)
+    if measured and measured.get(algorithm):
+        return interpolate(measured[algorithm], n)
+    if algorithm == "hierarchical":
+        local, cross = comm._levels() or ([], [])
+        return predict_hierarchical(n, len(cross), len(local), link)
+    return predict(algorithm, n, comm.size, link)
+
+
 def _best(collective: str, candidates: tuple[str, ...], n: int, comm: Communicator) -> str:
     measured = load_calibration().get(world_key(comm.size, comm.num_nodes), {}).get(collective)
     if measured and all(measured.get(c) for c in candidates):
@@ -135,7 +183,13 @@ def allreduce(n: int, comm: Communicator) -> str:
         return "shm"
     # ties go to the first: tree moves the fewest messages in all (2(p-1)), which counts
     # when ranks outnumber cores and every message costs a wake-up
-    return _best("allreduce", ("tree", "halving_doubling", "ring", "native"), n, comm)
+    flat = ("tree", "halving_doubling", "ring", "native")
+    if comm.num_nodes == 1:
+        return _best("allreduce", flat, n, comm)
+    # across hosts: the network model (or this world's calibration) for every candidate,
+    # the two-level algorithm among them where the hosts hold equal numbers of ranks
+    candidates = flat + (("hierarchical",) if comm._levels() is not None else ())
+    return min(candidates, key=lambda a: _cost("allreduce", a, n, comm, NETWORK))
 
 
 def broadcast(n: int, comm: Communicator) -> str:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from plait.comm.algorithms.ring import bounds_even
 from plait.comm.ops import reduce_into
 from plait.errors import CommTimeoutError, PlaitError
 
@@ -57,6 +58,7 @@ SHM_DIR = "/dev/shm"
 LINE = 64  # bytes per rank counter: its own cache line, so counters never share one
 MIN_SLOT = 1 << 20  # a new segment's slots hold at least this many bytes ...
 MAX_SLOT = 32 << 20  # ... and at most this many: larger tensors go in parts
+CHAIN_BYTES = 1 << 20  # parts this large use the chained allreduce (fewer bytes copied)
 SPIN_S = 200e-6  # yield-spin this long before sleeping
 MAX_NAP_S = 1e-3
 
@@ -172,36 +174,103 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _bounds(numel: int, parts: int) -> list[int]:
-    q, extra = divmod(numel, parts)
-    out = [0]
-    for i in range(parts):
-        out.append(out[-1] + q + (1 if i < extra else 0))
-    return out
-
-
 def allreduce(arena: Arena, buf: torch.Tensor, op: str) -> None:
-    """Reduce 1-D contiguous `buf` over the arena's ranks in place (op: sum/prod/min/max)."""
-    p, r = arena.size, arena.rank
+    """Reduce 1-D contiguous `buf` over the arena's ranks in place (op: sum/prod/min/max).
+
+    Parts of at least CHAIN_BYTES go through `_chained` (less memory traffic, p + 1 waits);
+    smaller ones through `_scattered` (3 waits).
+    """
     per_slot = arena.slot_bytes // buf.element_size()
     for lo in range(0, buf.numel(), per_slot):
         part = buf[lo : lo + per_slot]
-        n = part.numel()
-        slots = [arena.slot(j, buf.dtype, n) for j in range(p)]
-        arena.wait()  # every rank has copied the previous call's result out
-        slots[r].copy_(part)
+        if part.numel() * part.element_size() >= CHAIN_BYTES:
+            _chained(arena, part, op)
+        else:
+            _scattered(arena, part, op)
+
+
+def _scattered(arena: Arena, part: torch.Tensor, op: str) -> None:
+    """Copy in, reduce-scatter, copy out: ~(1 + 1.5 (p-1)/p + 1) n bytes copied per rank."""
+    p, r, n = arena.size, arena.rank, part.numel()
+    slots = [arena.slot(j, part.dtype, n) for j in range(p)]
+    b = bounds_even(n, p)
+    arena.wait()  # every rank has copied the previous call's result out
+    slots[r].copy_(part)
+    arena.arrive()
+    arena.wait()
+    acc = slots[r][b[r] : b[r + 1]]
+    for k in range(1, p):
+        j = (r + k) % p
+        reduce_into(acc, slots[j][b[r] : b[r + 1]], op)
+    arena.arrive()
+    arena.wait()
+    for j in range(p):
+        part[b[j] : b[j + 1]].copy_(slots[j][b[j] : b[j + 1]])
+    arena.arrive()
+
+
+def _chained(arena: Arena, part: torch.Tensor, op: str) -> None:
+    """`_chain` (a reduce-scatter inside shared memory), then every block copied out.
+
+    Per rank: (1 + 1.5 (p-1)) n / p + n bytes copied and no copy-in of the whole tensor:
+    ~25% less traffic than `_scattered` at p = 4, which is what counts where the ranks share
+    the memory bandwidth of a few cores.
+    """
+    p, n = arena.size, part.numel()
+    slots = [arena.slot(j, part.dtype, n) for j in range(p)]
+    b = bounds_even(n, p)
+    _chain(arena, part, op, slots, b)
+    for j in range(p):
+        part[b[j] : b[j + 1]].copy_(slots[j][b[j] : b[j + 1]])
+    arena.arrive()
+
+
+def _chain(
+    arena: Arena, part: torch.Tensor, op: str, slots: list[torch.Tensor], b: list[int]
+) -> None:
+    """Leave block j's reduction over the ranks in slots[j][b[j]:b[j+1]], for every j.
+
+    Block j's accumulator lives in slot j. At step k rank r folds its block (r - k) mod p
+    into that block's accumulator (step 0 copies), so at every step the ranks touch p
+    different blocks, and after p steps each block holds the reduction, accumulated in one
+    order (one rank per step): every rank later reads the same bits.
+    """
+    p, r = arena.size, arena.rank
+    arena.wait()  # every rank is done reading the slots' previous contents
+    for k in range(p):
+        j = (r - k) % p
+        mine = part[b[j] : b[j + 1]]
+        acc = slots[j][b[j] : b[j + 1]]
+        if k == 0:
+            acc.copy_(mine)
+        else:
+            reduce_into(acc, mine, op)
         arena.arrive()
         arena.wait()
-        b = _bounds(n, p)
-        acc = slots[r][b[r] : b[r + 1]]
-        for k in range(1, p):  # the same order on every rank is not needed: one reducer
-            j = (r + k) % p
-            reduce_into(acc, slots[j][b[r] : b[r + 1]], op)
-        arena.arrive()
-        arena.wait()
-        for j in range(p):
+
+
+def reduce_scatter(arena: Arena, part: torch.Tensor, op: str, b: list[int]) -> None:
+    """part[b[r]:b[r+1]] = the reduction of that block over the ranks (rank r = arena.rank);
+    the rest of `part` is left as it was. `part` must fit a slot."""
+    slots = [arena.slot(j, part.dtype, part.numel()) for j in range(arena.size)]
+    r = arena.rank
+    _chain(arena, part, op, slots, b)
+    part[b[r] : b[r + 1]].copy_(slots[r][b[r] : b[r + 1]])
+    arena.arrive()
+
+
+def allgather(arena: Arena, part: torch.Tensor, b: list[int]) -> None:
+    """Every rank's part[b[j]:b[j+1]] = rank j's. `part` must fit a slot."""
+    p, r = arena.size, arena.rank
+    slots = [arena.slot(j, part.dtype, part.numel()) for j in range(p)]
+    arena.wait()
+    slots[r][b[r] : b[r + 1]].copy_(part[b[r] : b[r + 1]])
+    arena.arrive()
+    arena.wait()
+    for j in range(p):
+        if j != r:
             part[b[j] : b[j + 1]].copy_(slots[j][b[j] : b[j + 1]])
-        arena.arrive()
+    arena.arrive()
 
 
 def broadcast(arena: Arena, buf: torch.Tensor, root: int) -> None:

@@ -6,6 +6,8 @@ Each module works in place on 1-D contiguous buffers through a `plait.comm.p2p.C
 - `halving_doubling`: Rabenseifner's allreduce with the non-power-of-two fold (lg p latency).
 - `tree`: binomial reduce, broadcast and allreduce (small messages).
 - `direct`: gather, scatter, alltoall, small all-gather and the dissemination barrier.
+- `hierarchical`: BlueConnect's two-level allreduce (shared memory inside each host, a flat
+  algorithm between hosts); imported on its own, as it builds on `plait.comm.shm`.
 
 Reduction ops are "sum", "prod", "min" and "max"; "avg" is the caller's business.
 """
