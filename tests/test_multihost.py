@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import subprocess
 import sys
 import time
@@ -275,9 +276,10 @@ def test_bench_collectives_across_simulated_hosts(tmp_path: Path) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         res = subprocess.run(
             [sys.executable, "-m", "plait", "bench", "collectives", "--hosts", "2", "-n", "2",
-             "--link-rate", "1gbit", "--sizes", "64K", "--repeats", "1", "--budget", "0.2",
+             "--sizes", "64K", "--repeats", "1", "--budget", "0.2", "--calibrate",
              "--json", str(out)],
             capture_output=True, text=True, timeout=140,
+            env={**os.environ, "PLAIT_CALIBRATION": str(tmp_path / "cal.json")},
         )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -286,6 +288,10 @@ def test_bench_collectives_across_simulated_hosts(tmp_path: Path) -> None:
     assert "hierarchical" in cells and "shm" not in cells  # shm needs one host
     assert data["auto_choice"]["65536"] in cells
     assert "4 ranks on 2 hosts" in res.stdout
+    # --calibrate measured the two levels of the hierarchical allreduce apart, for `auto`
+    levels = json.loads((tmp_path / "cal.json").read_text())["levels"]["p4-n2"]
+    assert set(levels) == {"local", "network"} and data["levels"] == levels
+    assert all(alpha >= 0 and beta >= 0 for alpha, beta in levels.values())
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "plait-h" not in listed  # the bench took its hosts down
 

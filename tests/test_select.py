@@ -125,3 +125,20 @@ def test_auto_leaves_the_baseline_only_for_a_clear_gain(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
         select.load_calibration(reload=True)
+
+
+def test_measured_levels_decide_the_two_level_allreduce(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "cal.json"))
+    levels = {"num_nodes": 2, "_levels": lambda self: ([0, 1], [0, 2])}
+    two_by_two = type("TwoByTwo", (_Comm,), levels)()
+    try:
+        # a very slow network level (1 s per call): the flat algorithms win
+        select.save_levels(4, 2, {"local": (1e-4, 1e-10), "network": (1.0, 1e-9)})
+        assert select.load_levels(4, 2) == {"local": [1e-4, 1e-10], "network": [1.0, 1e-9]}
+        assert select.allreduce(16 << 20, two_by_two) != "hierarchical"
+        # a fast one: the two-level algorithm
+        select.save_levels(4, 2, {"local": (1e-4, 1e-10), "network": (1e-4, 1e-10)})
+        assert select.allreduce(16 << 20, two_by_two) == "hierarchical"
+    finally:
+        monkeypatch.delenv("PLAIT_CALIBRATION")
+        select.load_calibration(reload=True)

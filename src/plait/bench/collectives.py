@@ -44,20 +44,32 @@ def _one(comm: Any, algorithm: str, buf: torch.Tensor) -> None:
         comm.allreduce_(buf, algorithm=algorithm)
 
 
-def _time(comm: Any, algorithm: str, buf: torch.Tensor, iters: int) -> float:
-    """Seconds per call, the slowest rank's."""
-    comm.barrier()
+def _time(comm: Any, algorithm: str, buf: torch.Tensor, iters: int, world: Any = None) -> float:
+    """Seconds per call, the slowest rank's (of `world`, whose ranks all start together,
+    when `comm` is one of several sub-communicators timed at once)."""
+    world = comm if world is None else world
+    world.barrier()
     start = time.perf_counter()
     for _ in range(iters):
         _one(comm, algorithm, buf)
     mine = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
-    return float(comm.allreduce(mine, op="max", algorithm="tree").item())
+    return float(world.allreduce(mine, op="max", algorithm="tree").item())
 
 
 def measure(
-    comm: Any, sizes: list[int], algorithms: list[str], repeats: int, budget_s: float
+    comm: Any,
+    sizes: list[int],
+    algorithms: list[str],
+    repeats: int,
+    budget_s: float,
+    world: Any = None,
 ) -> dict[str, dict[str, list[float]]]:
-    """{size: {algorithm: [seconds per call, one per repeat]}} for float32 allreduces."""
+    """{size: {algorithm: [seconds per call, one per repeat]}} for float32 allreduces.
+
+    world: the communicator that keeps every rank in step when `comm` is one of several
+        sub-communicators measured at once (default: `comm`).
+    """
+    world = comm if world is None else world
     results: dict[str, dict[str, list[float]]] = {}
     for size in sizes:
         n = size // 4
@@ -69,7 +81,7 @@ def measure(
             expected = comm.size * (comm.size + 1) / 2
             if not bool((buf == expected).all()):
                 raise RuntimeError(f"{algorithm} gave a wrong allreduce at {format_size(size)}")
-        probe = max(_time(comm, a, buf, 1) for a in algorithms)
+        probe = max(_time(comm, a, buf, 1, world) for a in algorithms)
         # enough calls per timing to last ~budget_s / (repeats * algorithms) seconds
         iters = max(1, min(200, int(budget_s / (repeats * len(algorithms) * max(probe, 1e-6)))))
         row: dict[str, list[float]] = {a: [] for a in algorithms}
@@ -80,9 +92,9 @@ def measure(
             order = list(algorithms)
             random.Random(i).shuffle(order)
             for algorithm in order:
-                row[algorithm].append(_time(comm, algorithm, buf, iters))
+                row[algorithm].append(_time(comm, algorithm, buf, iters, world))
         results[str(size)] = row
-        if comm.rank == 0:
+        if world.rank == 0:
             print(f"measured {format_size(size)} ({iters} calls x {repeats} repeats)", flush=True)
     return results
 
@@ -98,6 +110,39 @@ def memcpy_bandwidth(nbytes: int, repeats: int = 7) -> float:
         dst.copy_(src)
         times.append(time.perf_counter() - start)
     return src.numel() * 4 / statistics.median(times) / 1e9
+
+
+def calibrate_levels(
+    comm: Any, sizes: list[int], repeats: int, budget_s: float
+) -> dict[str, list[float]]:
+    """The two levels of the hierarchical allreduce, measured apart and saved for `auto`.
+
+    local: an allreduce among one host's ranks (shared memory), at n bytes; network: the
+    best flat allreduce among the ranks of one local rank on every host, at n / L bytes,
+    with all L such groups running at once, as they do inside the hierarchical allreduce
+    (they share each host's link). Returns and saves each level's fitted alpha and beta.
+    """
+    from plait.comm import select
+
+    local_ranks, _ = comm._levels()
+    host = comm.split(color=comm.node_rank, key=comm.rank)
+    cross = comm.split(color=local_ranks.index(comm.rank), key=comm.rank)
+    per_local = len(local_ranks)
+    local = measure(host, sizes, ["auto"], repeats, budget_s / 2, world=comm)
+    flat = ["ring", "halving_doubling", "tree"]
+    parts = [max(4, n // per_local // 4 * 4) for n in sizes]  # whole float32s
+    network = measure(cross, parts, flat, repeats, budget_s / 2, world=comm)
+    levels = {
+        "local": fit_line([(int(n), statistics.median(c["auto"])) for n, c in local.items()]),
+        "network": fit_line([
+            (n, min(statistics.median(ts) for ts in c.values()))
+            for n, c in zip(sizes, network.values(), strict=True)
+        ]),
+    }  # fmt: skip
+    if comm.rank == 0:
+        select.save_levels(comm.size, comm.num_nodes, levels)
+    comm.barrier()
+    return {k: list(v) for k, v in levels.items()}
 
 
 def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -143,6 +188,8 @@ def worker(args: argparse.Namespace) -> None:
             select.save_calibration(comm.size, comm.num_nodes, "allreduce", points)
         comm.barrier()
         select.load_calibration(reload=True)
+        if comm._levels() is not None:
+            out["levels"] = calibrate_levels(comm, cal_sizes, args.repeats, args.budget)
         # one global line per algorithm, for the report: its alpha (s) and beta (s/byte)
         out["calibration"] = {
             a: dict(zip(("alpha", "beta"), fit_line([(int(n), t) for n, t in p]), strict=True))

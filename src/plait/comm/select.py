@@ -79,6 +79,39 @@ SHM_SYNC = 50e-6
 SHM_BETA = 1 / 2e9
 
 
+def save_levels(size: int, num_nodes: int, levels: dict[str, tuple[float, float]]) -> Path:
+    """Save the measured (alpha, beta) of each level of this world ("local", "network")."""
+    path = calibration_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    data.setdefault("points", {})
+    data.setdefault("levels", {})[world_key(size, num_nodes)] = {
+        k: list(v) for k, v in levels.items()
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    load_calibration(reload=True)
+    return path
+
+
+def load_levels(size: int, num_nodes: int) -> dict[str, list[float]] | None:
+    """The saved levels of this world, or None."""
+    try:
+        data = json.loads(calibration_path().read_text())
+    except (OSError, ValueError):
+        return None
+    found = (
+        data.get("levels", {}).get(world_key(size, num_nodes)) if isinstance(data, dict) else None
+    )
+    return found if isinstance(found, dict) and {"local", "network"} <= found.keys() else None
+
+
 def predict_hierarchical(n: int, hosts: int, local: int, link: Link = DEFAULT) -> float:
     """Predicted seconds of the two-level allreduce of n bytes over `hosts` x `local` ranks.
 
@@ -159,6 +192,10 @@ def _cost(collective: str, algorithm: str, n: int, comm: Communicator, link: Lin
     if measured and measured.get(algorithm):
         return interpolate(measured[algorithm], n)
     if algorithm == "hierarchical":
+        levels = load_levels(comm.size, comm.num_nodes)
+        if levels is not None:  # measured per level: t_local(n) + t_network(n)
+            (a1, b1), (a2, b2) = levels["local"], levels["network"]
+            return a1 + b1 * n + a2 + b2 * n
         local, cross = comm._levels() or ([], [])
         return predict_hierarchical(n, len(cross), len(local), link)
     return predict(algorithm, n, comm.size, link)
