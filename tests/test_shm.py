@@ -143,3 +143,24 @@ def test_waiting_for_a_slow_peer_does_not_burn_a_core() -> None:
         if rank != 1:
             assert wall > 0.8, (rank, wall)  # it did wait for rank 1
             assert cpu < 0.25 * wall, f"rank {rank} used {cpu:.2f} s of CPU in {wall:.2f} s"
+
+
+def _gathers(comm: Communicator) -> Any:
+    shm.MAX_SLOT = SMALL_SLOT  # 64 KiB slots: the 30_000-row tensors go in windows
+    out = []
+    for rows in (1, 7, 30_000):
+        x = torch.arange(rows * 3, dtype=torch.float64).view(rows, 3) + comm.rank
+        for op in ("sum", "max", "avg"):
+            got = {a: comm.reduce_scatter(x, op=op, algorithm=a) for a in ("shm", "auto", "ring")}
+            out.append(all(torch.equal(got[a], got["ring"]) for a in ("shm", "auto")))
+        mine = torch.full((comm.rank + rows % 5, 2), float(comm.rank))  # uneven dim 0
+        got = {a: comm.allgather(mine, algorithm=a) for a in ("shm", "auto", "ring")}
+        out.append(all(torch.equal(got[a], got["ring"]) for a in ("shm", "auto")))
+    return out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("size", [2, 3])
+def test_reduce_scatter_and_allgather_through_shared_memory_equal_the_ring(size: int) -> None:
+    for checks in run_world(size, _gathers, timeout=60, env=ENV):
+        assert checks and all(checks)

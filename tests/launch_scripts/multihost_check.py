@@ -46,6 +46,17 @@ if two_level:
     peers = {r for r in range(comm.size) if r % comm.local_size == comm.local_rank} - {comm.rank}
     assert talked == peers, (talked, peers)
     print("hierarchical structure ok", flush=True)
+    # the two halves on their own, uneven blocks, against the flat ring's exact answers
+    for rows in (5, 40_001):  # 40_001 x 3 float64 exceeds a 1 MB slot: windows
+        x = torch.arange(rows * 3, dtype=torch.float64).view(rows, 3) + comm.rank
+        want = comm.reduce_scatter(x, algorithm="ring")
+        for algorithm in ("hierarchical", "auto"):
+            assert torch.equal(comm.reduce_scatter(x, algorithm=algorithm), want), algorithm
+        mine = torch.full((comm.rank + rows % 3, 2), float(comm.rank))
+        want = comm.allgather(mine, algorithm="ring")
+        for algorithm in ("hierarchical", "auto"):
+            assert torch.equal(comm.allgather(mine, algorithm=algorithm), want), algorithm
+    print("hierarchical reduce_scatter and allgather ok", flush=True)
 print(
     f"OK rank={comm.rank} size={comm.size} node_rank={comm.node_rank} "
     f"num_nodes={comm.num_nodes} local_rank={comm.local_rank} local_size={comm.local_size} "

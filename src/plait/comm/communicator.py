@@ -29,8 +29,8 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "allreduce": ("auto", "native", "ring", "halving_doubling", "tree", "shm", "hierarchical"),
     "broadcast": ("auto", "native", "tree", "shm"),
     "reduce": ("auto", "native", "tree"),
-    "allgather": ("auto", "native", "ring"),
-    "reduce_scatter": ("auto", "native", "ring"),
+    "allgather": ("auto", "native", "ring", "shm", "hierarchical"),
+    "reduce_scatter": ("auto", "native", "ring", "shm", "hierarchical"),
 }
 
 
@@ -288,7 +288,9 @@ class Communicator:
 
         return run
 
-    def _hierarchical(self, seq: int, buf: torch.Tensor, op: str) -> None:
+    def _two_levels(self, nbytes: int, seq: int) -> tuple[shm.Arena, _Channel, list[list[int]]]:
+        """This host's shared-memory arena, the channel to this local rank's peers on the
+        other hosts, and every host's ranks; raises ShmError where there are no two levels."""
         levels = self._levels()
         if levels is None:
             raise shm.ShmError(
@@ -297,10 +299,15 @@ class Communicator:
                 f"{[self._nodes.count(n) for n in dict.fromkeys(self._nodes)]} ranks"
             )
         local, cross = levels
-        arena = self._arena(seq, buf.numel() * buf.element_size(), local)
+        order = list(dict.fromkeys(self._nodes))
+        hosts = [[i for i, n in enumerate(self._nodes) if n == h] for h in order]
+        return self._arena(seq, nbytes, local), self._channel(seq, 3, cross), hosts
+
+    def _hierarchical(self, seq: int, buf: torch.Tensor, op: str) -> None:
+        arena, cross, hosts = self._two_levels(buf.numel() * buf.element_size(), seq)
         part_bytes = min(buf.numel() * buf.element_size(), arena.slot_bytes)
-        across = select.cross_allreduce(part_bytes // len(local), len(cross))
-        hierarchical.allreduce(arena, self._channel(seq, 3, cross), buf, op, across)
+        across = select.cross_allreduce(part_bytes // len(hosts[0]), len(hosts))
+        hierarchical.allreduce(arena, cross, buf, op, across)
 
     # ------------------------------------------------------- broadcast and reduce
     def broadcast(
@@ -404,14 +411,31 @@ class Communicator:
         out = torch.empty((sum(dims), *t.shape[1:]), dtype=t.dtype)
         flat = _flat(out)
         flat[bounds[self.rank] : bounds[self.rank + 1]] = t.reshape(-1)
-        if call.algorithm == "native" and len(set(dims)) == 1:
+        name = self._gather_kind(call.algorithm, flat.numel() * flat.element_size())
+        if name == "native" and len(set(dims)) == 1:
             parts = list(out.chunk(self.size)) if dims[0] else []
             if parts:
                 mine = t.contiguous()
                 self._native("allgather", lambda g: native.allgather(g, parts, mine))
-        elif flat.numel():
+        elif not flat.numel():
+            pass
+        elif name == "shm":
+            shm.allgather(self._arena(seq, flat.numel() * flat.element_size()), flat, bounds)
+        elif name == "hierarchical":
+            local, cross, hosts = self._two_levels(flat.numel() * flat.element_size(), seq)
+            hierarchical.allgather(local, cross, flat, bounds, hosts)
+        else:
             ring.allgather(self._channel(seq, 1), flat, bounds)
         return out, dims
+
+    def _gather_kind(self, algorithm: str, nbytes: int) -> str:
+        """allgather / reduce_scatter: what `auto` means here (shm on one host, the two
+        levels across equal hosts, else the ring)."""
+        if algorithm != "auto":
+            return algorithm
+        if shm.available(self.size, self.num_nodes):
+            return "shm"
+        return "hierarchical" if self._levels() is not None else "ring"
 
     def reduce_scatter(
         self, tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto"
@@ -437,9 +461,22 @@ class Communicator:
             rows = ring.bounds_even(t.shape[0], self.size)
             lo, hi = rows[self.rank], rows[self.rank + 1]
             buf = t.clone(memory_format=torch.contiguous_format)
-            if self.size > 1 and buf.numel():
+            name = self._gather_kind(algorithm, buf.numel() * buf.element_size())
+            base = "sum" if op == "avg" else op
+            row = _rows(t.shape)
+            if self.size > 1 and buf.numel() and name in ("shm", "hierarchical"):
+                flat, elems = _flat(buf), [r * row for r in rows]
+                nbytes = flat.numel() * flat.element_size()
+                if name == "shm":
+                    shm.reduce_scatter(self._arena(seq, nbytes), flat, base, elems)
+                    mine = flat[elems[self.rank] : elems[self.rank + 1]].clone()
+                else:
+                    local, cross, hosts = self._two_levels(nbytes, seq)
+                    mine = hierarchical.reduce_scatter(local, cross, flat, base, elems, hosts)
+                buf = mine.view(hi - lo, *t.shape[1:])
+            elif self.size > 1 and buf.numel():
                 even = t.shape[0] % self.size == 0
-                if algorithm == "native" and even:
+                if name == "native" and even:
                     out = torch.empty((hi - lo, *t.shape[1:]), dtype=t.dtype)
                     parts = list(buf.chunk(self.size))
                     self._native(
@@ -447,12 +484,8 @@ class Communicator:
                     )
                     buf = out
                 else:
-                    row = _rows(t.shape)
                     ring.reduce_scatter(
-                        self._channel(seq, 1),
-                        _flat(buf),
-                        "sum" if op == "avg" else op,
-                        [r * row for r in rows],
+                        self._channel(seq, 1), _flat(buf), base, [r * row for r in rows]
                     )
                     buf = buf[lo:hi].clone()
             else:

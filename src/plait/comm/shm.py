@@ -45,6 +45,7 @@ import os
 import platform
 import select
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -311,28 +312,40 @@ def _chain(
         arena.wait()
 
 
-def reduce_scatter(arena: Arena, part: torch.Tensor, op: str, b: list[int]) -> None:
-    """part[b[r]:b[r+1]] = the reduction of that block over the ranks (rank r = arena.rank);
-    the rest of `part` is left as it was. `part` must fit a slot."""
-    slots = [arena.slot(j, part.dtype, part.numel()) for j in range(arena.size)]
-    r = arena.rank
-    _chain(arena, part, op, slots, b)
-    part[b[r] : b[r + 1]].copy_(slots[r][b[r] : b[r + 1]])
-    arena.arrive()
+def reduce_scatter(arena: Arena, buf: torch.Tensor, op: str, b: list[int]) -> None:
+    """buf[b[r]:b[r+1]] = the reduction of that range over the ranks (r = arena.rank); the
+    rest of 1-D `buf` is left as it was. Blocks may be uneven; `buf` may exceed a slot."""
+    for part, window in _windows(arena, buf, b):
+        slots = [arena.slot(j, part.dtype, part.numel()) for j in range(arena.size)]
+        r = arena.rank
+        _chain(arena, part, op, slots, window)
+        part[window[r] : window[r + 1]].copy_(slots[r][window[r] : window[r + 1]])
+        arena.arrive()
 
 
-def allgather(arena: Arena, part: torch.Tensor, b: list[int]) -> None:
-    """Every rank's part[b[j]:b[j+1]] = rank j's. `part` must fit a slot."""
+def allgather(arena: Arena, buf: torch.Tensor, b: list[int]) -> None:
+    """Every rank's buf[b[j]:b[j+1]] = rank j's, for every j (1-D `buf`, any size)."""
     p, r = arena.size, arena.rank
-    slots = [arena.slot(j, part.dtype, part.numel()) for j in range(p)]
-    arena.wait()
-    slots[r][b[r] : b[r + 1]].copy_(part[b[r] : b[r + 1]])
-    arena.arrive()
-    arena.wait()
-    for j in range(p):
-        if j != r:
-            part[b[j] : b[j + 1]].copy_(slots[j][b[j] : b[j + 1]])
-    arena.arrive()
+    for part, window in _windows(arena, buf, b):
+        slots = [arena.slot(j, part.dtype, part.numel()) for j in range(p)]
+        arena.wait()
+        slots[r][window[r] : window[r + 1]].copy_(part[window[r] : window[r + 1]])
+        arena.arrive()
+        arena.wait()
+        for j in range(p):
+            if j != r:
+                part[window[j] : window[j + 1]].copy_(slots[j][window[j] : window[j + 1]])
+        arena.arrive()
+
+
+def _windows(
+    arena: Arena, buf: torch.Tensor, b: list[int]
+) -> Iterator[tuple[torch.Tensor, list[int]]]:
+    """Slot-sized windows of `buf`: (the window, the block bounds clipped to it)."""
+    per_slot = arena.slot_bytes // buf.element_size()
+    for lo in range(0, max(buf.numel(), 1), per_slot):
+        hi = min(buf.numel(), lo + per_slot)
+        yield buf[lo:hi], [min(max(x, lo), hi) - lo for x in b]
 
 
 def broadcast(arena: Arena, buf: torch.Tensor, root: int) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from plait.comm import shm
+from plait.comm.algorithms import ring
 from plait.comm.algorithms.ring import bounds_even
 from plait.comm.p2p import Channel
 
@@ -48,3 +49,75 @@ def allreduce(
         if block.numel():
             across(cross, block, op)
         shm.allgather(local, part, b)
+
+
+def _layout(hosts: list[list[int]], bounds: list[int]) -> tuple[list[int], list[int]]:
+    """The ranks' blocks regrouped by local rank: (order, bounds in that order).
+
+    Rank hosts[h][j]'s block comes at position j * H + h, so the blocks of one local rank
+    (one per host) lie side by side: the super-block that local rank j reduces inside its
+    host and then splits among the hosts."""
+    order = [hosts[h][j] for j in range(len(hosts[0])) for h in range(len(hosts))]
+    out = [0]
+    for q in order:
+        out.append(out[-1] + bounds[q + 1] - bounds[q])
+    return order, out
+
+
+def reduce_scatter(
+    local: shm.Arena,
+    cross: Channel,
+    buf: torch.Tensor,
+    op: str,
+    bounds: list[int],
+    hosts: list[list[int]],
+) -> torch.Tensor:
+    """This rank's block of the reduction of 1-D `buf` over every host's ranks.
+
+    Args:
+        bounds: element bounds of every rank's block (communicator ranks, size + 1 of them).
+        hosts: the communicator ranks of each host, in local-rank order (equal sizes).
+
+    Two levels: the host reduces each local rank's super-block in shared memory, then each
+    super-block is reduce-scattered among the hosts (ring over `cross`).
+    """
+    h_count, l_count = len(hosts), len(hosts[0])
+    order, grouped = _layout(hosts, bounds)
+    perm = torch.cat([buf[bounds[q] : bounds[q + 1]] for q in order]) if order else buf
+    supers = [grouped[j * h_count] for j in range(l_count)] + [grouped[-1]]
+    shm.reduce_scatter(local, perm, op, supers)
+    me = local.rank
+    mine = perm[supers[me] : supers[me + 1]]
+    sub = [x - supers[me] for x in grouped[me * h_count : (me + 1) * h_count + 1]]
+    if mine.numel():
+        ring.reduce_scatter(cross, mine, op, sub)
+    h = cross.rank
+    return mine[sub[h] : sub[h + 1]].clone()
+
+
+def allgather(
+    local: shm.Arena,
+    cross: Channel,
+    out: torch.Tensor,
+    bounds: list[int],
+    hosts: list[list[int]],
+) -> None:
+    """Fill 1-D `out` (its own block already in place) with every rank's block.
+
+    The reverse of `reduce_scatter`: the hosts gather each super-block among themselves
+    (ring over `cross`), then each host gathers its super-blocks in shared memory.
+    """
+    h_count, l_count = len(hosts), len(hosts[0])
+    order, grouped = _layout(hosts, bounds)
+    perm = torch.empty_like(out)
+    supers = [grouped[j * h_count] for j in range(l_count)] + [grouped[-1]]
+    me, h = local.rank, cross.rank
+    mine = perm[supers[me] : supers[me + 1]]
+    sub = [x - supers[me] for x in grouped[me * h_count : (me + 1) * h_count + 1]]
+    q = hosts[h][me]  # this rank
+    mine[sub[h] : sub[h + 1]].copy_(out[bounds[q] : bounds[q + 1]])
+    if mine.numel():
+        ring.allgather(cross, mine, sub)
+    shm.allgather(local, perm, supers)
+    for i, q in enumerate(order):
+        out[bounds[q] : bounds[q + 1]].copy_(perm[grouped[i] : grouped[i + 1]])
