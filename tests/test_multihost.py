@@ -45,8 +45,10 @@ def _run_on_hosts(hosts: Hosts, argv: Callable[[int], Sequence[str]], timeout: f
             out, _ = proc.communicate()
             pytest.fail(f"host {i} did not finish in {timeout:.0f} s:\n{out.decode()[-3000:]}")
         outs.append(out.decode())
-    for i, (proc, text) in enumerate(zip(procs, outs, strict=True)):
-        assert proc.returncode == 0, f"host {i} exited {proc.returncode}:\n{text[-3000:]}"
+    failed = [i for i, proc in enumerate(procs) if proc.returncode != 0]
+    assert not failed, "\n".join(
+        f"host {i} exited {procs[i].returncode}:\n{outs[i][-3000:]}" for i in range(len(procs))
+    )
     return outs
 
 

@@ -14,6 +14,10 @@ def test_classifier_shapes() -> None:
     x = torch.randn(5, 1, 8, 8)
     assert models.mlp(64, 10)(x).shape == (5, 10)
     assert models.cnn(1, 8, 8, 10)(x).shape == (5, 10)
+    wide = models.wide(64, 10)
+    assert wide(x).shape == (5, 10)
+    # 64*2048 + 2048 + 2048*2048 + 2048 + 2048*10 + 10: gradient traffic, little compute
+    assert models.count_parameters(wide) == 4_349_962
 
 
 def test_gpt_shapes_and_layout() -> None:

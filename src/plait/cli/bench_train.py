@@ -15,7 +15,7 @@ from rich.table import Table
 
 from plait.launch import launch
 
-WORKLOADS = ("gpt", "cnn", "mlp")
+WORKLOADS = ("gpt", "cnn", "mlp", "wide")
 
 
 def add_parser(which: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,7 +26,9 @@ def add_parser(which: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "DistributedDataParallel in one run (same world size, global batch and gloo "
         "backend), in turns, and report samples/s of each and their ratio.",
     )
-    t.add_argument("--workloads", default="gpt,cnn", help="comma-separated (default gpt,cnn)")
+    t.add_argument(
+        "--workloads", default="gpt,cnn,wide", help="comma-separated (default gpt,cnn,wide)"
+    )
     t.add_argument("--nproc", "-n", default="2,4", help="world sizes to run (default 2,4)")
     t.add_argument("--global-batch", type=int, default=32, help="global batch (default 32)")
     t.add_argument("--steps", type=int, default=10, help="timed steps per repeat (default 10)")

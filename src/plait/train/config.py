@@ -14,8 +14,8 @@ from plait.train import data as datasets
 from plait.train.errors import ConfigError
 from plait.train.options import flag, option
 
-MODELS = ("mlp", "cnn", "gpt")
-MODEL_TASK = {"mlp": "classify", "cnn": "classify", "gpt": "lm"}
+MODELS = ("mlp", "cnn", "gpt", "wide")
+MODEL_TASK = {"mlp": "classify", "cnn": "classify", "gpt": "lm", "wide": "classify"}
 TASK_NAMES = {"classify": "image classification", "lm": "language modelling"}
 STRATEGIES = ("allreduce", "ps")  # later issues add pipelines, tensor parallelism, ...
 PS_MODES = ("sync", "async", "ssp")
@@ -53,6 +53,8 @@ RECIPES = {
                   warmup_steps=0, optimizer="sgd", weight_decay=1e-4, grad_clip=0.0),
     "gpt": Recipe(data="code", steps=360, batch_size=32, lr=4e-3, base_batch=32,
                   warmup_steps=40, optimizer="adamw", weight_decay=0.01, grad_clip=1.0),
+    "wide": Recipe(data="digits", steps=150, batch_size=64, lr=0.05, base_batch=64,
+                   warmup_steps=0, optimizer="sgd", weight_decay=1e-4, grad_clip=0.0),
 }  # fmt: skip
 
 
@@ -71,7 +73,7 @@ class TrainConfig:
             "the dataset: digits (8x8 handwritten digits, needs scikit-learn), code "
             "(bytes of the Python standard library's source), synthetic (generated)",
             choices=tuple(datasets.TASKS),
-            default_text="digits for mlp and cnn, code for gpt",
+            default_text="digits for mlp, cnn and wide, code for gpt",
         ),
     )
     workers: int = field(default=4, metadata=option("local worker processes (ranks)"))
