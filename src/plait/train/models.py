@@ -23,29 +23,24 @@ MLP_HIDDEN = 128
 GPT_SIZES = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64)
 
 
-def mlp(in_features: int, num_classes: int, hidden: int = MLP_HIDDEN) -> nn.Sequential:
-    """(batch, *image) -> (batch, classes): flatten, one hidden ReLU layer."""
-    return nn.Sequential(
-        nn.Flatten(),  # (batch, in_features)
-        nn.Linear(in_features, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, num_classes),
-    )
+def mlp(
+    in_features: int, num_classes: int, hidden: int = MLP_HIDDEN, depth: int = 1
+) -> nn.Sequential:
+    """(batch, *image) -> (batch, classes): flatten, `depth` hidden ReLU layers."""
+    layers: list[nn.Module] = [nn.Flatten()]  # (batch, in_features)
+    width = in_features
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    return nn.Sequential(*layers, nn.Linear(width, num_classes))
 
 
 WIDE_HIDDEN = 2048
 
 
-def wide(in_features: int, num_classes: int, hidden: int = WIDE_HIDDEN) -> nn.Sequential:
-    """(batch, *image) -> (batch, classes): flatten, two wide hidden ReLU layers."""
-    return nn.Sequential(
-        nn.Flatten(),  # (batch, in_features)
-        nn.Linear(in_features, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, num_classes),
-    )
+def wide(in_features: int, num_classes: int) -> nn.Sequential:
+    """(batch, *image) -> (batch, classes): an MLP with two WIDE_HIDDEN-unit layers."""
+    return mlp(in_features, num_classes, hidden=WIDE_HIDDEN, depth=2)
 
 
 def cnn(channels: int, height: int, width: int, num_classes: int) -> nn.Sequential:
