@@ -105,6 +105,8 @@ class Communicator:
         self.num_nodes = len(order)
         self.local_rank = nodes[: self.rank].count(nodes[self.rank])
         self.local_size = nodes.count(nodes[self.rank])
+        # each host's ranks, hosts in node_rank order (for the hierarchical algorithms)
+        self._hosts = [[i for i, n in enumerate(nodes) if n == h] for h in order]
         self._id = comm_id
         self._pg = pg
         self._seq = 0
@@ -198,14 +200,12 @@ class Communicator:
         """(this host's ranks, the ranks of this local rank on every host), as communicator
         ranks in order, for the hierarchical allreduce; None unless there are several hosts
         with the same number (> 1) of ranks each."""
-        order = list(dict.fromkeys(self._nodes))
-        hosts = [[i for i, n in enumerate(self._nodes) if n == h] for h in order]
+        hosts = self._hosts
         sizes = {len(h) for h in hosts}
         if len(hosts) < 2 or len(sizes) != 1 or sizes == {1}:
             return None
         local = hosts[self.node_rank]
-        j = local.index(self.rank)
-        return local, [h[j] for h in hosts]
+        return local, [h[self.local_rank] for h in hosts]
 
     def _native_group(self) -> native.Group:
         if self._pg is None:  # sub-communicators create their gloo group on first native use
@@ -296,12 +296,10 @@ class Communicator:
             raise shm.ShmError(
                 "algorithm 'hierarchical' needs ranks on several hosts with the same number "
                 f"(> 1) of ranks each; this communicator has {self.num_nodes} host(s) with "
-                f"{[self._nodes.count(n) for n in dict.fromkeys(self._nodes)]} ranks"
+                f"{[len(h) for h in self._hosts]} ranks"
             )
         local, cross = levels
-        order = list(dict.fromkeys(self._nodes))
-        hosts = [[i for i, n in enumerate(self._nodes) if n == h] for h in order]
-        return self._arena(seq, nbytes, local), self._channel(seq, 3, cross), hosts
+        return self._arena(seq, nbytes, local), self._channel(seq, 3, cross), self._hosts
 
     def _hierarchical(self, seq: int, buf: torch.Tensor, op: str) -> None:
         arena, cross, hosts = self._two_levels(buf.numel() * buf.element_size(), seq)
@@ -411,7 +409,7 @@ class Communicator:
         out = torch.empty((sum(dims), *t.shape[1:]), dtype=t.dtype)
         flat = _flat(out)
         flat[bounds[self.rank] : bounds[self.rank + 1]] = t.reshape(-1)
-        name = self._gather_kind(call.algorithm, flat.numel() * flat.element_size())
+        name = self._gather_kind(call.algorithm)
         if name == "native" and len(set(dims)) == 1:
             parts = list(out.chunk(self.size)) if dims[0] else []
             if parts:
@@ -428,7 +426,7 @@ class Communicator:
             ring.allgather(self._channel(seq, 1), flat, bounds)
         return out, dims
 
-    def _gather_kind(self, algorithm: str, nbytes: int) -> str:
+    def _gather_kind(self, algorithm: str) -> str:
         """allgather / reduce_scatter: what `auto` means here (shm on one host, the two
         levels across equal hosts, else the ring)."""
         if algorithm != "auto":
@@ -461,7 +459,7 @@ class Communicator:
             rows = ring.bounds_even(t.shape[0], self.size)
             lo, hi = rows[self.rank], rows[self.rank + 1]
             buf = t.clone(memory_format=torch.contiguous_format)
-            name = self._gather_kind(algorithm, buf.numel() * buf.element_size())
+            name = self._gather_kind(algorithm)
             base = "sum" if op == "avg" else op
             row = _rows(t.shape)
             if self.size > 1 and buf.numel() and name in ("shm", "hierarchical"):

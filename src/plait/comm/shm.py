@@ -211,7 +211,7 @@ class Arena:
     def slot(self, j: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """Slot j's first `numel` elements of `dtype` (1-D)."""
         start = j * self.slot_bytes
-        return self._data[start : start + numel * _itemsize(dtype)].view(dtype)
+        return self._data[start : start + numel * dtype.itemsize].view(dtype)
 
 
 def _doorbell(path: str) -> int:
@@ -231,10 +231,6 @@ def _gather_then_release(ch: Channel, word: torch.Tensor) -> None:
     else:
         ch.isend(word, 0).wait()
         ch.irecv(word, 0).wait()
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def allreduce(arena: Arena, buf: torch.Tensor, op: str) -> None:

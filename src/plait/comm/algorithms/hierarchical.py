@@ -83,7 +83,7 @@ def reduce_scatter(
     """
     h_count, l_count = len(hosts), len(hosts[0])
     order, grouped = _layout(hosts, bounds)
-    perm = torch.cat([buf[bounds[q] : bounds[q + 1]] for q in order]) if order else buf
+    perm = torch.cat([buf[bounds[q] : bounds[q + 1]] for q in order])
     supers = [grouped[j * h_count] for j in range(l_count)] + [grouped[-1]]
     shm.reduce_scatter(local, perm, op, supers)
     me = local.rank
