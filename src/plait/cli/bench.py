@@ -15,7 +15,7 @@ from rich.table import Table
 
 from plait.bench.units import ALGORITHMS as ALL
 from plait.bench.units import format_size, parse_size
-from plait.cli import bench_pipeline, bench_ps, bench_train
+from plait.cli import bench_p2p, bench_pipeline, bench_ps, bench_train
 from plait.launch import launch
 from plait.launch.hosts import HostsError, launch_on_hosts
 
@@ -77,6 +77,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench_train.add_parser(which)
     bench_ps.add_parser(which)
     bench_pipeline.add_parser(which)
+    bench_p2p.add_parser(which)
 
 
 def _validate(args: argparse.Namespace) -> str | None:

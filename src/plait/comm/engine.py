@@ -33,21 +33,30 @@ from collections.abc import Callable
 
 import torch
 
+from plait.comm import shm_pipe
 from plait.comm.frames import (
     BYE,
     DATA,
     FAIL,
     HEADER,
     HEARTBEAT,
+    NUDGE,
+    PIPE_DATA,
+    PIPE_OPEN,
     STAGE_BYTES,
+    WITH_BODY,
     Conn,
     Request,
     as_bytes,
 )
+from plait.comm.shm_pipe import Pipe
 from plait.errors import CommTimeoutError, PeerFailureError, PlaitError
 
 _SOCK_BUF = 4 << 20  # kernel socket buffers: big enough to keep loopback busy
 _HOLD_S = 0.05  # how long a large message may wait in the kernel for its receive
+_PIPE_SPIN_S = 100e-6  # poll a busy pipe without sleeping this long after it last moved
+_PIPE_NAP_S = 2e-3  # then sleep until nudged, but at most this long (a missed nudge's cost)
+_NUDGE = HEADER.pack(NUDGE, 0, 0)
 
 
 class Engine:
@@ -82,12 +91,13 @@ class Engine:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
-            conn = Conn(peer, sock)
-            self._conns[peer] = conn
+            self._conns[peer] = conn = Conn(peer, sock)
             self._sel.register(sock, selectors.EVENT_READ, conn)
         self._running = True
         self._progress = threading.Lock()  # held by whichever thread polls the sockets
         self._last_active = 0.0  # when a thread last waited on a request
+        self._pipe_moved = 0.0  # when bytes last went into or out of a pipe
+        self.use_pipes(True)  # a peer behind a Unix socket is on this host
         self._thread = threading.Thread(target=self._loop, name="plait-engine", daemon=True)
         self._thread.start()
 
@@ -96,8 +106,7 @@ class Engine:
         """Send a 1-D contiguous tensor's bytes to `peer` under `tag`."""
         view = as_bytes(t)
         req = Request(self, peer, view)
-        frame = [memoryview(HEADER.pack(DATA, tag, len(view))), view]
-        self._send_frame(self._conn(peer), frame, req)
+        self._send(self._conn(peer), tag, view, req)
         return req
 
     def irecv(self, t: torch.Tensor, peer: int, tag: int) -> Request:
@@ -137,6 +146,21 @@ class Engine:
         """Data messages (sent, received) per peer since start, for structure tests."""
         return {p: (c.msgs_sent, c.msgs_recv) for p, c in self._conns.items()}
 
+    def use_pipes(self, on: bool) -> None:
+        """Send large messages to peers on this host through shared-memory pipes (the
+        default where shm_pipe.available()) or through the socket (for benchmarks)."""
+        on = on and shm_pipe.available()
+        with self._lock:
+            for conn in self._conns.values():
+                conn.pipe_ok = on and conn.sock.family == socket.AF_UNIX
+
+    def pipe_bytes(self) -> dict[int, tuple[int, int]]:
+        """Payload bytes (sent, received) through shared-memory pipes, per peer."""
+        return {
+            p: (c.pipe_out.moved if c.pipe_out else 0, c.pipe_in.moved if c.pipe_in else 0)
+            for p, c in self._conns.items()
+        }
+
     def close(self) -> None:
         """Leave cleanly: say goodbye, flush, and wait briefly for every peer to hang up.
 
@@ -157,7 +181,9 @@ class Engine:
                     self._push(conn, [memoryview(HEADER.pack(BYE, 0, 0))], None)
         live = [c for c in self._conns.values() if not c.closed]
         with self._progress:
-            self._poll_until(lambda: not any(c.out for c in live if not c.closed), 5.0)
+            self._poll_until(
+                lambda: not any(c.out or c.pipe_queue for c in live if not c.closed), 5.0
+            )
             for conn in live:
                 with contextlib.suppress(OSError):
                     conn.sock.shutdown(socket.SHUT_WR)
@@ -165,6 +191,9 @@ class Engine:
         self._thread.join(timeout=5.0)
         for conn in self._conns.values():
             conn.sock.close()
+            for pipe in (conn.pipe_out, conn.pipe_in):
+                if pipe is not None:
+                    pipe.close()
         self._sel.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -186,9 +215,11 @@ class Engine:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
 
-    def _send_frame(self, conn: Conn, frame: list[memoryview], req: Request | None) -> None:
+    def _send(self, conn: Conn, tag: int, view: memoryview, req: Request) -> None:
         # Fast path: if nothing is queued for this peer, write from the caller's thread; a
-        # small message then completes without waking the engine thread at all.
+        # small message then completes without waking the engine thread at all. A large
+        # one to a peer on this host goes through its pipe: the header on the socket, and
+        # what fits of the payload copied in now.
         with self._lock:
             if not self._running:
                 raise PlaitError("the communicator was shut down (plait.shutdown)")
@@ -197,7 +228,100 @@ class Engine:
             if conn.said_bye:  # it would never read the message
                 raise self._left(conn, "shut down before this rank's message to it was sent")
             conn.msgs_sent += 1  # only isend comes here: control frames go through _push
-            self._push(conn, frame, req)
+            if len(view) >= shm_pipe.MIN_BYTES and self._pipe_to(conn):
+                header = [memoryview(HEADER.pack(PIPE_DATA, tag, len(view)))]
+                assert conn.pipe_out is not None
+                small = len(view) <= shm_pipe.WHOLE_BYTES
+                if small and not conn.pipe_queue and conn.pipe_out.room() >= len(view):
+                    # all of it in, then the header: the receiver, woken by the header,
+                    # finds the whole payload there (no spinning on a pipe while this side
+                    # is descheduled, 4 ranks sharing 2 cores)
+                    conn.pipe_out.put(view)
+                    self._push(conn, header, req)
+                    return
+                # larger: the header first, so the receiver copies out while this side
+                # copies in (and waits for room); copying twice in turn would cost more
+                self._push(conn, header, None)
+                conn.pipe_queue.append([view, req])
+                self._pump_out(conn)
+                self._pipe_moved = time.monotonic()
+                return
+            self._push(conn, [memoryview(HEADER.pack(DATA, tag, len(view))), view], req)
+
+    def _pipe_to(self, conn: Conn) -> bool:
+        """Whether a large message to `conn` can go through a pipe; makes it the first
+        time, and announces it on the socket (lock held)."""
+        if not conn.pipe_ok or conn.closed or conn.write_error is not None:
+            return False
+        if conn.pipe_out is None:
+            try:
+                conn.pipe_out = shm_pipe.Pipe.create(conn.rank)
+            except OSError:  # /dev/shm full or not writable: the socket still works
+                conn.pipe_ok = False
+                return False
+            note = f"{conn.pipe_out.name}:{conn.pipe_out.cap}".encode()
+            self._push(
+                conn, [memoryview(HEADER.pack(PIPE_OPEN, 0, len(note))), memoryview(note)], None
+            )
+        return True
+
+    def _pump_out(self, conn: Conn) -> bool:
+        """Put queued payloads into `conn`'s pipe as far as it has room; whether any
+        bytes went in (lock held). A send is complete once all its bytes are in."""
+        moved = False
+        pipe = conn.pipe_out
+        assert pipe is not None
+        while conn.pipe_queue:
+            item = conn.pipe_queue[0]
+            n = pipe.put(item[0])
+            moved = moved or n > 0
+            if n < len(item[0]):
+                item[0] = item[0][n:]
+                break
+            conn.pipe_queue.popleft()
+            if item[1] is not None:
+                item[1].complete()
+        if moved and pipe.needs_nudge(reader=True):
+            self._push(conn, [memoryview(_NUDGE)], None)
+        return moved
+
+    def _pull_in(self, conn: Conn) -> bool:
+        """Copy what has arrived through `conn`'s pipe into the payload being received;
+        once it is whole, deliver it and parse the frames behind it. Whether any bytes
+        came (poller only)."""
+        assert conn.pipe_in is not None and conn.target is not None
+        n = conn.pipe_in.get(conn.target[conn.target_pos :])
+        if n == 0:
+            return False
+        conn.target_pos += n
+        conn.last_recv = time.monotonic()
+        if conn.pipe_in.needs_nudge(reader=False):  # the sender waits for this room
+            with self._lock:
+                self._push(conn, [memoryview(_NUDGE)], None)
+        if conn.target_pos == len(conn.target):
+            done = conn.target_done
+            conn.target, conn.target_done, conn.target_req = None, None, None
+            conn.from_pipe = False
+            assert done is not None
+            done()
+            self._parse(conn)
+        return True
+
+    def _pump_pipes(self, busy: list[Conn], spinning: bool) -> None:
+        """Move bytes through the pipes of `busy` connections, both ways (poller only)."""
+        moved = False
+        for conn in busy:
+            if conn.closed:
+                continue
+            if conn.pipe_queue:
+                with self._lock:
+                    moved = self._pump_out(conn) or moved
+            if conn.from_pipe:
+                moved = self._pull_in(conn) or moved
+        if moved:
+            self._pipe_moved = time.monotonic()
+        elif spinning:
+            os.sched_yield()  # hand the core to a peer that is filling or draining a pipe
 
     def _push(self, conn: Conn, frame: list[memoryview], req: Request | None) -> None:
         """Write now if the peer's queue is empty, else queue for the engine (lock held)."""
@@ -244,7 +368,9 @@ class Engine:
         the peer closes, often before its goodbye has been read.)"""
         conn.write_error = reason
         senders = [r for _, r in conn.out if r is not None]
+        senders += [r for _, r in conn.pipe_queue if r is not None]
         conn.out.clear()
+        conn.pipe_queue.clear()
         if senders and self._running:  # a message of ours it will never read: a failure
             err = self._left(conn, f"{reason} before this rank's message to it was read")
             for r in senders:
@@ -318,6 +444,14 @@ class Engine:
         held = [c.held_at for c in self._conns.values() if c.held_at is not None]
         if held:  # wake up when the oldest held message has waited long enough
             timeout = max(0.0, min(timeout, min(held) + _HOLD_S - time.monotonic()))
+        busy = [c for c in self._conns.values() if c.pipe_queue or c.from_pipe]
+        spinning, asleep = False, None
+        if busy:  # look at the pipes again at once while they move, else sleep until nudged
+            spinning = time.monotonic() - self._pipe_moved < _PIPE_SPIN_S
+            if not spinning:
+                asleep = self._doze(busy)
+                spinning = asleep is None  # a pipe moved meanwhile: no sleep
+            timeout = 0.0 if spinning else min(timeout, _PIPE_NAP_S)
         for key, mask in self._sel.select(timeout):
             conn = key.data
             if conn is None:
@@ -331,7 +465,30 @@ class Engine:
                 self._on_readable(conn)
             if mask & selectors.EVENT_WRITE:
                 self._on_writable(conn)
+        for pipe, reader in asleep or ():
+            pipe.woke(reader)
+        if busy:
+            self._pump_pipes(busy, spinning)
         self._housekeeping()
+
+    @staticmethod
+    def _doze(busy: list[Conn]) -> list[tuple[Pipe, bool]] | None:
+        """Raise this side's "asleep" word on every pipe `busy` waits on (as reader: for
+        bytes, as writer: for room); None, with every word lowered, if one need not wait."""
+        asleep: list[tuple[Pipe, bool]] = []
+        for conn in busy:
+            waits = []
+            if conn.from_pipe and conn.pipe_in is not None:
+                waits.append((conn.pipe_in, True))
+            if conn.pipe_queue and conn.pipe_out is not None:
+                waits.append((conn.pipe_out, False))
+            for pipe, reader in waits:
+                if not pipe.sleep(reader):
+                    for other, other_reader in asleep:
+                        other.woke(other_reader)
+                    return None
+                asleep.append((pipe, reader))
+        return asleep
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -383,7 +540,10 @@ class Engine:
         """Register what the selector should watch on `conn` (lock held)."""
         if conn.closed:
             return
-        events = (0 if conn.held_at is not None else selectors.EVENT_READ) | (
+        # while a payload comes through the pipe the socket is still read (to see a
+        # hang-up), into the stage, until the stage is full
+        paused = conn.held_at is not None or (conn.from_pipe and conn.fill == STAGE_BYTES)
+        events = (0 if paused else selectors.EVENT_READ) | (
             selectors.EVENT_WRITE if conn.out else 0
         )
         if events == conn.events:
@@ -410,9 +570,15 @@ class Engine:
 
     def _on_readable(self, conn: Conn) -> None:
         while True:
+            if conn.from_pipe:
+                self._pull_in(conn)
+                if conn.held_at is not None:
+                    return
             try:
-                if conn.target is not None:
+                if conn.target is not None and not conn.from_pipe:
                     n = conn.sock.recv_into(conn.target[conn.target_pos :])
+                elif conn.fill == STAGE_BYTES:  # (only while the pipe's payload is awaited)
+                    return
                 else:
                     n = conn.sock.recv_into(conn.stage_view[conn.fill :])
             except BlockingIOError:
@@ -429,7 +595,7 @@ class Engine:
                         self._lost(conn, reason)
                 return
             conn.last_recv = time.monotonic()
-            if conn.target is not None:
+            if conn.target is not None and not conn.from_pipe:
                 conn.target_pos += n
                 if conn.target_pos == len(conn.target):
                     done = conn.target_done
@@ -438,20 +604,36 @@ class Engine:
                     done()
                 continue
             conn.fill += n
-            self._parse(conn)
+            if not conn.from_pipe:
+                self._parse(conn)
             if conn.held_at is not None:
                 return
 
     def _parse(self, conn: Conn) -> None:
         """Consume complete frames from the staging buffer; start a direct read if large."""
         pos, stage = 0, conn.stage_view
-        while conn.fill - pos >= HEADER.size:
+        while conn.fill - pos >= HEADER.size and not conn.closed:
             kind, tag, nbytes = HEADER.unpack_from(stage, pos)
             body = pos + HEADER.size
+            if kind == PIPE_DATA:
+                if not conn.force and self._hold(conn, tag):
+                    break
+                conn.force = False
+                if conn.pipe_in is None:
+                    with self._lock:
+                        self._lost(conn, "sent through a shared-memory pipe it never opened")
+                    return
+                dest, finish, owner = self._match(conn, tag, nbytes)
+                pos = body
+                conn.msgs_recv += 1
+                conn.target, conn.target_pos, conn.target_done = dest, 0, finish
+                conn.target_req, conn.from_pipe = owner, True
+                self._pipe_moved = time.monotonic()
+                break  # what follows waits until the payload is through (message order)
             if kind != DATA:
-                if kind == FAIL and conn.fill - body < nbytes:
-                    break  # the reason text has not fully arrived yet
-                pos = body + (nbytes if kind == FAIL else 0)
+                if kind in WITH_BODY and conn.fill - body < nbytes:
+                    break  # the text has not fully arrived yet
+                pos = body + (nbytes if kind in WITH_BODY else 0)
                 self._control(conn, kind, bytes(stage[body:pos]))
                 continue
             have = min(nbytes, conn.fill - body)
@@ -518,6 +700,13 @@ class Engine:
                 # anyone still waiting on this peer will never hear from it
                 if any(reqs for (peer, _), reqs in self._posted.items() if peer == conn.rank):
                     self._left(conn, "shut down while this rank still waited for it")
+        elif kind == PIPE_OPEN:
+            name, _, cap = body.decode("ascii", "replace").rpartition(":")
+            try:
+                conn.pipe_in = shm_pipe.Pipe.attach(name, int(cap))
+            except (OSError, ValueError) as e:
+                with self._lock:
+                    self._lost(conn, f"its shared-memory pipe could not be mapped ({e})")
         elif kind == FAIL:
             rank_s, _, reason = body.decode("utf-8", "replace").partition(":")
             with self._lock:
@@ -529,9 +718,11 @@ class Engine:
     def _hang_up(self, conn: Conn) -> None:
         if not conn.closed:
             conn.closed = True
-            if any(sender is not None for _, sender in conn.out):
+            if any(sender is not None for _, sender in conn.out) or conn.pipe_queue:
                 self._left(conn, "hung up before this rank's message to it was sent")
             conn.out.clear()
+            conn.pipe_queue.clear()  # _left completed its senders
+            conn.from_pipe = False
             if conn.target_req is not None:  # a message cut off halfway: its receive fails
                 conn.target_req.complete(
                     self.error
@@ -590,3 +781,8 @@ class Engine:
                 if sender is not None:
                     sender.complete(err)
             conn.out = deque((frame, None) for frame, _ in conn.out)
+            # a payload half in its pipe is dropped: after a failure nothing more is read
+            for _, sender in conn.pipe_queue:
+                if sender is not None:
+                    sender.complete(err)
+            conn.pipe_queue.clear()

@@ -2,7 +2,10 @@
 
 Wire format, per message: a 17-byte header (kind u8, tag u64, nbytes u64) and `nbytes` raw
 bytes. Kinds: DATA (a tensor's bytes), HEARTBEAT, BYE (a clean goodbye), FAIL (the text
-"rank:reason", telling the peers which rank failed).
+"rank:reason", telling the peers which rank failed), PIPE_OPEN (the text "name:capacity" of
+a shared-memory pipe the sender made for this peer, shm_pipe.py), PIPE_DATA (a header
+only: the `nbytes` of payload are the next bytes through that pipe) and NUDGE (nothing:
+wakes a peer asleep on a pipe).
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import torch
 
 if TYPE_CHECKING:
     from plait.comm.engine import Engine
+    from plait.comm.shm_pipe import Pipe
 
 STAGE_BYTES = 1 << 16  # reads go through a staging buffer of this size unless large
 
 HEADER = struct.Struct("<BQQ")
-DATA, HEARTBEAT, BYE, FAIL = 1, 2, 3, 4
+DATA, HEARTBEAT, BYE, FAIL, PIPE_OPEN, PIPE_DATA, NUDGE = 1, 2, 3, 4, 5, 6, 7
+WITH_BODY = (FAIL, PIPE_OPEN)  # control frames whose `nbytes` of text follow the header
 
 
 def as_bytes(t: torch.Tensor) -> memoryview:
@@ -94,3 +99,9 @@ class Conn:
         self.force = False  # the held message waited long enough: buffer it
         self.msgs_sent = 0
         self.msgs_recv = 0
+        # large payloads to a peer on this host go through shared memory (shm_pipe.py)
+        self.pipe_ok = False  # whether this side may send through a pipe to the peer
+        self.pipe_out: Pipe | None = None
+        self.pipe_in: Pipe | None = None
+        self.pipe_queue: deque[list] = deque()  # [bytes still to put, Request | None]
+        self.from_pipe = False  # `target` is being filled from pipe_in, not the socket

@@ -171,8 +171,9 @@ class Arena:
                 with contextlib.suppress(BlockingIOError):  # its doorbell is ringing already
                     os.write(self._ring[peer], b"\0")
 
-    def wait(self, target: int | None = None) -> None:
-        """Until every rank has arrived `target` times (default: as often as this one).
+    def wait(self, target: int | None = None, rank: int | None = None) -> None:
+        """Until every rank (or only `rank`) has arrived `target` times (default: as often
+        as this one).
 
         Spins with `sched_yield` for SPIN_S, then sleeps on this rank's doorbell, which an
         arriving peer rings when it sees this rank's "asleep" word. The word is written
@@ -182,7 +183,7 @@ class Arena:
         MAX_NAP_S, which is the worst a missed ring costs.
         """
         target = self.count if target is None else target
-        counters = self._counters[:, 0]
+        counters = self._counters[:, 0] if rank is None else self._counters[rank : rank + 1, 0]
         if counters.min() >= target:
             return
         start = time.monotonic()
@@ -195,7 +196,7 @@ class Arena:
             if error is not None:
                 raise error
             if now - start > self.engine.timeout:
-                late = [r for r in range(self.size) if counters[r] < target]
+                late = [r for r in range(self.size) if self._counters[r, 0] < target]
                 raise CommTimeoutError(
                     f"rank {self.rank} waited {self.engine.timeout:.0f} s in a shared-memory "
                     f"collective for rank(s) {late} of its communicator, which are alive but "
@@ -293,11 +294,17 @@ def _chain(
     into that block's accumulator (step 0 copies), so at every step the ranks touch p
     different blocks, and after p steps each block holds the reduction, accumulated in one
     order (one rank per step): every rank later reads the same bits.
+
+    Block j's accumulator is touched at step k by rank j + k alone, after rank j + k - 1
+    left it at step k - 1: so a step waits for the rank before only, not for everyone (with
+    4 ranks on 2 cores a barrier per step also waited for whichever rank was descheduled).
     """
     p, r = arena.size, arena.rank
     arena.wait()  # every rank is done reading the slots' previous contents
     for k in range(p):
         j = (r - k) % p
+        if k:
+            arena.wait(rank=(r - 1) % p)  # it has done step k - 1: block j is ours now
         mine = part[b[j] : b[j + 1]]
         acc = slots[j][b[j] : b[j + 1]]
         if k == 0:
@@ -305,7 +312,7 @@ def _chain(
         else:
             reduce_into(acc, mine, op)
         arena.arrive()
-        arena.wait()
+    arena.wait()  # every block is whole
 
 
 def reduce_scatter(arena: Arena, buf: torch.Tensor, op: str, b: list[int]) -> None:

@@ -1,0 +1,112 @@
+"""`plait bench p2p`: point-to-point messages between ranks of one host, three ways, one run.
+
+Ranks pair up (0-1, 2-3, ...) and bounce a float32 message back and forth; a timing is
+the slowest pair's, and one message's time is half a round trip. The ways, taking turns
+in a fresh shuffled order each repeat:
+
+    torch   torch.distributed send/recv (gloo, over TCP on loopback): the peer
+    socket  plait's engine with its shared-memory pipes off (a Unix socket)
+    shm     plait's engine as it runs by default: payloads of 64 KB or more through a
+            shared-memory pipe (comm/shm_pipe.py), smaller ones on the socket
+
+Rank 0 writes the measurements as JSON; the parent (cli/bench_p2p.py) prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from plait.bench.units import parse_size
+
+MODES = ("torch", "socket", "shm")
+
+
+def _bounce(comm: Any, mode: str, buf: torch.Tensor, iters: int) -> None:
+    """`iters` round trips between this rank and its partner (the even rank starts)."""
+    peer = comm.rank ^ 1
+    first = comm.rank % 2 == 0
+    for _ in range(iters):
+        if mode == "torch":  # the default group's ranks are the communicator's here
+            if first:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(buf, peer)
+        elif first:
+            comm.send(buf, peer)
+            comm.recv(buf, peer)
+        else:
+            comm.recv(buf, peer)
+            comm.send(buf, peer)
+
+
+def _time(comm: Any, mode: str, buf: torch.Tensor, iters: int) -> float:
+    """Seconds per one-way message, the slowest pair's."""
+    comm._engine.use_pipes(mode == "shm")
+    comm.barrier()
+    start = time.perf_counter()
+    _bounce(comm, mode, buf, iters)
+    mine = torch.tensor([(time.perf_counter() - start) / (2 * iters)], dtype=torch.float64)
+    return float(comm.allreduce(mine, op="max", algorithm="tree").item())
+
+
+def measure(comm: Any, sizes: list[int], repeats: int, budget_s: float) -> dict[str, Any]:
+    results: dict[str, dict[str, list[float]]] = {}
+    for size in sizes:
+        buf = torch.full((size // 4,), float(comm.rank))
+        for mode in MODES:  # check the bytes arrive (and warm up)
+            buf.fill_(float(comm.rank))
+            _bounce(comm, mode, buf, 1)
+            # the even rank's values went to the odd rank and came back
+            if not bool((buf == float(comm.rank & ~1)).all()):
+                raise RuntimeError(f"{mode} delivered a wrong message at {size} bytes")
+        probe = max(_time(comm, m, buf, 1) for m in MODES)
+        iters = max(1, min(500, int(budget_s / (repeats * len(MODES) * 2 * max(probe, 1e-6)))))
+        row: dict[str, list[float]] = {m: [] for m in MODES}
+        for i in range(repeats):
+            order = list(MODES)
+            random.Random(i).shuffle(order)
+            for mode in order:
+                row[mode].append(_time(comm, mode, buf, iters))
+        results[str(size)] = row
+        if comm.rank == 0:
+            print(f"measured {size} bytes ({iters} round trips x {repeats} repeats)", flush=True)
+    comm._engine.use_pipes(True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m plait.bench.p2p")
+    p.add_argument("--sizes", required=True)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--budget", type=float, default=3.0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import plait
+
+    comm = plait.init()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    out = {
+        "world_size": comm.size,
+        "num_nodes": comm.num_nodes,
+        "results": measure(comm, sizes, args.repeats, args.budget),
+    }
+    if comm.rank == 0:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    plait.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,172 @@
+"""Point-to-point messages through shared-memory pipes between ranks of one host.
+
+The socket carries every message's header; a payload of MIN_BYTES or more goes through the
+sender's pipe to that peer. What must hold: every byte arrives, messages are matched in
+the order they were sent (small ones on the socket and large ones through the pipe mixed,
+under one tag), a receive posted late still gets its message, messages larger than the
+ring pass, both directions at once do not block each other, PLAIT_SHM=0 keeps everything
+on the socket, and a rank dying mid-message is a PeerFailureError that leaves nothing in
+/dev/shm.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from plait import Communicator, PeerFailureError
+from plait.comm import shm_pipe
+from plait.comm.frames import as_bytes
+from world import run_world
+
+KB = 256  # float32 elements in 1 KiB
+
+
+def _leftovers() -> set[str]:
+    return {n for n in os.listdir(shm_pipe.SHM_DIR) if n.startswith("plait-pipe-")}
+
+
+def _data(seed: int, n: int) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------ the ring, in process
+def test_a_pipe_carries_a_stream_intact_across_wrap_arounds() -> None:
+    sender = shm_pipe.Pipe.create(peer=1, cap=1000)  # tiny: pieces wrap around often
+    receiver = shm_pipe.Pipe.attach(sender.name, sender.cap)
+    try:
+        assert _leftovers() & {sender.name} == set(), "the receiver removes the name"
+        rng = random.Random(0)
+        stream = bytes(rng.getrandbits(8) for _ in range(50_000))
+        got = bytearray(len(stream))
+        sent = read = 0
+        while read < len(stream):
+            # the sender puts a random amount, the receiver takes a random amount
+            sent += sender.put(memoryview(stream)[sent : sent + rng.randint(1, 1500)])
+            read += receiver.get(memoryview(got)[read : read + rng.randint(1, 1500)])
+            assert sent - read <= sender.cap
+        assert bytes(got) == stream
+        assert sender.put(memoryview(bytes(1001))) == 1000  # only what the ring has room for
+        assert receiver.get(memoryview(bytearray(10))) == 10
+    finally:
+        sender.close()
+        receiver.close()
+
+
+# ------------------------------------------------------------------ between two ranks
+def _mixed(comm: Communicator) -> Any:
+    """Rank 0 sends, rank 1 receives: sizes on both sides of MIN_BYTES, one tag."""
+    big = shm_pipe.MIN_BYTES // 4  # float32 elements at the threshold
+    sizes = [10, big, 3, 40 * big, big - 1, 5 * 1024 * KB, 1, 2 * big]  # 5 MiB > the ring
+    before = comm._engine.pipe_bytes()[1 - comm.rank]
+    if comm.rank == 0:
+        for i, n in enumerate(sizes):
+            comm.send(_data(i, n), 1, tag=7)
+        ok = comm.recv(torch.zeros(1), 1, tag=8)
+    else:
+        time.sleep(0.3)  # every message has arrived (or waits in the pipe) before a receive
+        got = [comm.recv(torch.empty(n), 0, tag=7) for n in sizes]
+        same = all(
+            torch.equal(g, _data(i, n)) for i, (g, n) in enumerate(zip(got, sizes, strict=True))
+        )
+        ok = torch.tensor([float(same)])
+        comm.send(ok, 0, tag=8)
+    after = comm._engine.pipe_bytes()[1 - comm.rank]
+    piped = 4 * sum(n for n in sizes if 4 * n >= shm_pipe.MIN_BYTES)
+    moved = after[0] - before[0] if comm.rank == 0 else after[1] - before[1]
+    return bool(ok.item()), moved, piped
+
+
+N = 1536 * KB  # float32 elements in 6 MiB: more than a ring holds
+PING = 64 * KB  # 64 KiB: just through the pipe
+
+
+def _both_ways(comm: Communicator) -> Any:
+    """Both ranks send 6 MiB to each other at once, then three messages back and forth."""
+    peer = 1 - comm.rank
+    theirs = torch.empty(N)
+    r = comm.irecv(theirs, peer, tag=1)
+    s = comm.isend(_data(comm.rank, N), peer, tag=1)
+    r.wait()
+    s.wait()
+    ok = torch.equal(theirs, _data(peer, N))
+    for step in range(3):
+        x = _data(10 + step, PING)
+        if comm.rank == step % 2:
+            comm.send(x, peer, tag=2)
+        else:
+            ok = ok and torch.equal(comm.recv(torch.empty(PING), peer, tag=2), x)
+    return ok, comm._engine.pipe_bytes()[peer]
+
+
+@pytest.mark.timeout(90)
+def test_messages_through_pipes_arrive_whole_and_in_order() -> None:
+    results = run_world(2, _mixed, timeout=60)
+    assert results[0] == results[1]
+    ok, moved, piped = results[1]
+    assert ok, "a message arrived changed or out of order"
+    assert moved == piped, "every large payload (and only those) went through the pipe"
+    assert _leftovers() == set()
+
+
+@pytest.mark.timeout(90)
+def test_both_directions_at_once_and_ping_pong() -> None:
+    results = run_world(2, _both_ways, timeout=60)
+    for rank, (ok, (sent, received)) in enumerate(results):
+        assert ok
+        mine = sum(1 for step in range(3) if step % 2 == rank)
+        assert (sent, received) == (4 * (N + mine * PING), 4 * (N + (3 - mine) * PING))
+
+
+@pytest.mark.timeout(90)
+def test_plait_shm_0_keeps_payloads_on_the_socket() -> None:
+    results = run_world(2, _mixed, env={"PLAIT_SHM": "0"}, timeout=60)
+    for ok, moved, _ in results:
+        assert ok and moved == 0
+
+
+def test_as_bytes_view_is_what_the_pipe_moves() -> None:
+    # the engine hands the pipe `as_bytes` views: any dtype goes through as raw bytes
+    x = torch.arange(5, dtype=torch.bfloat16)
+    assert len(as_bytes(x)) == 10
+
+
+# ------------------------------------------------------------------ failures
+def _die_mid_message(comm: Communicator, who: int) -> Any:
+    """Rank 0 sends 40 MiB (ten rings' worth) to rank 1; rank `who` dies or freezes first."""
+    x = torch.ones(10 * 1024 * KB)
+    if comm.rank == 0:
+        if who == 0:
+            comm.isend(x, 1, tag=3)  # the pipe takes one ring's worth; the rest waits ...
+            os.kill(os.getpid(), 9)  # ... for ever
+        start = time.monotonic()
+        try:
+            comm.send(x, 1, tag=3)
+        except PeerFailureError as e:
+            return e.rank, time.monotonic() - start
+        return "no error", None
+    if who == 1:
+        os.kill(os.getpid(), 19)  # SIGSTOP: frozen before it reads anything: the pipe fills
+    start = time.monotonic()
+    try:
+        comm.recv(x, 0, tag=3)
+    except PeerFailureError as e:
+        return e.rank, time.monotonic() - start
+    return "no error", None
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("who", [0, 1])
+def test_a_rank_dying_mid_message_is_a_peer_failure_and_leaves_no_pipe(who: int) -> None:
+    before = _leftovers()
+    env = {"PLAIT_HEARTBEAT_TIMEOUT": "2", "PLAIT_CHECK": "0"}
+    results = run_world(2, _die_mid_message, who, env=env, tolerate=[who], timeout=40)
+    failed, took = results[1 - who]
+    assert failed == who
+    assert took < 6.0
+    assert _leftovers() <= before
