@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import time
 from typing import Any
 
@@ -144,20 +145,26 @@ def _die_mid_message(comm: Communicator, who: int) -> Any:
         if who == 0:
             comm.isend(x, 1, tag=3)  # the pipe takes one ring's worth; the rest waits ...
             os.kill(os.getpid(), 9)  # ... for ever
-        start = time.monotonic()
+        start, cpu = time.monotonic(), _cpu()
         try:
-            comm.send(x, 1, tag=3)
+            comm.send(x, 1, tag=3)  # the pipe fills, then this rank waits for room
         except PeerFailureError as e:
-            return e.rank, time.monotonic() - start
-        return "no error", None
+            return e.rank, time.monotonic() - start, _cpu() - cpu
+        return "no error", None, None
     if who == 1:
         os.kill(os.getpid(), 19)  # SIGSTOP: frozen before it reads anything: the pipe fills
-    start = time.monotonic()
+    start, cpu = time.monotonic(), _cpu()
     try:
         comm.recv(x, 0, tag=3)
     except PeerFailureError as e:
-        return e.rank, time.monotonic() - start
-    return "no error", None
+        return e.rank, time.monotonic() - start, _cpu() - cpu
+    return "no error", None, None
+
+
+def _cpu() -> float:
+    """CPU seconds of this process so far, every thread (the engine's included)."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 @pytest.mark.timeout(90)
@@ -166,7 +173,29 @@ def test_a_rank_dying_mid_message_is_a_peer_failure_and_leaves_no_pipe(who: int)
     before = _leftovers()
     env = {"PLAIT_HEARTBEAT_TIMEOUT": "2", "PLAIT_CHECK": "0"}
     results = run_world(2, _die_mid_message, who, env=env, tolerate=[who], timeout=40)
-    failed, took = results[1 - who]
+    failed, took, cpu = results[1 - who]
     assert failed == who
     assert took < 6.0
     assert _leftovers() <= before
+    if who == 1:  # ~2 s waiting for room in the pipe of a frozen peer: asleep, not spinning
+        assert cpu < 0.2 * took, f"{cpu:.2f} s of CPU in {took:.2f} s of waiting on a pipe"
+
+
+def _toggled(comm: Communicator) -> Any:
+    x = torch.ones(64 * KB)
+    moved = []
+    for on in (False, True, False):
+        comm._engine.use_pipes(on)
+        if comm.rank == 0:
+            comm.send(x, 1)
+        else:
+            comm.recv(x, 0)
+        moved.append(sum(s + r for s, r in comm._engine.pipe_bytes().values()))
+    return moved
+
+
+@pytest.mark.timeout(60)
+def test_pipes_can_be_turned_off_and_on_at_run_time() -> None:
+    # what `plait bench p2p` relies on for its socket turns
+    for moved in run_world(2, _toggled, timeout=40):
+        assert moved == [0, 4 * 64 * KB, 4 * 64 * KB]

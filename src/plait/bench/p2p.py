@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
         "world_size": comm.size,
         "num_nodes": comm.num_nodes,
         "results": measure(comm, sizes, args.repeats, args.budget),
+        # payload bytes this rank sent through pipes: the shm turns really used them
+        "pipe_bytes": sum(sent for sent, _ in comm._engine.pipe_bytes().values()),
     }
     if comm.rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))

@@ -47,7 +47,7 @@ HEAD = 4096  # counters, each on its own 64-byte line, then the data page-aligne
 # the reader (waiting for bytes) or the writer (waiting for room) is asleep
 WRITTEN, CONSUMED, READER_ASLEEP, WRITER_ASLEEP = 0, 8, 16, 24
 CAPACITY = 4 << 20  # like the socket buffers it replaces (4 MB each way)
-STEP = 1 << 16  # bytes copied between two updates of a counter
+STEP = 1 << 18  # bytes copied between two updates of a counter
 WHOLE_BYTES = 1 << 18  # up to this, a payload is all in before its header goes out
 MIN_BYTES = 1 << 16  # smaller messages stay on the socket: one write beats two copies
 
