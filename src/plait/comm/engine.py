@@ -13,6 +13,10 @@ heartbeat) becomes a `PeerFailureError` naming it on every survivor within secon
 of gloo's opaque error or 30-minute hang. The engine also counts messages per peer, which
 the tests use to check the structure of each algorithm.
 
+Between ranks of one host (a Unix socket) a payload of shm_pipe.MIN_BYTES or more goes
+through a shared-memory pipe instead of the socket, which then carries only its header
+(shm_pipe.py): matching, order and failure detection work the same for both.
+
 The wire format is in frames.py. The engine never unpickles what it receives. (The object
 collectives above it, broadcast_object and allgather_object, do pickle, as torch's and
 Horovod's do: they only talk to the job's own ranks, which passed the job token at
