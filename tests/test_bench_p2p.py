@@ -46,3 +46,11 @@ def test_bench_p2p_rejects_bad_input(args, says):
     proc = _bench(*args)
     assert proc.returncode == 2
     assert says in proc.stderr and proc.stderr.startswith("plait bench p2p:")
+
+
+def test_the_command_line_loads_without_torch():
+    # every `plait ...` command parses its options before torch (3+ s to import here) is
+    # needed: bad input is answered at once (a benchmark's CLI once imported its worker)
+    code = "import sys, plait.cli.main; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "False", proc.stderr

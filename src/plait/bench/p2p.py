@@ -26,9 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from plait.bench.units import P2P_MODES as MODES
 from plait.bench.units import parse_size
-
-MODES = ("torch", "socket", "shm")
 
 
 def _bounce(comm: Any, mode: str, buf: torch.Tensor, iters: int) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 #: What `plait bench collectives` can time: torch.distributed's own allreduce and plait's.
 ALGORITHMS = ("torch", "native", "shm", "ring", "halving_doubling", "tree", "hierarchical", "auto")
 
+#: The ways `plait bench p2p` sends: torch.distributed's, plait over its socket, plait's pipes.
+P2P_MODES = ("torch", "socket", "shm")
+
 
 def parse_size(text: str) -> int:
     """'64K' -> 65536; accepts K, M, G suffixes (powers of 1024) and plain byte counts."""

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from plait.bench.p2p import MODES
+from plait.bench.units import P2P_MODES as MODES
 from plait.bench.units import format_size, parse_size
 from plait.launch import launch
 
