@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plait.bench.units import format_size, parse_size
+from plait.bench.units import format_size, parse_sizes
 
 CALIBRATION_SIZES = "4K,64K,512K,2M,8M,32M,64M"
 
@@ -164,7 +164,7 @@ def worker(args: argparse.Namespace) -> None:
     from plait.comm import select, shm
 
     comm = plait.init()
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = parse_sizes(args.sizes)
     algorithms = [a for a in args.algorithms.split(",") if a]
     if "shm" in algorithms and not shm.available(comm.size, comm.num_nodes):
         algorithms.remove("shm")
@@ -181,7 +181,7 @@ def worker(args: argparse.Namespace) -> None:
     comm.barrier()
     if args.calibrate:
         fit_algs = ["native", "ring", "halving_doubling", "tree"]
-        cal_sizes = [parse_size(s) for s in CALIBRATION_SIZES.split(",")]
+        cal_sizes = parse_sizes(CALIBRATION_SIZES)
         data = measure(comm, cal_sizes, fit_algs, args.repeats, args.budget)
         points = {a: [[int(s), statistics.median(data[s][a])] for s in data] for a in fit_algs}
         if comm.rank == 0:

@@ -27,32 +27,23 @@ import torch
 import torch.distributed as dist
 
 from plait.bench.units import P2P_MODES as MODES
-from plait.bench.units import parse_size
+from plait.bench.units import parse_sizes
 
 
 def _bounce(comm: Any, mode: str, buf: torch.Tensor, iters: int) -> None:
     """`iters` round trips between this rank and its partner (the even rank starts)."""
+    comm._engine.use_pipes(mode == "shm")
     peer = comm.rank ^ 1
-    first = comm.rank % 2 == 0
+    # torch's default group numbers ranks as the communicator does here
+    send, recv = (dist.send, dist.recv) if mode == "torch" else (comm.send, comm.recv)
+    order = (send, recv) if comm.rank % 2 == 0 else (recv, send)
     for _ in range(iters):
-        if mode == "torch":  # the default group's ranks are the communicator's here
-            if first:
-                dist.send(buf, peer)
-                dist.recv(buf, peer)
-            else:
-                dist.recv(buf, peer)
-                dist.send(buf, peer)
-        elif first:
-            comm.send(buf, peer)
-            comm.recv(buf, peer)
-        else:
-            comm.recv(buf, peer)
-            comm.send(buf, peer)
+        for call in order:
+            call(buf, peer)
 
 
 def _time(comm: Any, mode: str, buf: torch.Tensor, iters: int) -> float:
     """Seconds per one-way message, the slowest pair's."""
-    comm._engine.use_pipes(mode == "shm")
     comm.barrier()
     start = time.perf_counter()
     _bounce(comm, mode, buf, iters)
@@ -96,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     import plait
 
     comm = plait.init()
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = parse_sizes(args.sizes)
     out = {
         "world_size": comm.size,
         "num_nodes": comm.num_nodes,

@@ -23,6 +23,11 @@ def parse_size(text: str) -> int:
     return value
 
 
+def parse_sizes(text: str) -> list[int]:
+    """'4K,1M' -> [4096, 1048576]; ValueError naming the first bad one."""
+    return [parse_size(s) for s in text.split(",")]
+
+
 def format_size(n: int) -> str:
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale and n % scale == 0:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from plait.bench.units import ALGORITHMS as ALL
-from plait.bench.units import format_size, parse_size
+from plait.bench.units import format_size, parse_sizes
 from plait.cli import bench_p2p, bench_pipeline, bench_ps, bench_train
 from plait.launch import launch
 from plait.launch.hosts import HostsError, launch_on_hosts
@@ -93,8 +93,7 @@ def _validate(args: argparse.Namespace) -> str | None:
     if unknown:
         return f"unknown algorithms {unknown}; expected a subset of {', '.join(ALL)}"
     try:
-        for s in args.sizes.split(","):
-            parse_size(s)
+        parse_sizes(args.sizes)
     except ValueError as e:
         return str(e)
     return None

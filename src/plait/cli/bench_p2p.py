@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from plait.bench.units import P2P_MODES as MODES
-from plait.bench.units import format_size, parse_size
+from plait.bench.units import format_size, parse_sizes
 from plait.launch import launch
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
@@ -44,8 +44,7 @@ def _validate(args: argparse.Namespace) -> str | None:
     if args.repeats < 1:
         return f"--repeats must be >= 1; got {args.repeats}"
     try:
-        for s in args.sizes.split(","):
-            parse_size(s)
+        parse_sizes(args.sizes)
     except ValueError as e:
         return str(e)
     return None

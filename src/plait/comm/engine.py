@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from plait.comm import shm_pipe
+from plait.comm import shm, shm_pipe
 from plait.comm.frames import (
     BYE,
     DATA,
@@ -152,8 +152,9 @@ class Engine:
 
     def use_pipes(self, on: bool) -> None:
         """Send large messages to peers on this host through shared-memory pipes (the
-        default where shm_pipe.available()) or through the socket (for benchmarks)."""
-        on = on and shm_pipe.available()
+        default where shm.allowed(); the receiver accepts either) or through the socket
+        (for benchmarks)."""
+        on = on and shm.allowed()
         with self._lock:
             for conn in self._conns.values():
                 conn.pipe_ok = on and conn.sock.family == socket.AF_UNIX
@@ -283,8 +284,7 @@ class Engine:
                 item[0] = item[0][n:]
                 break
             conn.pipe_queue.popleft()
-            if item[1] is not None:
-                item[1].complete()
+            item[1].complete()
         if moved and pipe.needs_nudge(reader=True):
             self._push(conn, [memoryview(_NUDGE)], None)
         return moved
@@ -372,7 +372,7 @@ class Engine:
         the peer closes, often before its goodbye has been read.)"""
         conn.write_error = reason
         senders = [r for _, r in conn.out if r is not None]
-        senders += [r for _, r in conn.pipe_queue if r is not None]
+        senders += [r for _, r in conn.pipe_queue]
         conn.out.clear()
         conn.pipe_queue.clear()
         if senders and self._running:  # a message of ours it will never read: a failure
@@ -787,6 +787,5 @@ class Engine:
             conn.out = deque((frame, None) for frame, _ in conn.out)
             # a payload half in its pipe is dropped: after a failure nothing more is read
             for _, sender in conn.pipe_queue:
-                if sender is not None:
-                    sender.complete(err)
+                sender.complete(err)
             conn.pipe_queue.clear()

@@ -103,5 +103,5 @@ class Conn:
         self.pipe_ok = False  # whether this side may send through a pipe to the peer
         self.pipe_out: Pipe | None = None
         self.pipe_in: Pipe | None = None
-        self.pipe_queue: deque[list] = deque()  # [bytes still to put, Request | None]
+        self.pipe_queue: deque[list] = deque()  # [bytes still to put, its Request]
         self.from_pipe = False  # `target` is being filled from pipe_in, not the socket

@@ -68,16 +68,19 @@ SPIN_S = 200e-6  # yield-spin this long before sleeping on the doorbell
 MAX_NAP_S = 5e-3  # the longest sleep between looks at the counters (a missed ring's cost)
 
 
-def available(size: int, num_nodes: int) -> bool:
-    """Whether a communicator of `size` ranks on `num_nodes` hosts can use shared memory."""
-    if os.environ.get("PLAIT_SHM", "1") == "0":
-        return False
+def allowed() -> bool:
+    """Whether this process may use shared memory at all: not turned off (PLAIT_SHM=0),
+    x86-64 (see "Ordering" above), and a /dev/shm. The pipes (shm_pipe.py) ask this too."""
     return (
-        size > 1
-        and num_nodes == 1
+        os.environ.get("PLAIT_SHM", "1") != "0"
         and platform.machine() in ("x86_64", "AMD64")
         and os.path.isdir(SHM_DIR)
     )
+
+
+def available(size: int, num_nodes: int) -> bool:
+    """Whether a communicator of `size` ranks on `num_nodes` hosts can use shared memory."""
+    return size > 1 and num_nodes == 1 and allowed()
 
 
 def slot_bytes_for(nbytes: int) -> int:

@@ -36,12 +36,12 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import platform
 import secrets
 
 import numpy as np
 
-SHM_DIR = "/dev/shm"
+from plait.comm.shm import SHM_DIR
+
 HEAD = 4096  # counters, each on its own 64-byte line, then the data page-aligned
 # int64 indices of the words, each on its own 64-byte line: the two counters, and whether
 # the reader (waiting for bytes) or the writer (waiting for room) is asleep
@@ -50,15 +50,6 @@ CAPACITY = 4 << 20  # like the socket buffers it replaces (4 MB each way)
 STEP = 1 << 18  # bytes copied between two updates of a counter
 WHOLE_BYTES = 1 << 18  # up to this, a payload is all in before its header goes out
 MIN_BYTES = 1 << 16  # smaller messages stay on the socket: one write beats two copies
-
-
-def available() -> bool:
-    """Whether this process may send through pipes (the receiver accepts either way)."""
-    return (
-        os.environ.get("PLAIT_SHM", "1") != "0"
-        and platform.machine() in ("x86_64", "AMD64")
-        and os.path.isdir(SHM_DIR)
-    )
 
 
 class Pipe:
