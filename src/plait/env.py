@@ -1,0 +1,171 @@
+"""Every environment variable plait reads: its name, type, default and meaning, in one table.
+
+Code asks `env.get("PLAIT_TIMEOUT")` and receives the parsed value (or the default); a bad
+value is a `ValueError` naming the variable, what it needs and what it holds. Values are
+read when asked for, not cached at import, so a launcher or a test can set them for the
+process (or its children) before the code that reads them runs. `docs/environment.md` is
+generated from this table (`python -m plait.env > docs/environment.md`), and a test keeps
+the two in step.
+
+Variables of the launch contract that torchrun defines (RANK, WORLD_SIZE, MASTER_ADDR, ...)
+are torchrun's and read where the rendezvous is made (comm/rendezvous.py); Horovod's
+(HOROVOD_*) are read by the facade that copies Horovod's behaviour. This module imports
+nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Var:
+    """One environment variable: `kind` parses its text; `default` is used when unset or empty."""
+
+    name: str
+    kind: str  # "seconds", "int", "number", "flag", "text", "path"
+    default: Any
+    meaning: str
+    group: str  # where it belongs in the docs: "communication", "launch", "test hooks", ...
+
+
+def _seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0 seconds; got {raw!r}")
+    return value
+
+
+def _int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer; got {raw!r}") from None
+
+
+def _number(name: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number; got {raw!r}") from None
+
+
+def _flag(name: str, raw: str) -> bool:
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1; got {raw!r}")
+    return raw == "1"
+
+
+_PARSE: dict[str, Callable[[str, str], Any]] = {
+    "seconds": _seconds,
+    "int": _int,
+    "number": _number,
+    "flag": _flag,
+    "text": lambda name, raw: raw,
+    "path": lambda name, raw: raw,
+}
+
+VARIABLES: tuple[Var, ...] = (
+    # communication
+    Var("PLAIT_TIMEOUT", "seconds", 1800.0,
+        "how long a rank waits on a live peer (a collective, a receive) before "
+        "CommTimeoutError; as torch.distributed's default", "communication"),
+    Var("PLAIT_HEARTBEAT_TIMEOUT", "seconds", 8.0,
+        "the silence after which a peer counts as dead (PeerFailureError)", "communication"),
+    Var("PLAIT_INIT_TIMEOUT", "seconds", 300.0,
+        "how long start-up waits for every rank (rendezvous, the store, parameter servers)",
+        "communication"),
+    Var("PLAIT_CHECK", "flag", True,
+        "check that every rank called the same collective with matching arguments (set it "
+        "alike on every rank; 0 saves one small message round per call)", "communication"),
+    Var("PLAIT_SHM", "flag", True,
+        "use shared memory between ranks of one host (collectives and large messages)",
+        "communication"),
+    Var("PLAIT_UNIX_SOCKETS", "flag", True,
+        "connect ranks of one host through Unix sockets instead of TCP", "communication"),
+    Var("PLAIT_IFADDR", "text", None,
+        "the address this host's ranks listen on (default: loopback for a one-host job, "
+        "else the interface that routes to MASTER_ADDR)", "communication"),
+    Var("PLAIT_NODE_ID", "text", None,
+        "what makes two ranks 'on the same host' (default: the hostname)", "communication"),
+    Var("PLAIT_CALIBRATION", "path", None,
+        "the alpha-beta calibration file of `auto` (default: "
+        "$XDG_CACHE_HOME/plait/calibration.json, XDG_CACHE_HOME defaulting to ~/.cache)",
+        "communication"),
+    # launch
+    Var("PLAIT_SERVERS", "int", None,
+        "how many of a job's ranks (the last ones) are parameter servers", "launch"),
+    # plait train: set by `plait train` for its workers
+    Var("PLAIT_TRAIN_EVENTS", "flag", False,
+        "rank 0 reports progress as event lines for the `plait train` process (set by it)",
+        "plait train (internal)"),
+    Var("PLAIT_TRAIN_T0", "number", None,
+        "the time.time() the job started, for wall times (set by `plait train`)",
+        "plait train (internal)"),
+    # test hooks
+    Var("PLAIT_TRAIN_NAN_AT", "text", None,
+        "STEP[:RANK]: make that rank's loss NaN at STEP (every rank's without RANK)",
+        "test hooks"),
+    Var("PLAIT_TRAIN_STRAGGLER", "text", None,
+        "RANK:FACTOR: make one rank FACTOR times slower", "test hooks"),
+    Var("PLAIT_TRAIN_KILL_AT", "text", None,
+        "RANK:N: a parameter-server worker kills itself (SIGKILL) after its N-th push",
+        "test hooks"),
+    Var("PLAIT_TRAIN_STOP_AFTER", "int", None,
+        "end `plait train` after step K as if it were killed there", "test hooks"),
+)  # fmt: skip
+
+REGISTRY: dict[str, Var] = {v.name: v for v in VARIABLES}
+
+
+def get(name: str) -> Any:
+    """The value of variable `name` (parsed), or its default when unset or empty.
+
+    Raises:
+        KeyError: `name` is not in the registry (add it to VARIABLES first).
+        ValueError: the variable holds text its kind cannot parse.
+    """
+    var = REGISTRY[name]
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return var.default
+    return _PARSE[var.kind](name, raw)
+
+
+def markdown() -> str:
+    """The docs page: every variable, by group."""
+    lines = [
+        "# Environment variables",
+        "",
+        "Generated from `src/plait/env.py` (`python -m plait.env > docs/environment.md`); "
+        "edit the table there.",
+        "Unset or empty means the default.",
+    ]
+    groups = list(dict.fromkeys(v.group for v in VARIABLES))
+    for group in groups:
+        lines += ["", f"## {group[0].upper()}{group[1:]}", "",
+                  "| variable | value | default | meaning |", "|---|---|---|---|"]  # fmt: skip
+        for v in VARIABLES:
+            if v.group == group:
+                shown = "unset" if v.default is None else _shown(v)
+                lines.append(f"| `{v.name}` | {v.kind} | {shown} | {v.meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def _shown(v: Var) -> str:
+    if v.kind == "flag":
+        return "1" if v.default else "0"
+    if v.kind == "seconds":
+        return f"{v.default:g} s"
+    return str(v.default)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())
