@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from plait import Communicator
+from plait.comm.topology import Topology
 from world import run_world
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64]
@@ -112,6 +113,14 @@ class Checks:
         return self.shared
 
 
+def check_rooted(ck: Checks, name: str, got: object, want: torch.Tensor | None) -> None:
+    """A rooted collective's answer: `want` on the root, None (want is None) elsewhere."""
+    if want is None:
+        ck.true(f"{name}: None off the root", got is None, got)
+    else:
+        ck.equal(name, got, want, share=False)
+
+
 # ------------------------------------------------------------------------ the checks
 def check_allreduce(comm: Communicator, ck: Checks, dtypes: list[torch.dtype]) -> None:
     p, r = comm.size, comm.rank
@@ -182,6 +191,110 @@ def check_async(comm: Communicator, ck: Checks) -> None:
         ck.true(f"handle #{i} done after wait", handles[i].done())
 
 
+def check_async_forms(comm: Communicator, ck: Checks) -> None:
+    """Every collective's async forms give what its blocking forms give, issued all at once
+    and waited for in reverse; in-place forms return their argument."""
+    p, r = comm.size, comm.rank
+    root = p - 1
+    xs = every(p, (2 * p + 1, 3), i64, ck.next())  # rows split unevenly for p > 1
+    x = xs[r].clone()
+    ys = {name: x.clone() for name in ("broadcast_", "reduce_")}
+
+    def calls(
+        form: str,
+    ) -> dict[str, Callable[[], Any]]:  # name -> the call in the blocking or async form
+        a = "_async" if form == "async" else ""
+        return {
+            "broadcast": lambda: getattr(comm, f"broadcast{a}")(x, root),
+            "broadcast_": lambda: getattr(comm, f"broadcast{a}_")(ys["broadcast_"], root),
+            "reduce": lambda: getattr(comm, f"reduce{a}")(x, root, "max"),
+            "reduce_": lambda: getattr(comm, f"reduce{a}_")(ys["reduce_"], root, "min"),
+            "allgather": lambda: getattr(comm, f"allgather{a}")(x),
+            "reduce_scatter": lambda: getattr(comm, f"reduce_scatter{a}")(x, "avg"),
+            "alltoall": lambda: getattr(comm, f"alltoall{a}")(x),
+            "gather": lambda: getattr(comm, f"gather{a}")(x, root),
+            "scatter": lambda: getattr(comm, f"scatter{a}")(x if r == root else None, root),
+            "barrier": lambda: getattr(comm, f"barrier{a}")(),
+        }
+
+    requests = {name: call() for name, call in calls("async").items()}
+    later = comm.allreduce(torch.ones(1))  # behind every queued call
+    ck.true("async calls done before a later blocking one returns",
+            all(q.done() for q in requests.values()) and later.item() == p)  # fmt: skip
+    got = {name: requests[name].wait() for name in reversed(list(requests))}
+    in_place = {name: y.clone() for name, y in ys.items()}
+    for y in ys.values():
+        y.copy_(x)
+    blocking = {name: call() for name, call in calls("blocking").items()}
+    want: dict[str, torch.Tensor | None] = {
+        "broadcast": xs[root],
+        "broadcast_": xs[root],
+        "reduce": reduced(xs, "max") if r == root else None,
+        "reduce_": reduced(xs, "min") if r == root else None,
+        "allgather": torch.cat(xs),
+        "reduce_scatter": reduced(xs, "avg").tensor_split(p)[r],
+        "alltoall": torch.cat([q.tensor_split(p)[r] for q in xs]),
+        "gather": torch.cat(xs) if r == root else None,
+        "scatter": xs[root].tensor_split(p)[r],
+        "barrier": None,
+    }
+    for name, w in want.items():
+        check_rooted(ck, f"{name}_async", got[name], w)
+        check_rooted(ck, f"{name} (blocking)", blocking[name], w)
+    ck.true("broadcast_async_ returns its argument", got["broadcast_"] is ys["broadcast_"])
+    ck.equal("broadcast_async_ in place", in_place["broadcast_"], xs[root], share=False)
+    mine = reduced(xs, "min") if r == root else xs[r]  # untouched off the root
+    ck.equal("reduce_async_ in place", in_place["reduce_"], mine, share=False)
+    ck.equal("async forms leave their input unchanged", x, xs[r], share=False)
+
+
+def check_routes(comm: Communicator, ck: Checks) -> None:
+    """The Communicator runs the routing table's rows: with every row replaced by a spy,
+    each algorithm (auto too) runs the row `routes` names, and gives the exact answer."""
+    from plait.comm import routes
+
+    p, r = comm.size, comm.rank
+    ran: list[tuple[str, str]] = []
+    saved = dict(routes.ROUTES)
+
+    def spy(key: tuple[str, str], route: routes.Route) -> routes.Route:
+        def run(*args: Any) -> Any:
+            ran.append(key)
+            return route.run(*args)
+
+        return routes.Route(run, route.runs_on)
+
+    xs = every(p, (2 * p + 1, 3), i64, ck.next())  # uneven blocks: native falls back
+    wants: dict[str, tuple[Callable[[str], object], torch.Tensor | None]] = {
+        "allreduce": (lambda a: comm.allreduce(xs[r], "sum", a), reduced(xs, "sum")),
+        "broadcast": (lambda a: comm.broadcast(xs[r], 0, a), xs[0]),
+        "reduce": (
+            lambda a: comm.reduce(xs[r], p - 1, "prod", a),
+            reduced(xs, "prod") if r == p - 1 else None,
+        ),
+        "allgather": (lambda a: comm.allgather(xs[r], a), torch.cat(xs)),
+        "reduce_scatter": (
+            lambda a: comm.reduce_scatter(xs[r], "max", a),
+            reduced(xs, "max").tensor_split(p)[r],
+        ),
+    }
+    ck.true("every collective with an algorithm is checked", set(wants) == set(routes.COLLECTIVES))
+    routes.ROUTES.update({k: spy(k, v) for k, v in saved.items()})
+    try:
+        for collective, (call, want) in wants.items():
+            usable = routes.usable(collective, comm.topology)
+            for algo in ("auto", *usable):
+                ran.clear()
+                check_rooted(ck, f"{collective} {algo} (spied)", call(algo), want)
+                auto = routes.choose(collective, xs[r].nbytes, comm.topology)
+                row = auto if algo == "auto" else algo
+                first = ran[:1] if p > 1 else ran  # a world of one runs no row
+                expect = [(collective, row)] if p > 1 else []
+                ck.true(f"{collective} {algo} runs row {row}", first == expect, ran)
+    finally:
+        routes.ROUTES.update(saved)
+
+
 def check_broadcast_reduce(comm: Communicator, ck: Checks, dtypes: list[torch.dtype]) -> None:
     p, r = comm.size, comm.rank
     for algo in BROADCAST:
@@ -195,10 +308,11 @@ def check_broadcast_reduce(comm: Communicator, ck: Checks, dtypes: list[torch.dt
             for i, op in enumerate(OPS):
                 dtype = dtypes[(root + i) % len(dtypes)]
                 xs = every(p, (2, 3), dtype, ck.next())
-                got = comm.reduce(xs[r], root=root, op=op, algorithm=algo)
-                want = reduced(xs, op) if r == root else xs[r]
-                ck.equal(f"reduce {algo} root {root} {dtype} {op}", got, want, share=False)
-                ck.true(f"reduce {algo} returns a new tensor", got is not xs[r])
+                x = xs[r].clone()
+                got = comm.reduce(x, root=root, op=op, algorithm=algo)
+                name = f"reduce {algo} root {root} {dtype} {op}"
+                check_rooted(ck, name, got, reduced(xs, op) if r == root else None)
+                ck.equal(f"{name}: input unchanged", x, xs[r], share=False)
         # in place into a non-contiguous view; zero elements; fewer elements than ranks
         bases = every(p, (3, 4), f32, ck.next())
         x = bases[r].clone()
@@ -211,11 +325,21 @@ def check_broadcast_reduce(comm: Communicator, ck: Checks, dtypes: list[torch.dt
             xs = every(p, shape, f32, ck.next())
             ck.equal(f"broadcast {algo} shape {shape}", comm.broadcast(xs[r], 0, algo), xs[0])
             got = comm.reduce(xs[r], root=p - 1, op="sum", algorithm=algo)
-            want = reduced(xs, "sum") if r == p - 1 else xs[r]
-            ck.equal(f"reduce {algo} shape {shape}", got, want, share=False)
+            want = reduced(xs, "sum") if r == p - 1 else None
+            check_rooted(ck, f"reduce {algo} shape {shape}", got, want)
         got = comm.reduce(bases[r].t(), root=0, op="min", algorithm=algo)
-        want = reduced([b.t() for b in bases], "min") if r == 0 else bases[r].t()
-        ck.equal(f"reduce {algo} transposed", got, want, share=False)
+        want = reduced([b.t() for b in bases], "min") if r == 0 else None
+        check_rooted(ck, f"reduce {algo} transposed", got, want)
+        # in place on the root (into a non-contiguous view); untouched elsewhere
+        x = bases[r].clone()
+        view = x.t()
+        got = comm.reduce_(view, root=p - 1, op="max", algorithm=algo)
+        if r == p - 1:
+            ck.true(f"reduce_ {algo} returns its argument on the root", got is view)
+            ck.equal(f"reduce_ {algo} transposed", x, reduced(bases, "max"), share=False)
+        else:
+            ck.true(f"reduce_ {algo}: None off the root", got is None, got)
+            ck.equal(f"reduce_ {algo}: input unchanged", x, bases[r], share=False)
 
 
 def check_gathers(comm: Communicator, ck: Checks, dtypes: list[torch.dtype]) -> None:
@@ -362,9 +486,9 @@ def check_structure(comm: Communicator, ck: Checks) -> None:
         return
 
     def sent(fn: Callable[[], object]) -> dict[int, int]:
-        before = comm._engine.counts()
+        before = comm.engine.counts()
         fn()
-        after = comm._engine.counts()
+        after = comm.engine.counts()
         return {q: after[q][0] - before[q][0] for q in after}
 
     base = sent(lambda: comm.allreduce(torch.ones(0), algorithm="ring"))
@@ -441,6 +565,8 @@ def battery(comm: Communicator) -> dict[str, Fingerprint]:
     ck.true("attributes", got == (r, p, r, p, 0, 1), got)
     check_allreduce(comm, ck, DTYPES)
     check_async(comm, ck)
+    check_async_forms(comm, ck)
+    check_routes(comm, ck)
     check_broadcast_reduce(comm, ck, DTYPES)
     check_gathers(comm, ck, DTYPES)
     check_p2p_and_objects(comm, ck)
@@ -471,6 +597,19 @@ def test_collectives_match_reference(size: int) -> None:
 def test_collectives_without_mismatch_check() -> None:
     """PLAIT_CHECK=0 skips the check, not the answers (and message counts need no baseline)."""
     assert_bit_identical(run_world(3, battery, timeout=120, env={**ENV, "PLAIT_CHECK": "0"}))
+
+
+def test_topology_levels() -> None:
+    two_by_two = Topology(["h0", "h0", "h1", "h1"], 3)
+    assert two_by_two.hosts == ((0, 1), (2, 3))
+    assert two_by_two.levels == ([2, 3], [1, 3])  # this host's ranks, this local rank's
+    assert Topology(["h0", "h0", "h1"], 0).levels is None  # hosts of unequal size
+    assert Topology(["h0", "h1"], 0).levels is None  # one rank per host: nothing to share
+    assert Topology(["h0"] * 4, 0).levels is None  # one host
+    sub = two_by_two.subset([3, 0], 0)
+    assert (sub.size, sub.rank, sub.num_nodes, sub.node_rank) == (2, 0, 2, 0)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
+        Topology(["a", "b"], 2)
 
 
 def test_topology_attributes_from_node_names() -> None:

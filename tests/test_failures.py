@@ -137,7 +137,7 @@ def test_exception_in_ring_allreduce():
 def test_sigstop_default_heartbeat_within_15s():
     # the bound, with the default PLAIT_HEARTBEAT_TIMEOUT (8 s)
     results = _world(3, _allreduce_then_die, 0, "SIGSTOP", "auto", env={}, dead=0)
-    seconds = _check(results, dead=0, within=15, blocked_in="frames.py")  # Request.wait
+    seconds = _check(results, dead=0, within=15, blocked_in="request.py")  # Transfer.wait
     assert min(seconds) > 7, f"a frozen rank was declared dead too early: {seconds}"
 
 

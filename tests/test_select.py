@@ -1,4 +1,5 @@
-"""The cost model behind algorithm="auto", and the calibration file round trip."""
+"""The cost model behind algorithm="auto", the table it chooses from, and the calibration
+file round trip."""
 
 import json
 
@@ -6,7 +7,11 @@ import pytest
 
 from plait.bench.collectives import fit_line
 from plait.bench.units import format_size, parse_size
-from plait.comm import select
+from plait.comm import routes, select
+from plait.comm.topology import Topology
+
+ONE_HOST = Topology(["h0"] * 4, 0)  # with PLAIT_SHM=0 (shared memory off) the model decides
+TWO_BY_TWO = Topology(["h0", "h0", "h1", "h1"], 0)  # 2 hosts x 2 ranks
 
 
 def test_formulas_follow_thakur():
@@ -31,10 +36,7 @@ def test_default_model_prefers_latency_for_small_and_bandwidth_for_large():
 
 def test_across_hosts_the_two_level_allreduce_wins_where_the_network_is_the_cost():
     # 2 hosts x 2 ranks on a 1 Gbit/s network: the host link carries n instead of 1.5 n
-    two_by_two = type(
-        "TwoByTwo", (_Comm,), {"num_nodes": 2, "_levels": lambda s: ([0, 1], [0, 2])}
-    )()
-    assert select.allreduce(16 << 20, two_by_two) == "hierarchical"
+    assert routes.choose("allreduce", 16 << 20, TWO_BY_TWO) == "hierarchical"
     flat = select.predict("ring", 16 << 20, 4, select.NETWORK)
     two_level = select.predict_hierarchical(16 << 20, 2, 2, select.NETWORK)
     assert 1.3 < flat / two_level < 1.5
@@ -46,21 +48,34 @@ def test_fit_line_recovers_a_line():
     assert b == pytest.approx(2e-9, rel=1e-6)
 
 
-class _Comm:
-    size, num_nodes = 4, 1  # with PLAIT_SHM=0 (shared memory off) the cost model decides
-
-    def _levels(self):
-        return None
-
-
 def test_auto_uses_shared_memory_when_every_rank_shares_a_host(monkeypatch):
-    one_host = type("OneHost", (), {"size": 4, "num_nodes": 1})()
-    assert select.allreduce(1024, one_host) == "shm"
-    assert select.broadcast(1 << 20, one_host) == "shm"
-    two_hosts = type("TwoHosts", (_Comm,), {"num_nodes": 2})()
-    assert select.allreduce(1024, two_hosts) != "shm"
+    for collective in ("allreduce", "broadcast", "allgather", "reduce_scatter"):
+        assert routes.choose(collective, 1024, ONE_HOST) == "shm"
+    assert routes.choose("allreduce", 1024, TWO_BY_TWO) != "shm"
     monkeypatch.setenv("PLAIT_SHM", "0")  # the switch that turns the transport off
-    assert select.allreduce(1024, one_host) != "shm"
+    assert routes.choose("allreduce", 1024, ONE_HOST) != "shm"
+    assert routes.choose("allgather", 1024, ONE_HOST) == "ring"
+    # across hosts, without shared memory the two-level algorithms cannot run either
+    assert "hierarchical" not in routes.usable("allreduce", TWO_BY_TWO)
+    assert routes.choose("reduce_scatter", 1024, TWO_BY_TWO) == "ring"
+
+
+def test_the_table_is_what_auto_chooses_from(monkeypatch):
+    monkeypatch.setenv("PLAIT_SHM", "1")
+    layouts = [ONE_HOST, TWO_BY_TWO, Topology(["h0", "h0", "h1"], 2), Topology(["h0"], 0)]
+    for topology in layouts:
+        for collective in routes.COLLECTIVES:
+            usable = routes.usable(collective, topology)
+            assert set(usable) <= set(routes.ACCEPTED[collective]) - {"auto"}
+            for n in (4, 1 << 16, 1 << 26):
+                assert routes.choose(collective, n, topology) in usable, (collective, topology)
+    # where each row can run: shm on one host, hierarchical on equal hosts of > 1 rank
+    assert "shm" in routes.usable("allgather", ONE_HOST)
+    assert "shm" not in routes.usable("allgather", TWO_BY_TWO)
+    assert "hierarchical" in routes.usable("reduce_scatter", TWO_BY_TWO)
+    assert "hierarchical" not in routes.usable("reduce_scatter", Topology(["a", "a", "b"], 0))
+    with pytest.raises(ValueError, match="'auto', 'native', 'tree'; got 'ring'"):
+        routes.check("reduce", "ring")
 
 
 def test_interpolation_is_a_local_alpha_beta_line():
@@ -85,8 +100,8 @@ def test_calibration_round_trip_decides_auto(tmp_path, monkeypatch):
     select.save_calibration(4, 1, "allreduce", points)
     select.load_calibration(reload=True)
     try:
-        assert select.allreduce(1024, _Comm()) == "tree"
-        assert select.allreduce(1 << 26, _Comm()) == "native"
+        assert routes.choose("allreduce", 1024, ONE_HOST) == "tree"
+        assert routes.choose("allreduce", 1 << 26, ONE_HOST) == "native"
         saved = json.loads((tmp_path / "cal.json").read_text())
         assert saved["points"]["p4-n1"]["allreduce"]["ring"] == points["ring"]
     finally:
@@ -115,13 +130,13 @@ def test_auto_leaves_the_baseline_only_for_a_clear_gain(tmp_path, monkeypatch):
     )
     select.load_calibration(reload=True)
     try:
-        assert select.allreduce(1 << 20, _Comm()) == "native"
+        assert routes.choose("allreduce", 1 << 20, ONE_HOST) == "native"
         lines["ring"] = 0.8  # 20% faster: worth it
         select.save_calibration(
             4, 1, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
         )
         select.load_calibration(reload=True)
-        assert select.allreduce(1 << 20, _Comm()) == "ring"
+        assert routes.choose("allreduce", 1 << 20, ONE_HOST) == "ring"
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
         select.load_calibration(reload=True)
@@ -129,16 +144,14 @@ def test_auto_leaves_the_baseline_only_for_a_clear_gain(tmp_path, monkeypatch):
 
 def test_measured_levels_decide_the_two_level_allreduce(tmp_path, monkeypatch):
     monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "cal.json"))
-    levels = {"num_nodes": 2, "_levels": lambda self: ([0, 1], [0, 2])}
-    two_by_two = type("TwoByTwo", (_Comm,), levels)()
     try:
         # a very slow network level (1 s per call): the flat algorithms win
         select.save_levels(4, 2, {"local": (1e-4, 1e-10), "network": (1.0, 1e-9)})
         assert select.load_levels(4, 2) == {"local": [1e-4, 1e-10], "network": [1.0, 1e-9]}
-        assert select.allreduce(16 << 20, two_by_two) != "hierarchical"
+        assert routes.choose("allreduce", 16 << 20, TWO_BY_TWO) != "hierarchical"
         # a fast one: the two-level algorithm
         select.save_levels(4, 2, {"local": (1e-4, 1e-10), "network": (1e-4, 1e-10)})
-        assert select.allreduce(16 << 20, two_by_two) == "hierarchical"
+        assert routes.choose("allreduce", 16 << 20, TWO_BY_TWO) == "hierarchical"
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
         select.load_calibration(reload=True)

@@ -48,10 +48,10 @@ def _battery(comm: Communicator) -> Any:
                                               algorithm="shm")  # fmt: skip
     # after the segment exists, an allreduce sends no message at all
     x = _inputs(comm.rank, torch.float32, 1000)
-    before = comm._engine.counts()
+    before = comm.engine.counts()
     comm.allreduce(x, algorithm="shm", check=False)
     comm.allreduce(x, algorithm="auto", check=False)
-    messages = sum(s + r for s, r in comm._engine.counts().values()) - sum(
+    messages = sum(s + r for s, r in comm.engine.counts().values()) - sum(
         s + r for s, r in before.values()
     )
     # plain lists: a tensor put on a multiprocessing queue travels as a shared-memory handle
@@ -102,8 +102,8 @@ def _grow(comm: Communicator) -> Any:
     for n in (10, 1 << 19, 3 << 20):  # 40 B, 2 MiB, 12 MiB: the slots grow twice
         x = torch.full((n,), float(comm.rank + 1))
         assert comm.allreduce(x, algorithm="shm")[n - 1].item() == comm.size * (comm.size + 1) / 2
-        assert "all" in comm._arenas
-        sizes.append(comm._arenas["all"].slot_bytes)
+        assert "all" in comm.arenas
+        sizes.append(comm.arenas["all"].slot_bytes)
     return sizes
 
 

@@ -63,7 +63,7 @@ def _mixed(comm: Communicator) -> Any:
     """Rank 0 sends, rank 1 receives: sizes on both sides of MIN_BYTES, one tag."""
     big = shm_pipe.MIN_BYTES // 4  # float32 elements at the threshold
     sizes = [10, big, 3, 40 * big, big - 1, 5 * 1024 * KB, 1, 2 * big]  # 5 MiB > the ring
-    before = comm._engine.pipe_bytes()[1 - comm.rank]
+    before = comm.engine.pipe_bytes()[1 - comm.rank]
     if comm.rank == 0:
         for i, n in enumerate(sizes):
             comm.send(_data(i, n), 1, tag=7)
@@ -76,7 +76,7 @@ def _mixed(comm: Communicator) -> Any:
         )
         ok = torch.tensor([float(same)])
         comm.send(ok, 0, tag=8)
-    after = comm._engine.pipe_bytes()[1 - comm.rank]
+    after = comm.engine.pipe_bytes()[1 - comm.rank]
     piped = 4 * sum(n for n in sizes if 4 * n >= shm_pipe.MIN_BYTES)
     moved = after[0] - before[0] if comm.rank == 0 else after[1] - before[1]
     return bool(ok.item()), moved, piped
@@ -104,7 +104,7 @@ def _both_ways(comm: Communicator) -> Any:
         else:
             got = comm.recv(torch.empty(PING, dtype=dtype), peer, tag=2)
             ok = ok and torch.equal(got, x)
-    return ok, comm._engine.pipe_bytes()[peer]
+    return ok, comm.engine.pipe_bytes()[peer]
 
 
 @pytest.mark.timeout(90)
@@ -182,12 +182,12 @@ def _toggled(comm: Communicator) -> Any:
     x = torch.ones(64 * KB)
     moved = []
     for on in (False, True, False):
-        comm._engine.use_pipes(on)
+        comm.engine.use_pipes(on)
         if comm.rank == 0:
             comm.send(x, 1)
         else:
             comm.recv(x, 0)
-        moved.append(sum(s + r for s, r in comm._engine.pipe_bytes().values()))
+        moved.append(sum(s + r for s, r in comm.engine.pipe_bytes().values()))
     return moved
 
 

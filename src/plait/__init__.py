@@ -16,16 +16,16 @@ from plait.errors import CollectiveMismatchError, CommTimeoutError, PeerFailureE
 
 if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
-    from plait.comm.handle import Handle
     from plait.comm.mesh import Mesh
+    from plait.comm.request import Request
     from plait.comm.world import default, init, is_initialized, shutdown
     from plait.data_parallel import DataParallel
 
 _LAZY = {
     "Communicator": "plait.comm.communicator",
     "DataParallel": "plait.data_parallel",
-    "Handle": "plait.comm.handle",
     "Mesh": "plait.comm.mesh",
+    "Request": "plait.comm.request",
     "default": "plait.comm.world",
     "init": "plait.comm.world",
     "is_initialized": "plait.comm.world",
@@ -37,10 +37,10 @@ __all__ = [
     "CommTimeoutError",
     "Communicator",
     "DataParallel",
-    "Handle",
     "Mesh",
     "PeerFailureError",
     "PlaitError",
+    "Request",
     "default",
     "init",
     "is_initialized",

@@ -102,6 +102,10 @@ VARIABLES: tuple[Var, ...] = (
     # launch
     Var("PLAIT_SERVERS", "int", None,
         "how many of a job's ranks (the last ones) are parameter servers", "launch"),
+    Var("PLAIT_NETNS_BURST", "text", "64kb",
+        "scripts/netns.sh (simulated hosts): the token-bucket burst of each rate-limited "
+        "link; raise it for rates far above 1gbit (read by the shell script, not by Python)",
+        "launch"),
     # plait train: set by `plait train` for its workers
     Var("PLAIT_TRAIN_EVENTS", "flag", False,
         "rank 0 reports progress as event lines for the `plait train` process (set by it)",

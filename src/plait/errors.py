@@ -41,3 +41,7 @@ class CollectiveMismatchError(PlaitError):
 
 class CommTimeoutError(PlaitError, TimeoutError):
     """A live peer did not answer within the configured timeout (PLAIT_TIMEOUT)."""
+
+
+class ConfigError(PlaitError, ValueError):
+    """An option has a bad value; the message shows the failing check and what was given."""

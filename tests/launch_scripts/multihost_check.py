@@ -10,7 +10,7 @@ import os
 import torch
 
 import plait
-from plait.comm import select
+from plait.comm import routes
 
 comm = plait.init()
 nnodes = int(os.environ["GROUP_WORLD_SIZE"])
@@ -35,14 +35,14 @@ for algorithm in algorithms:
         torch.testing.assert_close(total, expected, rtol=0, atol=0)
     print(f"allreduce {algorithm} ok", flush=True)
 if two_level:
-    assert select.allreduce(16 << 20, comm) == "hierarchical"
+    assert routes.choose("allreduce", 16 << 20, comm.topology) == "hierarchical"
     # the structure: inside a host nothing goes through the sockets, across hosts this
     # rank sends only to the peer of the same local rank (what it receives may include a
     # fast peer's first message of the next call, so only sends are counted)
     x = torch.ones(1 << 18)
-    before = comm._engine.counts()
+    before = comm.engine.counts()
     comm.allreduce(x, algorithm="hierarchical", check=False)
-    after = comm._engine.counts()
+    after = comm.engine.counts()
     talked = {p for p in after if after[p][0] != before.get(p, (0, 0))[0]}
     peers = {r for r in range(comm.size) if r % comm.local_size == comm.local_rank} - {comm.rank}
     assert talked == peers, (talked, peers)

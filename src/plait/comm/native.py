@@ -8,17 +8,21 @@ detector is consulted, so a dead or frozen peer becomes a PeerFailureError namin
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 import torch.distributed as dist
 
 from plait.comm.engine import Engine
 from plait.errors import CommTimeoutError, PlaitError
+
+if TYPE_CHECKING:
+    from plait.comm.runner import Context
 
 TORCH_OPS: dict[str, dist.ReduceOp.RedOpType] = {
     "sum": dist.ReduceOp.SUM,
@@ -144,3 +148,46 @@ def _watch(work: dist.Work) -> tuple[threading.Event, Callable[[], None]]:
         work.wait()  # raises gloo's error, if any
 
     return finished, wait
+
+
+# ------------------------------------------------------------ rows of the routing table
+def _block(bounds: list[int]) -> int | None:
+    """The size of every block, if they are all the same (gloo needs that), else None."""
+    sizes = {hi - lo for lo, hi in itertools.pairwise(bounds)}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _allgather_row(ctx: Context, buf: torch.Tensor, bounds: list[int]) -> None:
+    block = _block(bounds)
+    if block is None:  # uneven blocks go round plait's ring
+        ctx.route("allgather", "ring")(ctx, buf, bounds)
+        return
+    parts = list(buf.split(block))
+    mine = parts[ctx.rank].clone()  # gloo reads it while it writes the parts
+    ctx.native("allgather", lambda g: allgather(g, parts, mine))
+
+
+def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) -> torch.Tensor:
+    block = _block(b)
+    if block is None:  # uneven blocks go round plait's ring
+        return ctx.route("reduce_scatter", "ring")(ctx, buf, op, b)
+    out = torch.empty(block, dtype=buf.dtype)
+    parts = list(buf.split(block))
+    ctx.native("reduce_scatter", lambda g: reduce_scatter(g, out, parts, op))
+    return out
+
+
+#: Rows of the routing table (routes.py).
+ROUTES = {
+    ("allreduce", "native"): lambda ctx, buf, op: ctx.native(
+        "allreduce", lambda g: allreduce(g, buf, op)
+    ),
+    ("broadcast", "native"): lambda ctx, buf, root: ctx.native(
+        "broadcast", lambda g: broadcast(g, buf, root)
+    ),
+    ("reduce", "native"): lambda ctx, buf, op, root: ctx.native(
+        "reduce", lambda g: reduce(g, buf, op, root)
+    ),
+    ("allgather", "native"): _allgather_row,
+    ("reduce_scatter", "native"): _reduce_scatter_row,
+}

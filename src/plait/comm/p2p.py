@@ -11,17 +11,13 @@ rank of the same communicator; a *buffer* is a 1-D contiguous tensor.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from plait.comm.request import Request
 
-class Request(Protocol):
-    """A posted send or receive."""
-
-    def wait(self) -> None:
-        """Block until the transfer is complete; raises PeerFailureError if the peer died."""
-        ...
+__all__ = ["Channel", "Request", "sendrecv", "wait_all"]
 
 
 class Channel(Protocol):
@@ -30,11 +26,11 @@ class Channel(Protocol):
     rank: int
     size: int
 
-    def isend(self, buf: torch.Tensor, peer: int) -> Request:
+    def isend(self, buf: torch.Tensor, peer: int) -> Request[Any]:
         """Start sending `buf` (1-D, contiguous) to `peer`; `buf` must not change until wait()."""
         ...
 
-    def irecv(self, buf: torch.Tensor, peer: int) -> Request:
+    def irecv(self, buf: torch.Tensor, peer: int) -> Request[Any]:
         """Start receiving from `peer` into `buf` (1-D, contiguous, exactly the sent size)."""
         ...
 
@@ -47,6 +43,7 @@ def sendrecv(ch: Channel, send: torch.Tensor, dst: int, recv: torch.Tensor, src:
     s.wait()
 
 
-def wait_all(requests: list[Request]) -> None:
+def wait_all(requests: list[Request[Any]]) -> None:
+    """Wait for each request in turn; the first failure is raised."""
     for r in requests:
         r.wait()

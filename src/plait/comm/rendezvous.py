@@ -2,8 +2,8 @@
 
 The environment is torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), so a script started by `plait run` or by `torchrun` (one node or many) finds
-its peers the same way. The store is torch.distributed's TCPStore, hosted by rank 0 (or by
-torchrun's agent). Through it every rank publishes the address its engine listens on and
+its peers the same way. The store (store.py) is torch.distributed's TCPStore, hosted by rank 0
+(or by torchrun's agent). Through it every rank publishes the address its engine listens on and
 the host it runs on; then every rank connects to each lower rank, which gives a full mesh.
 """
 
@@ -17,10 +17,10 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch.distributed as dist
 
+from plait import env
 from plait.errors import PlaitError
 
 _HELLO = struct.Struct("<8sQQQ")  # magic, job token, rank, world size
@@ -77,27 +77,14 @@ def world_from_env() -> WorldEnv:
     )
 
 
-def make_store(env: WorldEnv, timeout: float) -> dist.Store:
-    """The job's key-value store (a HashStore for a world of one)."""
-    if env.size == 1:
-        return dist.HashStore()
-    return dist.TCPStore(
-        env.master_addr,
-        env.master_port,
-        env.size,
-        is_master=env.rank == 0 and not env.agent_store,
-        timeout=timedelta(seconds=timeout),
-        wait_for_workers=False,
-    )
-
-
 def listen_host(master_addr: str) -> str:
     """The local address peers can reach us on: the interface that routes to the master.
 
     PLAIT_IFADDR overrides it. Never the wildcard address: we listen on one interface only.
     """
-    if os.environ.get("PLAIT_IFADDR"):
-        return os.environ["PLAIT_IFADDR"]
+    address: str | None = env.get("PLAIT_IFADDR")
+    if address:
+        return address
     try:
         if ipaddress.ip_address(socket.gethostbyname(master_addr)).is_loopback:
             return "127.0.0.1"
@@ -143,7 +130,7 @@ def gloo_interface(master_addr: str) -> str | None:
 
 def node_id() -> str:
     """What makes two ranks 'on the same host': PLAIT_NODE_ID, else the hostname."""
-    return os.environ.get("PLAIT_NODE_ID") or socket.gethostname()
+    return env.get("PLAIT_NODE_ID") or socket.gethostname()
 
 
 def kernel_key() -> str:
@@ -176,7 +163,7 @@ def connect_mesh(
         store.set("plait/token", str(secrets.randbits(63)))
     token = int(store.get("plait/token"))
     host = listen_host(master_addr)
-    key = kernel_key() if os.environ.get("PLAIT_UNIX_SOCKETS", "1") != "0" else ""
+    key = kernel_key() if env.get("PLAIT_UNIX_SOCKETS") else ""
     listeners = [socket.socket(socket.AF_INET, socket.SOCK_STREAM)]
     listeners[0].bind((host, 0))
     if key:

@@ -14,6 +14,9 @@ gamma: seconds per byte reduced):
 at this world size; between two measured sizes the time is the alpha-beta line through
 them. That captures what the formulas miss (CPU contention when ranks outnumber cores,
 Python overhead per message).
+
+The candidates are the routing table's rows that can run on the communicator's topology
+(routes.usable); `AUTO` maps each collective to its chooser, which routes.choose calls.
 """
 
 from __future__ import annotations
@@ -26,13 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
-from plait.comm import shm
+from plait import env
 
 if TYPE_CHECKING:
-    from plait.comm.communicator import Communicator
-    from plait.comm.p2p import Channel
+    from plait.comm.topology import Topology
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,20 +125,16 @@ def predict_hierarchical(n: int, hosts: int, local: int, link: Link = DEFAULT) -
     return (local + 3) * SHM_SYNC + n * SHM_BETA + cross
 
 
-def cross_allreduce(n: int, hosts: int) -> Callable[[Channel, torch.Tensor, str], None]:
-    """The flat algorithm between hosts in the hierarchical allreduce (n bytes per group)."""
-    from plait.comm.algorithms import halving_doubling, ring, tree
-
-    best = min(("tree", "halving_doubling", "ring"), key=lambda a: predict(a, n, hosts))
-    return {"tree": tree.allreduce, "halving_doubling": halving_doubling.allreduce,
-            "ring": ring.allreduce}[best]  # fmt: skip
+def cross_allreduce(n: int, hosts: int) -> str:
+    """The flat allreduce between hosts in the hierarchical one (n bytes per group)."""
+    return min(("tree", "halving_doubling", "ring"), key=lambda a: predict(a, n, hosts))
 
 
 def calibration_path() -> Path:
     """Where calibration lives: $PLAIT_CALIBRATION, else ~/.cache/plait/calibration.json."""
-    env = os.environ.get("PLAIT_CALIBRATION")
-    if env:
-        return Path(env)
+    path = env.get("PLAIT_CALIBRATION")
+    if path:
+        return Path(path)
     return (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
         / "plait"
@@ -186,66 +182,91 @@ def interpolate(points: Points, n: float) -> float:
 SWITCH_MARGIN = 0.9
 
 
-def _cost(collective: str, algorithm: str, n: int, comm: Communicator, link: Link) -> float:
-    """Calibrated seconds of `algorithm` at n bytes on comm's world, else the model's."""
-    measured = load_calibration().get(world_key(comm.size, comm.num_nodes), {}).get(collective)
+def _cost(collective: str, algorithm: str, n: int, topology: Topology, link: Link) -> float:
+    """Calibrated seconds of `algorithm` at n bytes on this world, else the model's."""
+    world = world_key(topology.size, topology.num_nodes)
+    measured = load_calibration().get(world, {}).get(collective)
     if measured and measured.get(algorithm):
         return interpolate(measured[algorithm], n)
     if algorithm == "hierarchical":
-        levels = load_levels(comm.size, comm.num_nodes)
+        levels = load_levels(topology.size, topology.num_nodes)
         if levels is not None:  # measured per level: t_local(n) + t_network(n)
             (a1, b1), (a2, b2) = levels["local"], levels["network"]
             return a1 + b1 * n + a2 + b2 * n
-        local, cross = comm._levels() or ([], [])
+        local, cross = topology.levels or ([], [])
         return predict_hierarchical(n, len(cross), len(local), link)
-    return predict(algorithm, n, comm.size, link)
+    return predict(algorithm, n, topology.size, link)
 
 
-def _best(collective: str, candidates: tuple[str, ...], n: int, comm: Communicator) -> str:
-    measured = load_calibration().get(world_key(comm.size, comm.num_nodes), {}).get(collective)
+def _best(collective: str, candidates: tuple[str, ...], n: int, topology: Topology) -> str:
+    world = world_key(topology.size, topology.num_nodes)
+    measured = load_calibration().get(world, {}).get(collective)
     if measured and all(measured.get(c) for c in candidates):
         cost = {c: interpolate(measured[c], n) for c in candidates}
     else:
-        cost = {c: predict(c, n, comm.size) for c in candidates}
+        cost = {c: predict(c, n, topology.size) for c in candidates}
     best = min(candidates, key=cost.__getitem__)
     if "native" in cost and cost[best] > SWITCH_MARGIN * cost["native"]:
         return "native"
     return best
 
 
-def allreduce(n: int, comm: Communicator) -> str:
-    """The allreduce algorithm for n bytes on `comm`: shared memory when every rank shares a
-    host, else by the cost model."""
-    if shm.available(comm.size, comm.num_nodes):
+#: The flat algorithms the model has formulas for, in the order ties go: tree moves the
+#: fewest messages in all (2(p-1)), which counts when ranks outnumber cores and every
+#: message costs a wake-up.
+FLAT = ("tree", "halving_doubling", "ring", "native")
+
+
+def allreduce(n: int, topology: Topology, usable: tuple[str, ...]) -> str:
+    """The allreduce algorithm for n bytes among the `usable` rows: shared memory when every
+    rank shares a host, else by the cost model."""
+    if "shm" in usable:
         return "shm"
-    # ties go to the first: tree moves the fewest messages in all (2(p-1)), which counts
-    # when ranks outnumber cores and every message costs a wake-up
-    flat = ("tree", "halving_doubling", "ring", "native")
-    if comm.num_nodes == 1:
-        return _best("allreduce", flat, n, comm)
+    flat = tuple(a for a in FLAT if a in usable)
+    if topology.num_nodes == 1:
+        return _best("allreduce", flat, n, topology)
     # across hosts: the network model (or this world's calibration) for every candidate,
     # the two-level algorithm among them where the hosts hold equal numbers of ranks
-    candidates = flat + (("hierarchical",) if comm._levels() is not None else ())
-    return min(candidates, key=lambda a: _cost("allreduce", a, n, comm, NETWORK))
+    candidates = flat + tuple(a for a in ("hierarchical",) if a in usable)
+    return min(candidates, key=lambda a: _cost("allreduce", a, n, topology, NETWORK))
 
 
-def broadcast(n: int, comm: Communicator) -> str:
+def _tree_or_native(n: int, topology: Topology) -> str:
+    """Binomial tree against gloo's, by the model (lg p messages of n bytes each)."""
+    lg = math.ceil(math.log2(topology.size)) if topology.size > 1 else 0
+    tree = lg * (DEFAULT.alpha + n * DEFAULT.beta)
+    gloo = lg * (DEFAULT.native_alpha + n * DEFAULT.native_beta)
+    return "tree" if tree <= gloo else "native"
+
+
+def broadcast(n: int, topology: Topology, usable: tuple[str, ...]) -> str:
     """The broadcast algorithm: shared memory on one host, else binomial tree against
     gloo's, by the model."""
-    if shm.available(comm.size, comm.num_nodes):
-        return "shm"
-    lg = math.ceil(math.log2(comm.size)) if comm.size > 1 else 0
-    tree = lg * (DEFAULT.alpha + n * DEFAULT.beta)
-    gloo = lg * (DEFAULT.native_alpha + n * DEFAULT.native_beta)
-    return "tree" if tree <= gloo else "native"
+    return "shm" if "shm" in usable else _tree_or_native(n, topology)
 
 
-def reduce(n: int, comm: Communicator) -> str:
+def reduce(n: int, topology: Topology, usable: tuple[str, ...]) -> str:
     """The reduce algorithm: binomial tree against gloo's, by the model."""
-    lg = math.ceil(math.log2(comm.size)) if comm.size > 1 else 0
-    tree = lg * (DEFAULT.alpha + n * DEFAULT.beta)
-    gloo = lg * (DEFAULT.native_alpha + n * DEFAULT.native_beta)
-    return "tree" if tree <= gloo else "native"
+    return _tree_or_native(n, topology)
+
+
+def blocks(n: int, topology: Topology, usable: tuple[str, ...]) -> str:
+    """allgather's and reduce_scatter's algorithm: shared memory on one host, the two
+    levels across hosts of equal size, else the ring (gloo's needs equal blocks)."""
+    for algorithm in ("shm", "hierarchical"):
+        if algorithm in usable:
+            return algorithm
+    return "ring"
+
+
+#: `algorithm="auto"` per collective: (bytes, topology, the usable rows) -> algorithm.
+AUTO: dict[str, Callable[[int, Topology, tuple[str, ...]], str]] = {
+    "allreduce": allreduce,
+    "broadcast": broadcast,
+    "reduce": reduce,
+    "allgather": blocks,
+    "reduce_scatter": blocks,
+}
 
 
 def save_calibration(size: int, num_nodes: int, collective: str, points: dict[str, Points]) -> Path:

@@ -40,6 +40,7 @@ left in /dev/shm after a crash, unless a rank dies inside that one handshake.
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import platform
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from plait import env
 from plait.comm.algorithms.ring import bounds_even
 from plait.comm.ops import reduce_into
 from plait.errors import CommTimeoutError, PlaitError
@@ -58,6 +60,8 @@ from plait.errors import CommTimeoutError, PlaitError
 if TYPE_CHECKING:
     from plait.comm.engine import Engine
     from plait.comm.p2p import Channel
+    from plait.comm.runner import Context
+    from plait.comm.topology import Topology
 
 SHM_DIR = "/dev/shm"
 LINE = 64  # bytes per rank counter: its own cache line, so counters never share one
@@ -71,16 +75,22 @@ MAX_NAP_S = 5e-3  # the longest sleep between looks at the counters (a missed ri
 def allowed() -> bool:
     """Whether this process may use shared memory at all: not turned off (PLAIT_SHM=0),
     x86-64 (see "Ordering" above), and a /dev/shm. The pipes (shm_pipe.py) ask this too."""
-    return (
-        os.environ.get("PLAIT_SHM", "1") != "0"
-        and platform.machine() in ("x86_64", "AMD64")
-        and os.path.isdir(SHM_DIR)
-    )
+    return bool(env.get("PLAIT_SHM")) and _host_can()
+
+
+@functools.cache  # `auto` asks on every call; the machine does not change (the switch may)
+def _host_can() -> bool:
+    return platform.machine() in ("x86_64", "AMD64") and os.path.isdir(SHM_DIR)
 
 
 def available(size: int, num_nodes: int) -> bool:
     """Whether a communicator of `size` ranks on `num_nodes` hosts can use shared memory."""
     return size > 1 and num_nodes == 1 and allowed()
+
+
+def runs_on(topology: Topology) -> bool:
+    """Whether this module's routing rows can run on `topology` (every rank on one host)."""
+    return available(topology.size, topology.num_nodes)
 
 
 def slot_bytes_for(nbytes: int) -> int:
@@ -372,3 +382,18 @@ def broadcast(arena: Arena, buf: torch.Tensor, root: int) -> None:
 
 class ShmError(PlaitError):
     """Shared memory was asked for where it cannot work (ranks on several hosts)."""
+
+
+# ------------------------------------------------------------ rows of the routing table
+def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) -> torch.Tensor:
+    reduce_scatter(ctx.arena(buf.nbytes), buf, op, b)
+    return buf[b[ctx.rank] : b[ctx.rank + 1]].clone()
+
+
+#: Rows of the routing table (routes.py); they run where `runs_on` says.
+ROUTES = {
+    ("allreduce", "shm"): lambda ctx, buf, op: allreduce(ctx.arena(buf.nbytes), buf, op),
+    ("broadcast", "shm"): lambda ctx, buf, root: broadcast(ctx.arena(buf.nbytes), buf, root),
+    ("allgather", "shm"): lambda ctx, buf, b: allgather(ctx.arena(buf.nbytes), buf, b),
+    ("reduce_scatter", "shm"): _reduce_scatter_row,
+}

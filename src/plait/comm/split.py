@@ -18,10 +18,12 @@ if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
 
 
-def split(
+def members(
     comm: Communicator, ranks: Sequence[int] | None, color: int | None, key: int
-) -> Communicator | None:
-    """See Communicator.split."""
+) -> tuple[list[int], str] | None:
+    """The ranks (of `comm`, in their new order) of this rank's new communicator and a name
+    for it that its members agree on; None where this rank gets none. See
+    Communicator.split."""
     if ranks is not None and color is not None:
         raise ValueError("pass either ranks or color, not both")
     wanted: list[int] = []
@@ -37,7 +39,6 @@ def split(
         if color is not None and (not isinstance(color, int) or color < 0):
             raise ValueError(f"color must be a non-negative int or None; got {color!r}")
         mine = ("color", color, int(key))
-    seq = comm._seq  # every member has the same, which makes the new ids agree
     everyone = [_split_args(row) for row in comm.allgather(_split_row(mine, comm.size))]
     calls = [_split_call(e) for e in everyone]
     if len({e[0] for e in everyone}) > 1:  # checked first: every rank raises the same
@@ -45,25 +46,26 @@ def split(
     if mine[0] == "ranks":
         if any(e != mine for e in everyone):
             raise CollectiveMismatchError(calls, "different ranks")
-        members = list(wanted)
-        tag = "ranks"
+        group = list(wanted)
+        name = "ranks"
     else:
         if color is None:
             return None
-        members = sorted(
+        group = sorted(
             (r for r, e in enumerate(everyone) if e[1] == color),
             key=lambda r: (everyone[r][2], r),
         )
-        tag = f"color{color}"
-    if comm.rank not in members:
+        name = f"color{color}"
+    if comm.rank not in group:
         return None
-    ident = zlib.crc32(f"{comm._id}:{seq}:{tag}:{members}".encode()) & 0x3FFFFFFF
-    return type(comm)(
-        comm._engine,
-        [comm.ranks[r] for r in members],
-        [comm._nodes[r] for r in members],
-        ident if ident > 1 else 2,  # 1 is the world's
-    )
+    return group, name
+
+
+def child_id(parent_id: int, seq: int, name: str, group: list[int]) -> int:
+    """The new communicator's 30-bit id, the same on its members: a hash of the parent's
+    id, the parent's call number at the split (equal on every member) and the group."""
+    ident = zlib.crc32(f"{parent_id}:{seq}:{name}:{group}".encode()) & 0x3FFFFFFF
+    return ident if ident > 1 else 2  # 1 is the world's
 
 
 def _split_call(args: tuple[Any, ...]) -> str:

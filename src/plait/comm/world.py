@@ -10,28 +10,17 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from plait import env
 from plait.comm import rendezvous
 from plait.comm.communicator import Communicator
 from plait.comm.engine import Engine
+from plait.comm.store import make_store
 from plait.errors import PlaitError
 
 _default: Communicator | None = None
 _lock = threading.Lock()
 _owns_torch_group = False
 _failed = False  # a peer failed in this process: the exit hook must not wait on gloo
-
-
-def _seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0; got {raw!r}")
-    return value
 
 
 def init() -> Communicator:
@@ -46,42 +35,44 @@ def init() -> Communicator:
     with _lock:
         if _default is not None:
             return _default
-        env = rendezvous.world_from_env()
-        timeout = _seconds("PLAIT_TIMEOUT", 1800.0)
-        hb_timeout = _seconds("PLAIT_HEARTBEAT_TIMEOUT", 8.0)
-        init_timeout = _seconds("PLAIT_INIT_TIMEOUT", 300.0)
+        world = rendezvous.world_from_env()
+        timeout = env.get("PLAIT_TIMEOUT")
+        hb_timeout = env.get("PLAIT_HEARTBEAT_TIMEOUT")
+        init_timeout = env.get("PLAIT_INIT_TIMEOUT")
         if dist.is_initialized():
-            if dist.get_rank() != env.rank or dist.get_world_size() != env.size:
+            if dist.get_rank() != world.rank or dist.get_world_size() != world.size:
                 raise PlaitError(
                     f"torch.distributed is already initialised as rank {dist.get_rank()} of "
-                    f"{dist.get_world_size()}, but the environment says rank {env.rank} of "
-                    f"{env.size}"
+                    f"{dist.get_world_size()}, but the environment says rank {world.rank} of "
+                    f"{world.size}"
                 )
             store = dist.distributed_c10d._get_default_store()
         else:
-            store = rendezvous.make_store(env, init_timeout)
-            ifname = rendezvous.gloo_interface(env.master_addr)
+            store = make_store(world, init_timeout)
+            ifname = rendezvous.gloo_interface(world.master_addr)
             if ifname is not None:  # read by gloo when it makes a group, now and later
                 os.environ["GLOO_SOCKET_IFNAME"] = ifname
             dist.init_process_group(
                 "gloo",
                 store=dist.PrefixStore("gloo", store),
-                rank=env.rank,
-                world_size=env.size,
+                rank=world.rank,
+                world_size=world.size,
                 timeout=timedelta(seconds=timeout),
             )
             _owns_torch_group = True
-        socks = rendezvous.connect_mesh(store, env.rank, env.size, env.master_addr, init_timeout)
+        socks = rendezvous.connect_mesh(
+            store, world.rank, world.size, world.master_addr, init_timeout
+        )
         engine = Engine(
-            env.rank,
+            world.rank,
             socks,
             timeout=timeout,
             heartbeat_interval=min(1.0, hb_timeout / 4),
             heartbeat_timeout=hb_timeout,
         )
-        store.set(f"plait/node/{env.rank}", rendezvous.node_id())
-        nodes = [store.get(f"plait/node/{r}").decode() for r in range(env.size)]
-        _default = Communicator(engine, list(range(env.size)), nodes, 1, dist.group.WORLD)
+        store.set(f"plait/node/{world.rank}", rendezvous.node_id())
+        nodes = [store.get(f"plait/node/{r}").decode() for r in range(world.size)]
+        _default = Communicator(engine, list(range(world.size)), nodes, 1, dist.group.WORLD)
         atexit.register(_at_exit)
         return _default
 
@@ -104,8 +95,8 @@ def shutdown() -> None:
         comm, _default = _default, None
         if comm is None:
             return
-        comm._worker.stop()
-        engine = comm._engine
+        comm.close()
+        engine = comm.engine
         _failed = _failed or engine.error is not None
         engine.close()
         if _owns_torch_group and not _failed:

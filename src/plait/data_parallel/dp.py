@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from plait.comm.communicator import Communicator
-from plait.comm.handle import Handle
+from plait.comm.request import Request
 from plait.data_parallel import buckets as bucketing
 from plait.data_parallel import replicas
 from plait.errors import PlaitError
@@ -123,7 +123,7 @@ class DataParallel(nn.Module):
         self._in_backward = False
         self._ready: set[int] = set()  # ids of parameters whose gradient landed this pass
         self._next = 0  # the next bucket to launch
-        self._handles: list[Handle[torch.Tensor] | None] = [None] * len(self._buckets)
+        self._handles: list[Request[torch.Tensor] | None] = [None] * len(self._buckets)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
 
     # ---------------------------------------------------------------- public

@@ -9,7 +9,9 @@ Each module works in place on 1-D contiguous buffers through a `plait.comm.p2p.C
 - `hierarchical`: BlueConnect's two-level allreduce (shared memory inside each host, a flat
   algorithm between hosts); imported on its own, as it builds on `plait.comm.shm`.
 
-Reduction ops are "sum", "prod", "min" and "max"; "avg" is the caller's business.
+Reduction ops are "sum", "prod", "min" and "max"; "avg" is the caller's business. Each
+module but `direct` lists its rows of the routing table in `ROUTES` (see comm/routes.py):
+a channel algorithm is its own row, since a call's Context is a Channel.
 """
 
 from plait.comm.algorithms import direct, halving_doubling, ring, tree

@@ -93,6 +93,10 @@ def allreduce(ch: Channel, buf: torch.Tensor, op: str) -> None:
         ch.isend(buf, r - 1).wait()
 
 
+#: The routing table's row (routes.py).
+ROUTES = {("allreduce", "halving_doubling"): allreduce}
+
+
 def _exchange(ch: Channel, send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:
     """Swap with `peer`, skipping an empty direction (both sides know both sizes)."""
     reqs: list[Request] = []

@@ -16,14 +16,21 @@ parts, each through all three steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from plait.comm import shm
+from plait.comm import select, shm
 from plait.comm.algorithms import ring
 from plait.comm.algorithms.ring import bounds_even
 from plait.comm.p2p import Channel
+
+if TYPE_CHECKING:
+    from plait.comm.runner import Context
+    from plait.comm.topology import Topology
+
+Hosts = Sequence[Sequence[int]]  # each host's communicator ranks, in local-rank order
 
 CrossAllreduce = Callable[[Channel, torch.Tensor, str], None]
 
@@ -51,7 +58,7 @@ def allreduce(
         shm.allgather(local, part, b)
 
 
-def _layout(hosts: list[list[int]], bounds: list[int]) -> tuple[list[int], list[int]]:
+def _layout(hosts: Hosts, bounds: list[int]) -> tuple[list[int], list[int]]:
     """The ranks' blocks regrouped by local rank: (order, bounds in that order).
 
     Rank hosts[h][j]'s block comes at position j * H + h, so the blocks of one local rank
@@ -70,7 +77,7 @@ def reduce_scatter(
     buf: torch.Tensor,
     op: str,
     bounds: list[int],
-    hosts: list[list[int]],
+    hosts: Hosts,
 ) -> torch.Tensor:
     """This rank's block of the reduction of 1-D `buf` over every host's ranks.
 
@@ -100,7 +107,7 @@ def allgather(
     cross: Channel,
     out: torch.Tensor,
     bounds: list[int],
-    hosts: list[list[int]],
+    hosts: Hosts,
 ) -> None:
     """Fill 1-D `out` (its own block already in place) with every rank's block.
 
@@ -121,3 +128,32 @@ def allgather(
     shm.allgather(local, perm, supers)
     for i, q in enumerate(order):
         out[bounds[q] : bounds[q + 1]].copy_(perm[grouped[i] : grouped[i + 1]])
+
+
+# ------------------------------------------------------------ rows of the routing table
+def runs_on(topology: Topology) -> bool:
+    """Whether the rows can run: several hosts of equal size (> 1), shared memory allowed."""
+    return topology.levels is not None and shm.allowed()
+
+
+def _allreduce_row(ctx: Context, buf: torch.Tensor, op: str) -> None:
+    arena, cross, hosts = ctx.two_levels(buf.nbytes)
+    part_bytes = min(buf.nbytes, arena.slot_bytes)  # what one round moves
+    name = select.cross_allreduce(part_bytes // len(hosts[0]), len(hosts))
+    allreduce(arena, cross, buf, op, ctx.route("allreduce", name))
+
+
+def _allgather_row(ctx: Context, buf: torch.Tensor, bounds: list[int]) -> None:
+    allgather(*ctx.two_levels(buf.nbytes)[:2], buf, bounds, ctx.topology.hosts)
+
+
+def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) -> torch.Tensor:
+    return reduce_scatter(*ctx.two_levels(buf.nbytes)[:2], buf, op, b, ctx.topology.hosts)
+
+
+#: Rows of the routing table (routes.py); they run where `runs_on` says.
+ROUTES = {
+    ("allreduce", "hierarchical"): _allreduce_row,
+    ("allgather", "hierarchical"): _allgather_row,
+    ("reduce_scatter", "hierarchical"): _reduce_scatter_row,
+}

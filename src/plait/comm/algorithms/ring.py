@@ -85,6 +85,20 @@ def allreduce(ch: Channel, buf: torch.Tensor, op: str, segment_bytes: int | None
     _ring(ch, buf, op, bounds, _segment_elems(buf, segment_bytes), 0, 2 * ch.size - 2)
 
 
+def _reduce_scatter_row(ch: Channel, buf: torch.Tensor, op: str, bounds: list[int]) -> torch.Tensor:
+    """The routing table's reduce_scatter: this rank's reduced block, in its own memory."""
+    reduce_scatter(ch, buf, op, bounds)
+    return buf[bounds[ch.rank] : bounds[ch.rank + 1]].clone()
+
+
+#: Rows of the routing table (routes.py): the channel of the call is the Context itself.
+ROUTES = {
+    ("allreduce", "ring"): allreduce,
+    ("allgather", "ring"): allgather,
+    ("reduce_scatter", "ring"): _reduce_scatter_row,
+}
+
+
 def _segment_elems(buf: torch.Tensor, segment_bytes: int | None) -> int:
     if segment_bytes is None:
         segment_bytes = DEFAULT_SEGMENT_BYTES  # read at call time, so it can be tuned

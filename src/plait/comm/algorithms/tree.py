@@ -74,3 +74,11 @@ def allreduce(ch: Channel, buf: torch.Tensor, op: str) -> None:
     """Allreduce in place: reduce to rank 0, then broadcast its bytes (bit-identical)."""
     reduce(ch, buf, op, 0)
     broadcast(ch, buf, 0)
+
+
+#: Rows of the routing table (routes.py): the channel of the call is the Context itself.
+ROUTES = {
+    ("allreduce", "tree"): allreduce,
+    ("broadcast", "tree"): broadcast,
+    ("reduce", "tree"): reduce,
+}

@@ -6,7 +6,7 @@ grouped allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join;
 in place and async with poll/synchronize; differentiable like Horovod's),
 DistributedOptimizer, broadcast_parameters / broadcast_optimizer_state / object helpers,
 Compression.none/fp16, process sets. Differences (Adasum, timelines, SyncBatchNorm,
-elastic, join's scope) are listed in the README's Horovod section.
+elastic, join's scope) are listed in docs/horovod.md.
 """
 
 from plait.horovod.torch.basics import (

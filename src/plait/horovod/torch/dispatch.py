@@ -18,7 +18,8 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from plait.comm.communicator import Communicator
-from plait.comm.handle import Handle, Worker
+from plait.comm.request import Request
+from plait.comm.worker import Worker
 from plait.errors import CollectiveMismatchError, PlaitError
 from plait.horovod.torch import join as joining
 from plait.horovod.torch.exceptions import as_horovod
@@ -61,7 +62,7 @@ class Dispatcher:
             handle = self._worker.submit(lambda: self._execute(ops))
         return handle.wait()
 
-    def submit(self, ops: Sequence[Op[Any]]) -> Handle[list[Any]]:
+    def submit(self, ops: Sequence[Op[Any]]) -> Request[list[Any]]:
         """Queue `ops` (kept together, in order); the handle's result is their results."""
         with self._order:
             return self._worker.submit(lambda: self._execute(ops))
@@ -148,7 +149,7 @@ def apply(fn: Any, *args: Any) -> Any:
 # ------------------------------------------------------------------ Horovod handles
 @dataclass
 class _Pending:
-    handle: Handle[list[Any]]
+    handle: Request[list[Any]]
     finish: Callable[[list[Any]], Any]
 
 
@@ -157,7 +158,7 @@ _ids = itertools.count(1)
 _handles_lock = threading.Lock()
 
 
-def register(handle: Handle[list[Any]], finish: Callable[[list[Any]], Any]) -> int:
+def register(handle: Request[list[Any]], finish: Callable[[list[Any]], Any]) -> int:
     """A new Horovod handle (an int) for `handle`; synchronize returns finish(results)."""
     with _handles_lock:
         hid = next(_ids)

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from plait.comm.calls import Call, check_enabled
+from plait.comm.agreement import Call, check_enabled
+from plait.comm.dtypes import CODES, DTYPES, NAMES
 from plait.errors import CollectiveMismatchError
 
 if TYPE_CHECKING:
@@ -50,18 +51,6 @@ _KINDS = (
     "other",
 )
 _SERVED = ("allreduce", "allgather", "broadcast", "barrier")
-_DTYPES = (
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.bool,
-)
 _OPS = ("-", "sum", "avg", "min", "max", "prod")
 
 # What the call check shows for a joined rank's call (plait formats it; we only compare)
@@ -101,7 +90,7 @@ def _crc(shape: tuple[int, ...]) -> int:
 def describe(op: Op[Any], rounds: int) -> torch.Tensor:
     """The row a rank that has not joined contributes before making `op`."""
     kind = op.kind if op.kind in _KINDS else "other"
-    dtype = _DTYPES.index(op.dtype) + 1 if op.dtype in _DTYPES else 0
+    dtype = CODES[op.dtype] + 1 if op.dtype in CODES else 0
     fields = [_KINDS.index(kind), dtype, _OPS.index(op.op), op.root, op.numel, _crc(op.shape)]
     return torch.tensor([[*fields, rounds, 0]], dtype=torch.int64)
 
@@ -116,7 +105,7 @@ def _text(row: list[int]) -> str:
         return "joined (hvd.join)"
     if kind not in _SERVED or kind == "barrier":
         return kind
-    dtype = str(_DTYPES[row[1] - 1]).replace("torch.", "") if row[1] else "-"
+    dtype = NAMES[DTYPES[row[1] - 1]] if row[1] else "-"
     extra = {"allreduce": f", op={_OPS[row[2]]}", "broadcast": f", root_rank={row[3]}"}
     size = "elements per row" if kind == "allgather" else "elements"
     return f"{kind}(dtype={dtype}, {size}={row[4]}{extra.get(kind, '')})"
@@ -148,7 +137,7 @@ def agree(comm: Communicator, mine: torch.Tensor) -> Plan:
             f"broadcast from root_rank {row[3]}, which has joined (hvd.join); "
             "a joined rank cannot be the root"
         )
-    dtype = _DTYPES[row[1] - 1] if row[1] else torch.float32
+    dtype = DTYPES[row[1] - 1] if row[1] else torch.float32
     return Plan(False, -1, kind, dtype, _OPS[row[2]], row[3], row[4])
 
 

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import torch
 
-from plait.comm.handle import Handle
+from plait.comm.request import Request
 from plait.errors import PlaitError
 from plait.horovod.torch.basics import Adasum, Average, ProcessSet, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
@@ -54,7 +54,7 @@ class _InFlight:
 
     def __init__(
         self,
-        handle: Handle[list[Any]],
+        handle: Request[list[Any]],
         params: list[Tensor],
         pieces: list[tuple[Tensor, Any]],
         packs: list[Packed],

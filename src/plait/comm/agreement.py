@@ -1,4 +1,4 @@
-"""What each rank asked for: collective signatures, exchanged before a call to catch mismatches.
+"""Cross-rank agreement: each rank's collective call, exchanged before it runs, must match.
 
 Before a collective, every rank sends a short text record of its call (kind, dtype, shape,
 op, root, algorithm, split sizes) to every other rank. If the records disagree, every rank
@@ -11,28 +11,15 @@ check. Records are plain ASCII of a fixed length, never pickled.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from plait import env
+from plait.comm.dtypes import dtype_name
 from plait.errors import CollectiveMismatchError
 
 _BASE_BYTES = 192
-
-DTYPES: dict[torch.dtype, str] = {
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.uint8: "uint8",
-    torch.int8: "int8",
-    torch.int16: "int16",
-    torch.bool: "bool",
-}
-_BY_NAME = {v: k for k, v in DTYPES.items()}
 
 # Which fields must agree across ranks, per collective. "shape" is the whole shape,
 # "shape1" all but the first dimension (which may differ: allgather, gather, alltoall).
@@ -51,20 +38,7 @@ _MUST_AGREE: dict[str, tuple[str, ...]] = {
 
 def check_enabled() -> bool:
     """The mismatch check runs unless PLAIT_CHECK=0 (it must be set alike on every rank)."""
-    return os.environ.get("PLAIT_CHECK", "1") != "0"
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise TypeError(
-            f"dtype {dtype} is not supported; expected one of {', '.join(DTYPES.values())}"
-        ) from None
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    return _BY_NAME[name]
+    return bool(env.get("PLAIT_CHECK"))
 
 
 @dataclass(frozen=True)

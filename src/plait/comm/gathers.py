@@ -1,0 +1,171 @@
+"""Collectives over per-rank blocks of dim 0: allgather and reduce_scatter (by the routing
+table), alltoall, gather and scatter (one algorithm each: algorithms.direct), and barrier
+(a gather of nothing).
+
+As in reductions.py, each function checks its arguments at once and returns the call,
+`run(ctx) -> result`. Blocks split dim 0 as torch.tensor_split does (the first dim0 % p
+ranks get one row more) unless the call says otherwise; dim 0 may differ across ranks in
+allgather, gather and alltoall, the other dims may not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from plait.comm import arguments, routes
+from plait.comm.agreement import Call
+from plait.comm.algorithms import direct
+from plait.comm.algorithms.ring import bounds_even
+from plait.comm.dtypes import dtype_from_name
+from plait.comm.ops import check_op, finish_avg
+from plait.comm.runner import Context
+
+
+def allgather(
+    tensor: torch.Tensor, algorithm: str
+) -> Callable[[Context], tuple[torch.Tensor, list[int]]]:
+    """Every rank's `tensor` joined along dim 0; the call returns it and each rank's dim 0."""
+    t = arguments.tensor(tensor)
+    algorithm = routes.check("allgather", algorithm)
+    arguments.with_rows(t, "allgather")
+    call = Call.of("allgather", t, algorithm=algorithm)
+
+    def run(ctx: Context) -> tuple[torch.Tensor, list[int]]:
+        calls = ctx.exchange(call, needed=True)
+        if calls is None:
+            return t.clone(memory_format=torch.contiguous_format), [t.shape[0]]
+        dims = [c.shape[0] for c in calls]
+        row = arguments.row_elements(t.shape)
+        bounds = [0]
+        for d in dims:
+            bounds.append(bounds[-1] + d * row)
+        out = torch.empty((sum(dims), *t.shape[1:]), dtype=t.dtype)
+        flat = out.view(-1)
+        flat[bounds[ctx.rank] : bounds[ctx.rank + 1]] = t.reshape(-1)
+        if flat.numel():
+            routes.get("allgather", algorithm, flat.nbytes, ctx.topology)(ctx, flat, bounds)
+        return out, dims
+
+    return run
+
+
+def reduce_scatter(
+    tensor: torch.Tensor, op: str, algorithm: str
+) -> Callable[[Context], torch.Tensor]:
+    """The reduction over ranks of `tensor`; the call returns this rank's block of dim 0."""
+    t = arguments.tensor(tensor)
+    op = check_op(op, t.dtype)
+    algorithm = routes.check("reduce_scatter", algorithm)
+    arguments.with_rows(t, "reduce_scatter")
+    call = Call.of("reduce_scatter", t, op=op, algorithm=algorithm)
+    base = "sum" if op == "avg" else op
+
+    def run(ctx: Context) -> torch.Tensor:
+        ctx.exchange(call)
+        rows = bounds_even(t.shape[0], ctx.size)
+        lo, hi = rows[ctx.rank], rows[ctx.rank + 1]
+        buf = t.clone(memory_format=torch.contiguous_format)
+        if ctx.size > 1 and buf.numel():
+            flat, row = buf.view(-1), arguments.row_elements(t.shape)
+            fn = routes.get("reduce_scatter", algorithm, flat.nbytes, ctx.topology)
+            out = fn(ctx, flat, base, [r * row for r in rows]).view(hi - lo, *t.shape[1:])
+        else:
+            out = buf[lo:hi].clone()
+        if op == "avg":
+            finish_avg(out, ctx.size)
+        return out
+
+    return run
+
+
+def alltoall(
+    tensor: torch.Tensor, splits: Sequence[int] | None, size: int
+) -> Callable[[Context], torch.Tensor]:
+    """Rows splits[j] of `tensor` to rank j; the call returns what every rank sent here,
+    in rank order."""
+    t = arguments.with_rows(arguments.tensor(tensor), "alltoall")
+    if splits is None:
+        bounds = bounds_even(t.shape[0], size)
+        sizes = [bounds[i + 1] - bounds[i] for i in range(size)]
+    else:
+        sizes = [int(s) if isinstance(s, int) and not isinstance(s, bool) else -1 for s in splits]
+        if len(sizes) != size or min(sizes, default=0) < 0 or sum(sizes) != t.shape[0]:
+            raise ValueError(
+                f"splits must be {size} non-negative ints summing to dim 0 "
+                f"({t.shape[0]}); got {list(splits)}"
+            )
+    call = Call.of("alltoall", t, splits=tuple(sizes))
+
+    def run(ctx: Context) -> torch.Tensor:
+        calls = ctx.exchange(call, needed=True)
+        got = [c.splits[ctx.rank] for c in calls] if calls else sizes
+        out = torch.empty((sum(got), *t.shape[1:]), dtype=t.dtype)
+        if calls is None:
+            return out.copy_(t)
+        send = [s.view(-1) for s in t.contiguous().split(sizes)]
+        direct.alltoall(ctx, send, [r.view(-1) for r in out.split(got)])
+        return out
+
+    return run
+
+
+def gather(tensor: torch.Tensor, root: int, size: int) -> Callable[[Context], torch.Tensor | None]:
+    """Every rank's `tensor` joined along dim 0 on `root`; the call returns None elsewhere."""
+    t = arguments.tensor(tensor)
+    root = arguments.root(root, size)
+    arguments.with_rows(t, "gather")
+    call = Call.of("gather", t, root=root)
+
+    def run(ctx: Context) -> torch.Tensor | None:
+        calls = ctx.exchange(call, needed=True)
+        if calls is None:
+            return t.clone(memory_format=torch.contiguous_format)
+        dims = [c.shape[0] for c in calls]
+        out = None
+        blocks: list[torch.Tensor] = []
+        if ctx.rank == root:
+            out = torch.empty((sum(dims), *t.shape[1:]), dtype=t.dtype)
+            blocks = [b.view(-1) for b in out.split(dims)]
+        direct.gather(ctx, t.contiguous().view(-1), blocks, root)
+        return out
+
+    return run
+
+
+def scatter(
+    tensor: torch.Tensor | None, root: int, rank: int, size: int
+) -> Callable[[Context], torch.Tensor]:
+    """Root's `tensor` split along dim 0 (others may pass None); the call returns part
+    `rank`."""
+    root = arguments.root(root, size)
+    t = arguments.with_rows(arguments.tensor(tensor), "scatter") if rank == root else None
+    call = Call.of("scatter", t, root=root)
+
+    def run(ctx: Context) -> torch.Tensor:
+        calls = ctx.exchange(call, needed=True)
+        if calls is None:
+            assert t is not None
+            return t.clone(memory_format=torch.contiguous_format)
+        shape, dtype = calls[root].shape, dtype_from_name(calls[root].dtype)
+        rows = bounds_even(shape[0], ctx.size)
+        out = torch.empty((rows[ctx.rank + 1] - rows[ctx.rank], *shape[1:]), dtype=dtype)
+        blocks = []
+        if t is not None:
+            sizes = [rows[i + 1] - rows[i] for i in range(ctx.size)]
+            blocks = [b.view(-1) for b in t.contiguous().split(sizes)]
+        direct.scatter(ctx, blocks, out.view(-1), root)
+        return out
+
+    return run
+
+
+def barrier() -> Callable[[Context], None]:
+    """The call returns once every rank has made it."""
+
+    def run(ctx: Context) -> None:
+        if ctx.exchange(Call("barrier")) is None and ctx.size > 1:
+            direct.barrier(ctx)
+
+    return run

@@ -1,0 +1,206 @@
+"""How a communicator runs its collective calls: in order, each on its own message streams.
+
+Every call gets the next sequence number when it is issued, on every rank alike (calls
+are issued in the same order everywhere); the number names the call's message streams,
+so messages of two calls never mix. Blocking calls run on the caller's thread, async ones
+on the communicator's one worker thread (worker.py), a blocking call waiting behind the
+queued async ones. A call runs as `fn(ctx)` with its `Context`: the Channel of every rank
+(the stream the flat algorithms run on) plus what the other algorithms need: more
+streams, the shared-memory arenas, the gloo group, the two levels of the hosts.
+
+Stream numbers of one call (3 bits of the tag):
+    0  the mismatch check's exchange (agreement.py)
+    1  the algorithm (the Context itself)
+    2  creating a shared-memory arena
+    3  the hierarchical algorithms' network level
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from plait.comm import native, routes, shm
+from plait.comm.agreement import Call, agree, check_enabled, record_bytes
+from plait.comm.algorithms import direct
+from plait.comm.engine import Engine
+from plait.comm.request import Request, Transfer
+from plait.comm.topology import Topology
+from plait.comm.worker import Worker
+from plait.errors import PlaitError
+
+T = TypeVar("T")
+
+
+class Channel:
+    """One call's message stream among some ranks, renumbered 0.. (see comm/p2p.py)."""
+
+    __slots__ = ("_engine", "_ranks", "_tag", "rank", "size")
+
+    def __init__(self, engine: Engine, ranks: Sequence[int], rank: int, tag: int) -> None:
+        self._engine, self._ranks, self._tag = engine, ranks, tag
+        self.rank, self.size = rank, len(ranks)
+
+    def isend(self, buf: torch.Tensor, peer: int) -> Transfer:
+        return self._engine.isend(buf, self._ranks[peer], self._tag)
+
+    def irecv(self, buf: torch.Tensor, peer: int) -> Transfer:
+        return self._engine.irecv(buf, self._ranks[peer], self._tag)
+
+
+class Runner:
+    """The machinery behind one Communicator: its sequence of calls, worker, arenas and
+    gloo group. `ranks` are the members' global ranks; `comm_id` (30 bits) is the same on
+    every member and different from every other communicator's."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        ranks: list[int],
+        topology: Topology,
+        comm_id: int,
+        group: native.Group | None = None,
+    ) -> None:
+        self.engine = engine
+        self.ranks = ranks
+        self.topology = topology
+        self.rank, self.size = topology.rank, topology.size
+        self.id = comm_id
+        self.seq = 0  # the next call's number: the same on every member between calls
+        self._seq_lock = threading.Lock()  # a lost update would desynchronise the ranks
+        self.worker = Worker(f"plait-comm-{comm_id}")
+        self.group = group  # gloo's; a sub-communicator makes its own on first native use
+        # shared-memory segments, made by the first call that needs one: "all" (every rank
+        # on one host) and "local" (this host's ranks, for the hierarchical algorithms)
+        self.arenas: dict[str, shm.Arena] = {}
+
+    def run(self, fn: Callable[[Context], T]) -> T:
+        """Run a call now (after the queued async ones); return its result."""
+        call = self._issue(fn)
+        if self.worker.idle:
+            return call()
+        return self.worker.submit(call).wait()
+
+    def start(self, fn: Callable[[Context], T]) -> Request[T]:
+        """Queue a call on the worker thread; `wait()` returns its result."""
+        return self.worker.submit(self._issue(fn))
+
+    def _issue(self, fn: Callable[[Context], T]) -> Callable[[], T]:
+        """Give the call its sequence number now, on the issuing thread."""
+        if self.engine.error is not None:
+            raise self.engine.error
+        with self._seq_lock:
+            seq = self.seq
+            self.seq += 1
+
+        def call() -> T:
+            try:
+                with torch.no_grad():  # per thread: the async worker needs it too
+                    return fn(Context(self, seq))
+            except PlaitError:
+                raise  # raised alike on every rank (mismatch), or a peer's failure
+            except Exception as e:  # only here: the peers are mid-call and would wait
+                self.engine.abort(f"raised {type(e).__name__} inside a collective: {e}")
+                raise
+
+        return call
+
+    def native_group(self) -> native.Group:
+        if self.group is None:
+            self.group = native.new_group(self.id, self.rank, self.size, self.engine.timeout)
+        return self.group
+
+
+class Context(Channel):
+    """One call: the Channel of every rank (stream 1), and the call's other resources."""
+
+    __slots__ = ("runner", "seq", "topology")
+
+    def __init__(self, runner: Runner, seq: int) -> None:
+        super().__init__(runner.engine, runner.ranks, runner.rank, _tag(runner.id, seq, 1))
+        self.runner, self.seq, self.topology = runner, seq, runner.topology
+
+    def channel(self, sub: int, members: Sequence[int] | None = None) -> Channel:
+        """Stream `sub` (< 8) over every rank, or over `members` (ranks, this one among
+        them, renumbered 0.. in that order)."""
+        tag = _tag(self.runner.id, self.seq, sub)
+        if members is None:
+            return Channel(self._engine, self._ranks, self.rank, tag)
+        ranks = [self._ranks[m] for m in members]
+        return Channel(self._engine, ranks, list(members).index(self.rank), tag)
+
+    def exchange(self, call: Call, needed: bool = False, check: bool = True) -> list[Call] | None:
+        """Share every rank's call; raise CollectiveMismatchError on disagreement.
+
+        Skipped (None) unless the call `needed` the others' records (shapes), or `check`
+        (the caller's) and PLAIT_CHECK both ask for it.
+        """
+        if self.size == 1 or not (needed or (check and check_enabled())):
+            return None
+        n = record_bytes(self.size)
+        mine = torch.frombuffer(bytearray(call.encode(self.size)), dtype=torch.uint8)
+        blocks = [torch.empty(n, dtype=torch.uint8) for _ in range(self.size)]
+        direct.allgather_small(self.channel(0), mine, blocks)
+        calls = [Call.decode(b.numpy().tobytes()) for b in blocks]
+        agree(calls)
+        return calls
+
+    def arena(self, nbytes: int, members: Sequence[int] | None = None) -> shm.Arena:
+        """The shared-memory segment of every rank (or of `members`, this host's ranks),
+        created or grown collectively to fit `nbytes`.
+
+        Raises:
+            ShmError: the ranks are not all on one host, or shared memory is off.
+        """
+        which = "all" if members is None else "local"
+        size, hosts = (self.size, self.topology.num_nodes) if members is None else (len(members), 1)
+        if not shm.available(size, hosts):
+            raise shm.ShmError(
+                f"algorithm 'shm' needs every rank on one host (x86-64 with {shm.SHM_DIR}, "
+                f"PLAIT_SHM not 0); this communicator spans {self.topology.num_nodes} hosts"
+            )
+        arenas = self.runner.arenas
+        want = shm.slot_bytes_for(nbytes)
+        arena = arenas.get(which)
+        if arena is None or arena.slot_bytes < want:
+            if arena is not None:
+                arena.close()
+            label = f"{self.runner.id}-{self.seq}-{which}"
+            arena = shm.Arena.create(self._engine, self.channel(2, members), want, label)
+            arenas[which] = arena
+        return arena
+
+    def two_levels(self, nbytes: int) -> tuple[shm.Arena, Channel, tuple[tuple[int, ...], ...]]:
+        """This host's arena, the channel to this local rank's peers on the other hosts, and
+        every host's ranks.
+
+        Raises:
+            ShmError: there are not several hosts with the same number (> 1) of ranks each.
+        """
+        levels = self.topology.levels
+        if levels is None:
+            raise shm.ShmError(
+                "algorithm 'hierarchical' needs ranks on several hosts with the same number "
+                f"(> 1) of ranks each; this communicator has {self.topology.num_nodes} host(s) "
+                f"with {[len(h) for h in self.topology.hosts]} ranks"
+            )
+        local, cross = levels
+        return self.arena(nbytes, local), self.channel(3, cross), self.topology.hosts
+
+    def native(self, what: str, start: Callable[[native.Group], dist.Work]) -> None:
+        """Run a gloo collective on this communicator's group, under the engine's watchdog."""
+        group = self.runner.native_group()
+        native.run(self._engine, what, lambda: start(group))
+
+    def route(self, collective: str, algorithm: str) -> Callable[..., Any]:
+        """The routing table's row (for algorithms built on others)."""
+        return routes.ROUTES[collective, algorithm].run
+
+
+def _tag(comm_id: int, seq: int, sub: int) -> int:
+    # 30-bit id, 30 bits of seq (calls 2^30 apart never overlap), 3 of stream: 63 bits
+    return (comm_id << 33) | ((seq & 0x3FFFFFFF) << 3) | sub
