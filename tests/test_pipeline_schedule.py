@@ -16,6 +16,7 @@ from plait.pipeline import (
     balance,
     gpipe,
     grid,
+    ideal_bubble,
     one_f_one_b,
     simulate,
     validate,
@@ -36,6 +37,26 @@ def test_bubble_matches_fill_drain_formula(name: str, p: int, m: int) -> None:
     tl = simulate(SCHEDULES[name](p, m), f_time=1.0, b_time=1.0)
     assert tl.bubble == (p - 1) / (m + p - 1)  # exact: whole-number times
     assert tl.makespan == 2 * (m + p - 1)
+
+
+def idle_share_on_grid(name: str, p: int, m: int, f_time: int = 1, b_time: int = 2) -> float:
+    """The idle share of schedule `name`, counted cell by cell on its printed grid."""
+    rows = grid(SCHEDULES[name](p, m), f_time, b_time).splitlines()
+    steps = len(rows[0].split()) - 1  # "step 0 1 2 ..."
+    cells = [row.split()[2:] for row in rows[1:]]  # "rank", "s", then one token per step
+    assert [len(r) for r in cells] == [steps] * p, rows
+    return sum(r.count(".") for r in cells) / (p * steps)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize(("p", "m"), SIZES)
+def test_ideal_bubble_is_the_idle_share_of_the_grid(name: str, p: int, m: int) -> None:
+    assert ideal_bubble(name, p, m) == idle_share_on_grid(name, p, m)
+
+
+def test_ideal_bubble_of_an_unknown_schedule() -> None:
+    with pytest.raises(ScheduleError, match=r"unknown schedule 'zb'; expected one of"):
+        ideal_bubble("zb", 2, 4)
 
 
 @pytest.mark.parametrize(("p", "m"), SIZES)
@@ -158,7 +179,8 @@ def test_cli_show() -> None:
     out = _plait("--stages", "4", "--chunks", "8", "--schedule", "1f1b", "--b-time", "1")
     assert out.returncode == 0, out.stderr
     assert "rank 3 .  .  .  F0 B0 F1 B1" in out.stdout
-    assert "bubble 0.2727 (theory (p-1)/(m+p-1) = 3/11 = 0.2727)" in out.stdout
+    # f = b = 1: makespan 2 * (m + p - 1) = 22, each stage idle 22 - 2 * 8 = 6; 24 / 88 = 3/11
+    assert "bubble 0.2727 = idle 24 / (4 stages x makespan 22)" in out.stdout
     assert "stage 0: 4, stage 1: 3, stage 2: 2, stage 3: 1" in out.stdout
 
 

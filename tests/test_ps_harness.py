@@ -43,7 +43,7 @@ def _restart_server(env: dict[str, str], rank: int, argv: list[str]) -> None:
     os.environ.clear()
     os.environ.update(env)
     os.environ["RANK"] = str(rank)
-    from plait.ps.server import main
+    from plait.ps.__main__ import main
 
     main(argv)
 

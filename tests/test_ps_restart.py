@@ -1,4 +1,4 @@
-"""A parameter server killed mid-run and restarted with `python -m plait.ps.server --resume`:
+"""A parameter server killed mid-run and restarted with `python -m plait.ps`:
 training continues, and the updates lost (at most the checkpoint interval) are reported."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_server_restart_resumes_and_reports_lost_updates(tmp_path: Any) -> None:
         server_rank = world.workers + 1
         world.kill(server_rank)
         time.sleep(0.3)
-        world.restart_server(server_rank, ["--resume"])
+        world.restart_server(server_rank, [])
 
     results = run_ps_world(2, 2, _job, ckpt, flag, controller=controller, timeout=90)
     stats = max(results, key=lambda s: s["applied_gradients"])

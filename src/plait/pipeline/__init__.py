@@ -1,7 +1,11 @@
 """Pipeline parallelism: schedules, their simulation, stage balancing, and the runtime.
 
-The runtime (`Pipeline`, `PipeStats`, `split_sizes`) needs torch, so it is imported on
-first use: `plait pipeline show` stays torch-free.
+Files: schedule (schedules as action lists), timeline (simulate, validate, print, the ideal
+bubble), balance (per-layer costs and the split into stages), p2p (tensors between
+neighbouring stages), stats (what a step measures), pipe (the runtime).
+
+The runtime (`Pipeline`, `PipeStats`) needs torch, so it is imported on first use:
+`plait pipeline show` stays torch-free.
 """
 
 from __future__ import annotations
@@ -9,17 +13,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from plait.pipeline.balance import balance
+from plait.pipeline.balance import balance, split_sizes
 from plait.pipeline.schedule import SCHEDULES, Action, ScheduleError, gpipe, one_f_one_b
-from plait.pipeline.timeline import Timeline, grid, simulate, validate
+from plait.pipeline.timeline import Timeline, grid, ideal_bubble, simulate, validate
 
 if TYPE_CHECKING:
-    from plait.pipeline.pipe import Pipeline, PipeStats, split_sizes
+    from plait.pipeline.pipe import Pipeline
+    from plait.pipeline.stats import PipeStats
 
 _LAZY = {
-    "PipeStats": "plait.pipeline.pipe",
+    "PipeStats": "plait.pipeline.stats",
     "Pipeline": "plait.pipeline.pipe",
-    "split_sizes": "plait.pipeline.pipe",
 }
 
 __all__ = [
@@ -32,6 +36,7 @@ __all__ = [
     "balance",
     "gpipe",
     "grid",
+    "ideal_bubble",
     "one_f_one_b",
     "simulate",
     "split_sizes",

@@ -18,32 +18,21 @@ from __future__ import annotations
 import torch
 
 from plait.comm.communicator import Communicator
-from plait.comm.frames import Request
+from plait.comm.dtypes import CODES, DTYPES
+from plait.comm.request import Request
 
 MAX_NDIM = 8
 HEADER = 2 + MAX_NDIM
-DTYPES: list[torch.dtype] = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-]
 
 
 def header(t: torch.Tensor) -> torch.Tensor:
     """The int64 header describing `t`'s dtype and shape."""
-    if t.dtype not in DTYPES:
+    if t.dtype not in CODES:
         raise TypeError(f"pipeline cannot send dtype {t.dtype}; expected one of {DTYPES}")
     if t.dim() > MAX_NDIM:
         raise ValueError(f"pipeline sends tensors of at most {MAX_NDIM} dims; got {t.dim()}")
     h = torch.zeros(HEADER, dtype=torch.int64)
-    h[0] = DTYPES.index(t.dtype)
+    h[0] = CODES[t.dtype]
     h[1] = t.dim()
     if t.dim():
         h[2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)

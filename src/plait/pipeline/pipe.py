@@ -4,14 +4,15 @@
 per rank of the pipeline communicator, keeps this rank's stage, and runs the actions that
 `SCHEDULES[schedule](p, chunks)` lists for it: forwards receive activations from the
 previous stage, backwards receive output gradients from the next one. Activations and
-gradients travel with a small shape header (see `plait.pipeline.p2p`).
+gradients travel with a small shape header (see `plait.pipeline.p2p`). How the layers are
+split is balance.py's; what a step measures is stats.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,112 +20,37 @@ import torch
 from torch import nn
 
 from plait.comm.communicator import Communicator
-from plait.comm.frames import Request
 from plait.comm.mesh import Mesh
-from plait.pipeline.balance import balance as balance_costs
+from plait.comm.request import Request
+from plait.pipeline.balance import stage_sizes
 from plait.pipeline.p2p import recv_tensor, send_tensor
-from plait.pipeline.schedule import SCHEDULES, Action, ScheduleError
+from plait.pipeline.schedule import SCHEDULES, ScheduleError
+from plait.pipeline.stats import PipeStats, Saved
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Accumulate = Callable[[], contextlib.AbstractContextManager[Any]]
 
 CHECKPOINTS = ("never", "except_last", "always")
-BALANCE_BY = ("size", "time")
-
-
-def size_costs(layers: Sequence[nn.Module]) -> list[float]:
-    """Per-layer cost for `balance="size"`: the bytes of the layer's parameters."""
-    return [float(sum(p.numel() * p.element_size() for p in m.parameters())) for m in layers]
-
-
-def time_costs(layers: Sequence[nn.Module], sample: torch.Tensor, repeats: int = 3) -> list[float]:
-    """Per-layer cost for `balance="time"`: median seconds of forward + backward of each layer
-    on `sample` (one micro-batch), the layers run in order so each sees its real input.
-
-    Gradients are taken with `torch.autograd.grad`, so no parameter's `.grad` is touched.
-    """
-    costs: list[float] = []
-    x = sample.detach()
-    for layer in layers:
-        params = [p for p in layer.parameters() if p.requires_grad]
-        runs: list[float] = []
-        y = x
-        for _ in range(repeats):
-            xi = x.detach().requires_grad_(x.is_floating_point())
-            start = time.perf_counter()
-            y = layer(xi)
-            if y.requires_grad:
-                wrt = ([xi] if xi.requires_grad else []) + params
-                torch.autograd.grad(y, wrt, torch.ones_like(y), allow_unused=True)
-            runs.append(time.perf_counter() - start)
-        costs.append(sorted(runs)[len(runs) // 2])
-        x = y.detach()
-    return costs
-
-
-def split_sizes(layers: int, stages: int, balance: Sequence[int] | None = None) -> list[int]:
-    """Layers per stage: `balance` checked, or as even as possible (earlier stages get more)."""
-    if balance is None:
-        if layers < stages:
-            raise ValueError(f"cannot split {layers} layers into {stages} non-empty stages")
-        q, r = divmod(layers, stages)
-        return [q + (1 if i < r else 0) for i in range(stages)]
-    sizes = list(balance)
-    if len(sizes) != stages:
-        raise ValueError(
-            f"balance {sizes} has {len(sizes)} entries but the pipeline has {stages} stages"
-        )
-    if any(not isinstance(s, int) or s < 1 for s in sizes):
-        raise ValueError(f"balance {sizes} must hold positive layer counts")
-    if sum(sizes) != layers:
-        eq = " + ".join(str(s) for s in sizes)
-        raise ValueError(
-            f"balance {sizes} does not cover the model: {eq} = {sum(sizes)} != {layers} layers"
-        )
-    return sizes
-
-
-class _Saved:
-    """A packed saved tensor; counts itself live until autograd frees it."""
-
-    __slots__ = ("nbytes", "stats", "tensor")
-
-    def __init__(self, tensor: torch.Tensor, stats: PipeStats) -> None:
-        self.tensor = tensor
-        self.stats = stats
-        self.nbytes = tensor.numel() * tensor.element_size()
-        stats.saved_live += self.nbytes
-        stats.saved_packs += 1
-        stats.peak_saved_bytes = max(stats.peak_saved_bytes, stats.saved_live)
-
-    def __del__(self) -> None:
-        self.stats.saved_live -= self.nbytes
 
 
 @dataclass
-class PipeStats:
-    """What one `Pipeline.step` measured on this stage.
+class _StepState:
+    """What one `Pipeline.step` carries from action to action (keyed by micro-batch)."""
 
-    times: per action, (start, end) of its compute in seconds from the step's start
-        (receives before and sends after are not inside).
-    step_time: the step's wall time; compute_time: the sum of this stage's F and B compute.
-    bubble: (step_time - compute_time) / step_time, the idle fraction of this stage.
-    peak_inflight: most micro-batches forwarded whose backward had not run yet.
-    peak_saved_bytes / saved_packs: from saved-tensor hooks, the peak bytes autograd held
-        for this stage's graphs and how many tensors it saved; mb_saved_bytes: the bytes
-        saved by each micro-batch's forward, so the peak divided by them cross-checks
-        peak_inflight.
-    """
-
-    times: dict[Action, tuple[float, float]] = field(default_factory=dict)
-    step_time: float = 0.0
-    compute_time: float = 0.0
-    bubble: float = 0.0
-    peak_inflight: int = 0
-    peak_saved_bytes: int = 0
-    saved_packs: int = 0
-    saved_live: int = 0
-    mb_saved_bytes: list[int] = field(default_factory=list)
+    x_mbs: list[torch.Tensor] | None  # first stage: the input micro-batches
+    t_mbs: list[torch.Tensor] | None  # last stage: the target micro-batches
+    loss_fn: LossFn
+    accumulate: Accumulate | None
+    stats: PipeStats
+    batch: int = 0  # the last stage's batch size: each micro-batch's loss weight is len / batch
+    ins: dict[int, torch.Tensor] = field(default_factory=dict)  # stage inputs, for backward
+    outs: dict[int, torch.Tensor] = field(default_factory=dict)  # stage outputs, ditto
+    kept: dict[int, Saved] = field(default_factory=dict)  # checkpointed: the input, counted
+    rng: dict[int, torch.Tensor] = field(default_factory=dict)  # checkpointed: RNG at forward
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    pending: list[Request] = field(default_factory=list)  # sends, waited for at the end
+    total: torch.Tensor | None = None  # the last stage's loss so far
+    inflight: int = 0  # micro-batches forwarded whose backward has not run
 
 
 class Pipeline:
@@ -178,9 +104,7 @@ class Pipeline:
         self.checkpoint = checkpoint
         self.actions = SCHEDULES[schedule](self.stages, chunks)[self.rank]
         layers = list(module)
-        if isinstance(balance, str):
-            balance = self._balance_by(balance, layers, sample)
-        self.balance = split_sizes(len(layers), self.stages, balance)
+        self.balance = stage_sizes(balance, layers, self.comm, sample)
         start = sum(self.balance[: self.rank])
         self.stage: nn.Module = nn.Sequential(*layers[start : start + self.balance[self.rank]])
         self.first = self.rank == 0
@@ -188,30 +112,6 @@ class Pipeline:
         # the position of this stage's final backward: the one that may reduce gradients
         self.final_backward = max(i for i, a in enumerate(self.actions) if a.kind == "B")
         self.stats = PipeStats()
-
-    def _balance_by(
-        self, how: str, layers: list[nn.Module], sample: torch.Tensor | None
-    ) -> list[int]:
-        if how not in BALANCE_BY:
-            raise ValueError(
-                f"unknown balance {how!r}; expected a list of layer counts or one of "
-                f"{list(BALANCE_BY)}"
-            )
-        if len(layers) < self.stages:
-            raise ValueError(f"cannot split {len(layers)} layers into {self.stages} stages")
-        if how == "size":
-            return balance_costs(size_costs(layers), self.stages)
-        sizes: list[int] | None = None
-        if self.rank == 0:
-            if sample is None:
-                raise ValueError(
-                    'balance="time" needs sample= (one micro-batch of the input) on rank 0'
-                )
-            sizes = balance_costs(time_costs(layers, sample), self.stages)
-        if self.stages == 1:
-            return sizes if sizes is not None else [len(layers)]
-        got: list[int] = self.comm.broadcast_object(sizes, root=0)
-        return got
 
     def _checkpointed(self, mb: int) -> bool:
         if self.checkpoint == "always":
@@ -239,101 +139,102 @@ class Pipeline:
             every backward but this stage's final one runs inside, so that gradients are
             reduced once per step, overlapped with the final backward.
         """
-        x_mbs = self._split(inputs, "inputs") if self.first else None
-        t_mbs = self._split(targets, "targets") if self.last else None
-        batch = sum(len(t) for t in t_mbs) if t_mbs is not None else 0
-        stats = PipeStats()
-        self.stats = stats
-        ins: dict[int, torch.Tensor] = {}
-        outs: dict[int, torch.Tensor] = {}
-        kept: dict[int, _Saved] = {}  # checkpointed micro-batches: the input, counted
-        rng: dict[int, torch.Tensor] = {}
-        losses: dict[int, torch.Tensor] = {}
-        pending: list[Request] = []
-        total = None
-        inflight = 0
-
-        def pack(t: torch.Tensor) -> Any:
-            return _Saved(t, stats)
-
-        def unpack(s: Any) -> torch.Tensor:
-            return s.tensor
-
+        run = _StepState(
+            x_mbs=self._split(inputs, "inputs") if self.first else None,
+            t_mbs=self._split(targets, "targets") if self.last else None,
+            loss_fn=loss_fn,
+            accumulate=accumulate,
+            stats=PipeStats(),
+        )
+        run.batch = sum(len(t) for t in run.t_mbs) if run.t_mbs is not None else 0
+        self.stats = run.stats
         t0 = time.perf_counter()
         for i, act in enumerate(self.actions):
-            mb = act.mb
             if act.kind == "F":
-                if x_mbs is not None:
-                    x = x_mbs[mb]
-                else:
-                    x = recv_tensor(self.comm, self.rank - 1, self._tag("F", mb))
-                    if x.is_floating_point():
-                        x.requires_grad_()
-                start = time.perf_counter()
-                before = stats.saved_live
-                if self._checkpointed(mb):
-                    rng[mb] = torch.get_rng_state()
-                    with torch.no_grad():
-                        y = self.stage(x)
-                    kept[mb] = _Saved(x, stats)
-                else:
-                    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                        y = self.stage(x)
-                        if t_mbs is not None:
-                            t = t_mbs[mb]
-                            losses[mb] = loss_fn(y, t) * (len(t) / batch)
-                    outs[mb] = y
-                stats.mb_saved_bytes.append(stats.saved_live - before)
-                end = time.perf_counter()
-                ins[mb] = x
-                inflight += 1
-                stats.peak_inflight = max(stats.peak_inflight, inflight)
-                if not self.last:
-                    pending += send_tensor(self.comm, y, self.rank + 1, self._tag("F", mb))
-            else:
-                if self.last:
-                    grad = None
-                else:
-                    grad = recv_tensor(self.comm, self.rank + 1, self._tag("B", mb))
-                start = time.perf_counter()
-                x = ins.pop(mb)
-                if mb in kept:
-                    # re-materialise: the input's bytes are autograd's again from here
-                    del kept[mb]
-                    with torch.random.fork_rng(devices=[]):
-                        torch.set_rng_state(rng.pop(mb))
-                        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                            y = self.stage(x)
-                            if t_mbs is not None:
-                                t = t_mbs[mb]
-                                losses[mb] = loss_fn(y, t) * (len(t) / batch)
-                else:
-                    y = outs.pop(mb)
-                hold = contextlib.nullcontext
-                if accumulate is not None and i != self.final_backward:
-                    hold = accumulate  # type: ignore[assignment]
-                with hold():
-                    if self.last:
-                        loss = losses.pop(mb)
-                        loss.backward()
-                        total = loss.detach() if total is None else total + loss.detach()
-                    elif y.requires_grad:
-                        torch.autograd.backward(y, grad)
-                end = time.perf_counter()
-                del y
-                inflight -= 1
-                if not self.first:
-                    gx = x.grad if x.grad is not None else torch.zeros_like(x)
-                    pending += send_tensor(self.comm, gx, self.rank - 1, self._tag("B", mb))
-                del x
-            stats.times[act] = (start - t0, end - t0)
-            stats.compute_time += end - start
-        for req in pending:
+                start, end = self._forward(act.mb, run)
+            else:  # "B"
+                start, end = self._backward(act.mb, run, final=i == self.final_backward)
+            run.stats.record(act, start, end, t0)
+        for req in run.pending:
             req.wait()
-        stats.step_time = time.perf_counter() - t0
-        idle = max(stats.step_time - stats.compute_time, 0.0)
-        stats.bubble = idle / stats.step_time if stats.step_time > 0 else 0.0
-        return total
+        run.stats.finish(time.perf_counter() - t0)
+        return run.total
+
+    def _forward(self, mb: int, run: _StepState) -> tuple[float, float]:
+        """Forward micro-batch `mb`: receive its input, run the stage, send the output on.
+
+        Returns the (start, end) of its compute."""
+        stats = run.stats
+        if run.x_mbs is not None:
+            x = run.x_mbs[mb]
+        else:
+            x = recv_tensor(self.comm, self.rank - 1, self._tag("F", mb))
+            if x.is_floating_point():
+                x.requires_grad_()
+        start = time.perf_counter()
+        before = stats.saved_live
+        if self._checkpointed(mb):
+            # keep only the input (counted) and the RNG state; backward runs it again
+            run.rng[mb] = torch.get_rng_state()
+            with torch.no_grad():
+                y = self.stage(x)
+            run.kept[mb] = Saved(x, stats)
+        else:
+            with stats.counting():
+                y = self.stage(x)
+                self._loss(mb, y, run)
+            run.outs[mb] = y
+        stats.mb_saved_bytes.append(stats.saved_live - before)
+        end = time.perf_counter()
+        run.ins[mb] = x
+        run.inflight += 1
+        stats.peak_inflight = max(stats.peak_inflight, run.inflight)
+        if not self.last:
+            run.pending += send_tensor(self.comm, y, self.rank + 1, self._tag("F", mb))
+        return start, end
+
+    def _backward(self, mb: int, run: _StepState, final: bool) -> tuple[float, float]:
+        """Backward micro-batch `mb`: receive its output gradient, backpropagate through the
+        stage, send the input gradient back. `final`: this stage's last backward of the step,
+        the one run outside `accumulate` (it may reduce gradients).
+
+        Returns the (start, end) of its compute."""
+        grad = None if self.last else recv_tensor(self.comm, self.rank + 1, self._tag("B", mb))
+        start = time.perf_counter()
+        x = run.ins.pop(mb)
+        if mb in run.kept:
+            # re-materialise: the input's bytes are autograd's again from here
+            del run.kept[mb]
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(run.rng.pop(mb))
+                with run.stats.counting():
+                    y = self.stage(x)
+                    self._loss(mb, y, run)
+        else:
+            y = run.outs.pop(mb)
+        hold: Accumulate = contextlib.nullcontext
+        if run.accumulate is not None and not final:
+            hold = run.accumulate
+        with hold():
+            if self.last:
+                loss = run.losses.pop(mb)
+                loss.backward()
+                run.total = loss.detach() if run.total is None else run.total + loss.detach()
+            elif y.requires_grad:
+                torch.autograd.backward(y, grad)
+        end = time.perf_counter()
+        del y
+        run.inflight -= 1
+        if not self.first:
+            gx = x.grad if x.grad is not None else torch.zeros_like(x)
+            run.pending += send_tensor(self.comm, gx, self.rank - 1, self._tag("B", mb))
+        return start, end
+
+    def _loss(self, mb: int, y: torch.Tensor, run: _StepState) -> None:
+        """On the last stage: micro-batch mb's loss, weighted by its share of the batch."""
+        if run.t_mbs is not None:
+            t = run.t_mbs[mb]
+            run.losses[mb] = run.loss_fn(y, t) * (len(t) / run.batch)
 
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor | None) -> torch.Tensor | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from plait.pipeline.schedule import Action, ScheduleError
+from plait.pipeline.schedule import SCHEDULES, Action, ScheduleError
 
 Span = tuple[float, float]
 
@@ -112,6 +112,23 @@ def simulate(
             peak = max(peak, live)
         peaks.append(peak)
     return Timeline(spans, makespan, idle, peaks)
+
+
+def ideal_bubble(schedule: str, stages: int, chunks: int) -> float:
+    """The bubble `schedule` promises: its simulated idle share with equal stages, free
+    communication and a backward twice a forward (`simulate`'s defaults).
+
+    The theory a measured bubble is compared against, computed here for every schedule
+    rather than written out as a formula per schedule. For gpipe and 1f1b it is the
+    fill-drain (p-1)/(m+p-1) (Huang et al. 2019), whatever the forward/backward ratio;
+    schedules that split the backward (zero bubble) get theirs from the same simulation.
+
+    Raises:
+        ScheduleError: an unknown schedule, or stages / chunks below 1.
+    """
+    if schedule not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {schedule!r}; expected one of {list(SCHEDULES)}")
+    return simulate(SCHEDULES[schedule](stages, chunks)).bubble
 
 
 def validate(per_stage_actions: Sequence[Sequence[Action]], stages: int, chunks: int) -> None:

@@ -8,22 +8,36 @@
     client.close()
 
 Files: config (PSConfig), wire (message format), sharding (the plan), optim (slice
-optimizers), consistency (clocks, gates, staleness), server, transport + client (worker
-side), roles (init), checkpoint (shard files).
+optimizers), consistency (clocks, gates, staleness), server (the state machine: a message
+in, replies out), loop (its ZeroMQ socket), checkpoint (shard files), transport + client
+(worker side), roles (init), __main__ (`python -m plait.ps`: restart a killed server).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from plait.errors import PeerFailureError
-from plait.ps.client import Client, Handle
+from plait.lazy import getattr_from
 from plait.ps.config import PSConfig
 from plait.ps.errors import PSError
-from plait.ps.roles import Role, init
-from plait.ps.wire import WireError
+
+if TYPE_CHECKING:
+    from plait.ps.client import Client
+    from plait.ps.roles import Role, init
+    from plait.ps.wire import WireError
+
+# names that need torch or zmq, imported on first use: `plait train --help` derives its
+# --ps-mode etc. from PSConfig without loading either
+_LAZY = {
+    "Client": "plait.ps.client",
+    "Role": "plait.ps.roles",
+    "init": "plait.ps.roles",
+    "WireError": "plait.ps.wire",
+}
 
 __all__ = [
     "Client",
-    "Handle",
     "PSConfig",
     "PSError",
     "PeerFailureError",
@@ -31,3 +45,6 @@ __all__ = [
     "WireError",
     "init",
 ]
+
+
+__getattr__ = getattr_from(__name__, _LAZY)

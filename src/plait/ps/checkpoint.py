@@ -1,4 +1,4 @@
-"""A server's shard on disk: written atomically, read back on --resume.
+"""A server's shard on disk: written atomically, read back when a server restarts.
 
     <dir>/ps-server-<i>.pt        the shard: values, optimizer state, versions, clocks, ...
                                   (torch.save to a temp file, fsync, os.replace, fsync dir)
@@ -15,17 +15,34 @@ from __future__ import annotations
 
 import os
 import struct
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+
+
+@dataclass
+class Shard:
+    """What a server writes: the state a restarted server needs to serve on."""
+
+    values: dict[int, torch.Tensor]  # key -> its flat value
+    opt: dict[int, dict[str, torch.Tensor]]  # key -> its optimizer's state
+    versions: dict[int, int]  # key -> updates applied to it
+    clocks: list[int]  # per worker: the gradients it pushed
+    max_push_rid: list[int]  # per worker: its last applied push's request id
+    status: list[str]  # per worker: live | done | dead
+    updates: int  # updates applied, over all restarts
+    lost_updates: int  # updates lost to restarts so far
 
 
 def shard_path(directory: str, server: int) -> str:
     return os.path.join(directory, f"ps-server-{server}.pt")
 
 
-def save(directory: str, server: int, state: dict[str, Any]) -> str:
-    """Write `state` atomically: a reader sees the previous shard or this one, never half."""
+def save(directory: str, server: int, shard: Shard) -> str:
+    """Write `shard` atomically: a reader sees the previous shard or this one, never half."""
+    # a plain dict of tensors and containers on disk, so that weights_only=True can read it
+    state = {f.name: getattr(shard, f.name) for f in fields(Shard)}
     os.makedirs(directory, exist_ok=True)
     path = shard_path(directory, server)
     tmp = f"{path}.tmp.{os.getpid()}"
@@ -42,13 +59,22 @@ def save(directory: str, server: int, state: dict[str, Any]) -> str:
     return path
 
 
-def load(directory: str, server: int) -> dict[str, Any] | None:
+def load(directory: str, server: int) -> Shard | None:
     """The last shard written, or None when there is none."""
     path = shard_path(directory, server)
     if not os.path.exists(path):
         return None
     state: dict[str, Any] = torch.load(path, weights_only=True)
-    return state
+    return Shard(
+        values=dict(state["values"]),
+        opt=dict(state["opt"]),
+        versions=dict(state["versions"]),
+        clocks=list(state["clocks"]),
+        max_push_rid=list(state["max_push_rid"]),
+        status=list(state["status"]),
+        updates=int(state["updates"]),
+        lost_updates=int(state["lost_updates"]),
+    )
 
 
 class Progress:

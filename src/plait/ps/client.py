@@ -13,12 +13,14 @@ gradients alone: slices of large tensors are sent straight from their memory.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
+from plait import env
+from plait.comm.request import Request
+from plait.comm.store import barrier
 from plait.errors import PeerFailureError
 from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.errors import PSError
@@ -36,12 +38,21 @@ from plait.ps.transport import Transport
 from plait.ps.wire import DTYPES, Message
 
 
-class Handle:
-    """An operation in flight on every server; `wait()` finishes it (and raises its error)."""
+class ServerRequest(Request[None]):
+    """An operation in flight on every server; `wait()` finishes it (and raises its error).
 
-    def __init__(self, client: Client, servers: int, writes: bool) -> None:
-        self._client = client
-        self._writes = writes
+    The transport's I/O thread hands each server's reply to `reply`; `wait()`, on the
+    user's thread, checks them and, for a pull, writes the values into the parameters.
+    """
+
+    def __init__(
+        self,
+        servers: int,
+        transport: Transport,
+        write: Callable[[int, Message], None] | None,
+    ) -> None:
+        self._transport = transport
+        self._write = write  # where pulled values go (None: nothing to write)
         self._left = servers
         self._replies: dict[int, Message | Exception] = {}
         self._lock = threading.Lock()
@@ -50,7 +61,8 @@ class Handle:
         if servers == 0:
             self._done.set()
 
-    def _reply(self, server: int, reply: Message | Exception) -> None:
+    def reply(self, server: int, reply: Message | Exception) -> None:
+        """Server `server` answered (or its request failed); the transport's callback."""
         with self._lock:
             if server in self._replies:
                 return
@@ -70,21 +82,24 @@ class Handle:
             PSError: a server rejected the request, or stayed silent for server_timeout_s.
         """
         while not self._done.wait(0.5):
-            if not self._client._transport.alive():
-                raise PSError(f"the PS I/O thread stopped: {self._client._transport.failure}")
+            if not self._transport.alive():
+                raise PSError(f"the PS I/O thread stopped: {self._transport.failure}")
         if self._finished:
             return
         self._finished = True
-        errors = [(s, r) for s, r in sorted(self._replies.items(), key=lambda x: x[0])]
-        for s, r in errors:
+        for s, r in self.replies():
             if isinstance(r, Exception):
                 raise r
             if r.op == "error":
                 raise _error(s, r)
-        if self._writes:
-            for s, r in sorted(self._replies.items(), key=lambda x: x[0]):
+        if self._write is not None:
+            for s, r in self.replies():
                 assert isinstance(r, Message)
-                self._client._write(s, r)
+                self._write(s, r)
+
+    def replies(self) -> list[tuple[int, Message | Exception]]:
+        """(server, its reply or failure), in server order, of those that answered."""
+        return sorted(self._replies.items(), key=lambda x: x[0])
 
 
 def _error(server: int, reply: Message) -> Exception:
@@ -131,7 +146,12 @@ class Client:
         self.clock = 0
         self._final_stats: dict[str, Any] | None = None
         endpoints = [store.get(store_server_key(s)).decode() for s in range(role.num_servers)]
-        _barrier(store, role.num_workers, cfg.server_timeout_s)
+        # worker 0 hosts the store under `plait run`: it must not finish (and take the store
+        # down) before the slowest worker has read it
+        try:
+            barrier(store, STORE_JOINED, role.num_workers, env.get("PLAIT_INIT_TIMEOUT"), "workers")
+        except TimeoutError as e:
+            raise PSError(f"{e}: every worker must create a ps.Client") from None
         self._transport = Transport(
             role.rank,
             endpoints,
@@ -165,15 +185,15 @@ class Client:
 
     def push_async(
         self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
-    ) -> Handle:
+    ) -> Request[None]:
         return self._push("push", grads, lr)
 
-    def pull_async(self) -> Handle:
+    def pull_async(self) -> Request[None]:
         return self._submit("pull", lambda s: [], writes=True)
 
     def push_pull_async(
         self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
-    ) -> Handle:
+    ) -> Request[None]:
         return self._push("push_pull", grads, lr)
 
     def stats(self) -> dict[str, Any]:
@@ -182,7 +202,7 @@ class Client:
             return dict(self._final_stats)
         h = self._submit("stats", lambda s: [], writes=False)
         h.wait()
-        metas = [r.meta for r in h._replies.values() if isinstance(r, Message)]
+        metas = [r.meta for _, r in h.replies() if isinstance(r, Message)]
         applied = sum(int(m.get("applied", 0)) for m in metas)
         return {
             "max_staleness": max((int(m.get("max_staleness", 0)) for m in metas), default=0),
@@ -198,9 +218,7 @@ class Client:
             "lost_updates": sum(self._transport.lost),
             "dead_workers": sorted({w for m in metas for w in m.get("dead", [])}),
             "updates_per_server": [
-                int(r.meta.get("updates", 0))
-                for _, r in sorted(h._replies.items(), key=lambda x: x[0])
-                if isinstance(r, Message)
+                int(r.meta.get("updates", 0)) for _, r in h.replies() if isinstance(r, Message)
             ],
         }
 
@@ -226,9 +244,9 @@ class Client:
         writes: bool,
         lr: float | None = None,
         with_versions: bool = False,
-    ) -> Handle:
+    ) -> ServerRequest:
         n = self.role.num_servers
-        handle = Handle(self, n, writes)
+        handle = ServerRequest(n, self._transport, self._write if writes else None)
         for s in range(n):
             keys = [k.key for k in self._keys[s]] if op != "pull" else []
             msg = Message(
@@ -241,10 +259,12 @@ class Client:
             )
             if op in ("stats", "bye", "hb"):
                 msg.keys = []
-            self._transport.submit(s, msg, handle._reply)
+            self._transport.submit(s, msg, handle.reply)
         return handle
 
-    def _push(self, op: str, grads: Iterable[torch.Tensor] | None, lr: float | None) -> Handle:
+    def _push(
+        self, op: str, grads: Iterable[torch.Tensor] | None, lr: float | None
+    ) -> ServerRequest:
         flat = self._grads(grads)
         self.clock += 1
         return self._submit(
@@ -293,19 +313,6 @@ class Client:
                 scatter(key, t, self.params)
                 if reply.versions:
                     self.versions[k] = reply.versions[i]
-
-
-def _barrier(store: Any, workers: int, timeout: float) -> None:
-    """Wait until every worker has read the store: worker 0 hosts it under `plait run`, so it
-    must not finish (and take the store down) before the slowest worker has started."""
-    store.add(STORE_JOINED, 1)
-    deadline = time.monotonic() + timeout
-    while (joined := store.add(STORE_JOINED, 0)) < workers:
-        if time.monotonic() > deadline:
-            raise PSError(
-                f"only {joined} of {workers} workers created a ps.Client within {timeout:.0f} s"
-            )
-        time.sleep(0.02)
 
 
 def _check_same(mine: list[ParamSpec], theirs: list[ParamSpec], rank: int) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from plait.options import option
 
 MODES = ("sync", "async", "ssp")
 STALE_POLICIES = ("accept", "drop", "scale")
@@ -20,11 +22,41 @@ class PSConfig:
     Worker 0's config is the job's: the other workers and the servers read it from the store.
     """
 
-    mode: str = "sync"  # sync | async (Downpour) | ssp (bounded staleness)
-    staleness: int = 4  # ssp's bound tau on clock(worker) - min(clock of live workers)
-    stale_policy: str = "accept"  # accept | drop (staleness > drop_bound) | scale (lr / staleness)
+    # the four settings `plait train --strategy ps` exposes (plait/options.py derives them)
+    mode: str = field(  # sync | async (Downpour) | ssp (bounded staleness)
+        default="sync",
+        metadata=option(
+            "with --strategy ps: sync (every step waits for every worker), async (Downpour: "
+            "no waiting), ssp (bounded staleness: at most --staleness steps ahead)",
+            choices=MODES,
+            name="ps_mode",
+        ),
+    )
+    staleness: int = field(  # ssp's bound tau on clock(worker) - min(clock of live workers)
+        default=4,
+        metadata=option(
+            "with --ps-mode ssp: how many steps the fastest worker may run ahead of the "
+            "slowest; with --stale-policy drop: the staleness above which a gradient is "
+            "dropped",
+            metavar="TAU",
+        ),
+    )
+    stale_policy: str = field(  # accept | drop (staleness > drop_bound) | scale (lr / staleness)
+        default="accept",
+        metadata=option(
+            "with --ps-mode async or ssp: what the servers do with a stale gradient: apply "
+            "it (accept), drop it if staler than --staleness, or scale its lr down by its "
+            "staleness",
+            choices=STALE_POLICIES,
+        ),
+    )
     drop_bound: int | None = None  # the `drop` policy's bound (required with it)
-    warm_start_steps: int = 0  # async/ssp: the first K steps are synchronous
+    warm_start_steps: int = field(  # async/ssp: the first K steps are synchronous
+        default=0,
+        metadata=option(
+            "with --ps-mode async or ssp: run the first K steps synchronously", metavar="K"
+        ),
+    )
     optimizer: str = "sgd"  # sgd (momentum) | adam
     lr: float = 0.1
     momentum: float = 0.9
@@ -76,6 +108,13 @@ class PSConfig:
                 f"checkpoint_every={self.checkpoint_every}, resume={self.resume} "
                 "need checkpoint_dir; got checkpoint_dir=None"
             )
+
+    @classmethod
+    def from_command_line(cls, **options: Any) -> PSConfig:
+        """From command-line options (plait/options.py): --staleness also bounds `drop`."""
+        if options.get("stale_policy") == "drop" and "drop_bound" not in options:
+            options["drop_bound"] = options.get("staleness", cls.staleness)
+        return cls(**options)
 
     @property
     def slice_bytes(self) -> int:

@@ -9,14 +9,18 @@ engine: there, one dead rank stops every rank, and a PS must outlive a dead asyn
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from plait.comm.rendezvous import listen_host, make_store, world_from_env
+from plait import env
+from plait.comm.rendezvous import listen_host, world_from_env
+from plait.comm.store import make_store
+from plait.ps.config import STORE_CONFIG, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.errors import PSError
+from plait.ps.loop import Router, serve
+from plait.ps.server import Server
 
 
 @dataclass(frozen=True)
@@ -32,16 +36,15 @@ class Role:
 def num_servers_from(servers: int | None, world_size: int) -> int:
     """S from the argument, else PLAIT_SERVERS; checked against the world size."""
     if servers is None:
-        raw = os.environ.get("PLAIT_SERVERS", "")
-        if not raw:
+        try:
+            servers = env.get("PLAIT_SERVERS")
+        except ValueError as e:
+            raise PSError(str(e)) from None
+        if servers is None:
             raise PSError(
                 "the number of parameter servers is not set: pass ps.init(servers=S) or set "
                 "PLAIT_SERVERS=S on every rank"
             )
-        try:
-            servers = int(raw)
-        except ValueError:
-            raise PSError(f"PLAIT_SERVERS must be an integer; got {raw!r}") from None
     if not 1 <= servers < world_size:
         raise PSError(
             f"servers must satisfy 1 <= S < WORLD_SIZE so that at least one worker remains; "
@@ -56,19 +59,21 @@ def init(servers: int | None = None) -> Role:
     Raises:
         PSError: S is not set, or leaves no worker.
     """
-    env = world_from_env()
-    num_servers = num_servers_from(servers, env.size)
-    num_workers = env.size - num_servers
-    store = make_store(env, timeout=float(os.environ.get("PLAIT_TIMEOUT", "300")))
-    if env.rank < num_workers:
-        return Role(env.rank, num_workers, num_servers, store)
-    from plait.ps.server import Server
+    world = world_from_env()
+    num_servers = num_servers_from(servers, world.size)
+    num_workers = world.size - num_servers
+    store = make_store(world, timeout=env.get("PLAIT_INIT_TIMEOUT"))
+    if world.rank < num_workers:
+        return Role(world.rank, num_workers, num_servers, store)
+    index = world.rank - num_workers
 
-    server = Server(
-        env.rank - num_workers, num_workers, num_servers, store, listen_host(env.master_addr)
-    )
-    server.publish()
-    server.serve()
+    def job() -> tuple[PSConfig, bytes]:  # written by worker 0 before its init
+        return PSConfig.from_json(store.get(STORE_CONFIG)), store.get(STORE_PARAMS)
+
+    router = Router(listen_host(world.master_addr))
+    server = Server(index, num_workers, num_servers, job, address=router.endpoint)
+    store.set(store_server_key(index), router.endpoint)
+    serve(server, router)
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(0)

@@ -32,6 +32,8 @@ from typing import Any
 import msgpack
 import torch
 
+from plait.comm.dtypes import FLOATS, NAMES
+
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
 MAX_FRAMES = 1 << 14
@@ -42,13 +44,9 @@ MAX_INT = 1 << 62
 REQUESTS = ("init", "push", "pull", "push_pull", "hb", "stats", "bye")
 REPLIES = ("ok", "error")
 OPS = REQUESTS + REPLIES
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+# the floating-point rows of plait's dtype table: servers apply optimizers to what they hold
+DTYPE_NAMES = {d: NAMES[d] for d in FLOATS}
+DTYPES: dict[str, torch.dtype] = {n: d for d, n in DTYPE_NAMES.items()}
 _FIELDS = ("v", "op", "rid", "w", "keys", "dtypes", "shapes", "versions", "lr", "clock", "meta")
 
 

@@ -1,0 +1,73 @@
+"""What one `Pipeline.step` measures on its stage: action times, bubble, activation memory."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from plait.pipeline.schedule import Action
+
+
+@dataclass
+class PipeStats:
+    """What one `Pipeline.step` measured on this stage.
+
+    times: per action, (start, end) of its compute in seconds from the step's start
+        (receives before and sends after are not inside).
+    step_time: the step's wall time; compute_time: the sum of this stage's F and B compute.
+    bubble: (step_time - compute_time) / step_time, the idle fraction of this stage.
+    peak_inflight: most micro-batches forwarded whose backward had not run yet.
+    peak_saved_bytes / saved_packs: from saved-tensor hooks, the peak bytes autograd held
+        for this stage's graphs and how many tensors it saved; mb_saved_bytes: the bytes
+        saved by each micro-batch's forward, so the peak divided by them cross-checks
+        peak_inflight.
+    """
+
+    times: dict[Action, tuple[float, float]] = field(default_factory=dict)
+    step_time: float = 0.0
+    compute_time: float = 0.0
+    bubble: float = 0.0
+    peak_inflight: int = 0
+    peak_saved_bytes: int = 0
+    saved_packs: int = 0
+    saved_live: int = 0
+    mb_saved_bytes: list[int] = field(default_factory=list)
+
+    def record(self, act: Action, start: float, end: float, t0: float) -> None:
+        """Action `act` computed from `start` to `end` (perf_counter; the step began at t0)."""
+        self.times[act] = (start - t0, end - t0)
+        self.compute_time += end - start
+
+    def finish(self, step_time: float) -> None:
+        """The step took `step_time` seconds: the bubble is what compute did not fill."""
+        self.step_time = step_time
+        idle = max(step_time - self.compute_time, 0.0)
+        self.bubble = idle / step_time if step_time > 0 else 0.0
+
+    def counting(self) -> contextlib.AbstractContextManager[Any]:
+        """Saved-tensor hooks under which every tensor autograd saves is counted (`Saved`)."""
+        return torch.autograd.graph.saved_tensors_hooks(lambda t: Saved(t, self), _unpack)
+
+
+class Saved:
+    """A tensor autograd (or a checkpointed stage) keeps; counts itself live until freed."""
+
+    __slots__ = ("nbytes", "stats", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, stats: PipeStats) -> None:
+        self.tensor = tensor
+        self.stats = stats
+        self.nbytes = tensor.numel() * tensor.element_size()
+        stats.saved_live += self.nbytes
+        stats.saved_packs += 1
+        stats.peak_saved_bytes = max(stats.peak_saved_bytes, stats.saved_live)
+
+    def __del__(self) -> None:
+        self.stats.saved_live -= self.nbytes
+
+
+def _unpack(saved: Saved) -> torch.Tensor:
+    return saved.tensor
