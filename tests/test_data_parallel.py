@@ -187,9 +187,9 @@ def overlap_trace(comm: Communicator, overlap: bool) -> dict[str, Any]:
     x = torch.randn(512, 384)
     early, seqs = [], []
     for _ in range(5):
-        before = comm._seq
+        before = comm.issued
         dp(x).square().mean().backward()
-        seqs.append(comm._seq - before)
+        seqs.append(comm.issued - before)
         t = dp.trace
         early.append(t.started[0] < t.last_grad)
     return {"early": early, "buckets": len(dp.bucket_sizes), "calls": seqs}

@@ -12,26 +12,44 @@ from pathlib import Path
 
 import pytest
 
+from plait.options import add_options, build, flatten, from_args, group, option
+from plait.ps.config import PSConfig
 from plait.train import job
-from plait.train.config import RECIPES, TrainConfig
+from plait.train.config import RECIPES, OptimConfig, TrainConfig, WorkloadConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
-from plait.train.options import add_options, from_args, option
 from plait.train.schedule import lr_at
 
 
 # --------------------------------------------------------------------------- config
+def _config(**options: object) -> TrainConfig:
+    return TrainConfig.from_options(options)
+
+
 def test_defaults_come_from_the_model_recipe() -> None:
     c = TrainConfig()
-    assert (c.model, c.data, c.workers, c.strategy) == ("mlp", "digits", 4, "allreduce")
-    assert (c.steps, c.batch_size, c.lr) == (RECIPES["mlp"].steps, 64, RECIPES["mlp"].lr)
-    g = TrainConfig(model="gpt")
-    assert g.data == "code" and g.steps == RECIPES["gpt"].steps
-    assert TrainConfig(model="gpt", steps=7, lr=0.5).lr == 0.5
+    w = c.workload
+    assert (w.model, w.data, c.workers, c.strategy) == ("mlp", "digits", 4, "allreduce")
+    assert (c.steps, c.batch_size, c.optim.lr) == (RECIPES["mlp"].steps, 64, RECIPES["mlp"].lr)
+    g = TrainConfig(workload=WorkloadConfig(model="gpt"))
+    assert g.workload.data == "code" and g.steps == RECIPES["gpt"].steps
+    assert g.optim.warmup_steps == 36  # the recipe says 40, but at most 360 steps / 10
+    assert _config(model="gpt", steps=7, lr=0.5).optim.lr == 0.5
+    assert _config(model="gpt", steps=7).optim.warmup_steps == 0  # at most steps / 10
+    assert (c.log.eval_every, c.log.log_every, c.checkpoint.checkpoint_every) == (120, 60, 120)
+
+
+def test_options_land_in_their_components() -> None:
+    c = _config(model="cnn", steps=9, dp=2, workers=2, out="/tmp/x", log_every=3)
+    assert (c.workload.model, c.optim.steps, c.mesh.dp) == ("cnn", 9, 2)
+    assert (c.checkpoint.out, c.log.log_every) == ("/tmp/x", 3)
+    assert _config(**c.options()) == c  # the flat options rebuild the same config
 
 
 def test_config_survives_a_json_round_trip() -> None:
-    c = TrainConfig(model="cnn", data="synthetic", steps=9, out="/tmp/x", json="f.json")
-    assert TrainConfig(**json.loads(json.dumps(asdict(c)))) == c
+    c = _config(model="cnn", data="synthetic", steps=9, out="/tmp/x", json="f.json")
+    assert TrainConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    p = _config(strategy="ps", ps_mode="async", stale_policy="drop", staleness=2)
+    assert TrainConfig.from_dict(json.loads(json.dumps(asdict(p)))) == p
 
 
 @pytest.mark.parametrize(
@@ -51,19 +69,30 @@ def test_config_survives_a_json_round_trip() -> None:
         ({"resume": True}, "resume needs out"),
         ({"strategy": "ps-async"}, "strategy 'ps-async' is not one of allreduce, ps"),
         ({"lr_scaling": "sqrt"}, "lr_scaling 'sqrt' is not one of none, linear"),
+        ({"workload": "pkg.mod:make", "model": "cnn"}, "--model chooses a built-in workload"),
+        ({"workload": "pkg.mod"}, "workload 'pkg.mod' is not MODULE:FUNCTION"),
     ],
 )
 def test_bad_options_show_the_failing_check(options: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        TrainConfig(**options)  # type: ignore[arg-type]
+        _config(**options)
     assert message in str(err.value)
 
 
 def test_linear_scaling_uses_the_base_batch() -> None:
     base = RECIPES["mlp"].base_batch
-    c = TrainConfig(batch_size=4 * base, lr=0.1, lr_scaling="linear")
+    c = _config(batch_size=4 * base, lr=0.1, lr_scaling="linear")
     assert c.peak_lr == pytest.approx(0.4)
-    assert TrainConfig(batch_size=4 * base, lr=0.1).peak_lr == 0.1
+    assert _config(batch_size=4 * base, lr=0.1).peak_lr == 0.1
+    # Goyal et al.: the warm-up starts from the unscaled rate
+    w = _config(batch_size=4 * base, lr=0.1, lr_scaling="linear", warmup_steps=4, steps=40)
+    assert w.lr_at(1) == pytest.approx(0.1 + (0.4 - 0.1) / 4)
+
+
+def test_a_custom_workload_takes_the_generic_defaults() -> None:
+    c = _config(workload="pkg.mod:make")
+    assert (c.workload.model, c.workload.data, c.workload.path) == (None, None, "pkg.mod:make")
+    assert c.recipe.optimizer == "sgd" and c.steps == c.recipe.steps
 
 
 # ----------------------------------------------------------------- argparse helper
@@ -105,7 +134,48 @@ def test_plait_train_parser_builds_the_config() -> None:
 
     assert from_args(TrainConfig, build_parser().parse_args(["train"])) == TrainConfig()
     ns = build_parser().parse_args(["train", "--batch-size", "8", "--lr-scaling", "linear"])
-    assert from_args(TrainConfig, ns) == TrainConfig(batch_size=8, lr_scaling="linear")
+    assert from_args(TrainConfig, ns) == TrainConfig(
+        optim=OptimConfig(batch_size=8, lr_scaling="linear")
+    )
+    ns = build_parser().parse_args(["train", "--strategy", "ps", "--ps-mode", "ssp"])
+    assert from_args(TrainConfig, ns).ps == TrainConfig(strategy="ps", ps=PSConfig(mode="ssp")).ps
+
+
+@dataclass(kw_only=True)
+class Part:
+    depth: int = field(default=2, metadata=option("a depth"))
+    mode: str = field(default="x", metadata=option("a mode", name="part_mode"))
+    hidden: int = 5  # an option too (no metadata needed), unless `only` leaves it out
+
+
+@dataclass(kw_only=True)
+class Whole:
+    size: int = field(default=1, metadata=option("a size"))
+    part: Part = field(default_factory=Part, metadata=group("the part"))
+    maybe: Part | None = field(default=None, metadata=group("maybe", only=()))
+
+
+def test_components_are_flat_on_the_command_line() -> None:
+    p = argparse.ArgumentParser(prog="whole")
+    add_options(p, Whole)
+    text = p.format_help()
+    assert "the part:" in text and "--part-mode" in text and "--hidden" in text
+    got = from_args(Whole, p.parse_args(["--depth", "3", "--part-mode", "y", "--size", "4"]))
+    assert got == Whole(size=4, part=Part(depth=3, mode="y"))
+    assert flatten(got) == {"size": 4, "depth": 3, "part_mode": "y", "hidden": 5}
+    assert build(Whole, flatten(got)) == got
+    with pytest.raises(TypeError, match="has no option mode"):
+        build(Whole, {"mode": "y"})  # the field's name is not the option's
+
+
+def test_an_option_declared_twice_is_refused() -> None:
+    @dataclass(kw_only=True)
+    class Twice:
+        depth: int = field(default=1, metadata=option("again"))
+        part: Part = field(default_factory=Part, metadata=group("the part"))
+
+    with pytest.raises(TypeError, match=r"options \['depth'\] are declared twice"):
+        add_options(argparse.ArgumentParser(), Twice)
 
 
 # ------------------------------------------------------------------------ schedule

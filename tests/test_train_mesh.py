@@ -5,6 +5,9 @@ the same steps as one process on the same global batch (printed side by side), f
 three shapes the issue names. Also the structure of its communication (one gradient
 reduction per step, not per micro-batch), the mesh-wide gradient clipping, the --json
 figures through the real command, and the configuration errors.
+
+One world of 4 ranks runs every in-process check once (`battery`); rank 0 first trains
+alone, on a one-rank communicator, for the single-process reference.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import torch
 
 from plait import Communicator
 from plait.comm.mesh import Mesh
+from plait.tensor_parallel import clip_grad_norm_
 from plait.train import workloads
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.loop import train
 from plait.train.mesh_model import MeshModel
+from test_pipeline_schedule import idle_share_on_grid
 from world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
@@ -38,37 +43,15 @@ SHAPES = [
 
 
 def _train(comm: Communicator, options: dict[str, Any]) -> Any:
-    return train(TrainConfig(**{**options, "workers": comm.size}), comm).figures()
-
-
-@pytest.mark.timeout(240)
-def test_each_mesh_trains_like_one_process() -> None:
-    one = run_world(1, _train, GPT, timeout=120, env=ENV)[0]
-    for shape in SHAPES:
-        ranks = run_world(4, _train, {**GPT, **shape}, timeout=120, env=ENV)
-        got = ranks[0]
-        print(f"{shape}\n  one process: {one['losses']}\n  mesh:        {got['losses']}")
-        torch.testing.assert_close(got["losses"], one["losses"], rtol=1e-4, atol=1e-5)
-        assert abs(got["eval_value"] - one["eval_value"]) < 1e-4
-        for other in ranks[1:]:  # the same figures everywhere, timings aside
-            assert other["losses"] == got["losses"] and other["dp"] == got["dp"]
-        pp, chunks = shape.get("pp", 1), got["chunks"]
-        assert (got["dp"], got["pp"], got["tp"]) == (
-            shape.get("dp", 1), pp, shape.get("tp", 1))  # fmt: skip
-        assert got["schedule"] == shape.get("schedule", "1f1b")
-        assert got["bubble_theory"] == pytest.approx((pp - 1) / (chunks + pp - 1))
-        assert 0.0 <= got["bubble_fraction"] < 1.0 and len(got["bubble_by_stage"]) == pp
-        if got["schedule"] == "gpipe":
-            assert got["peak_activations"] == [chunks] * pp
-        else:  # 1F1B: stage s holds at most min(pp - s, chunks)
-            assert got["peak_activations"] == [min(pp - s, chunks) for s in range(pp)]
+    config = TrainConfig.from_options({**options, "workers": comm.size})
+    return train(config, comm).figures()
 
 
 def _reductions_per_step(comm: Communicator) -> Any:
-    config = TrainConfig(**{**GPT, "workers": 4, "dp": 2, "pp": 2, "chunks": 4})
+    """DataParallel allreduces launched over dp in each of two steps of 4 micro-batches."""
     work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
     mesh = Mesh(dp=2, pp=2, comm=comm)
-    model = MeshModel(work.model(), mesh, config)
+    model = MeshModel(work.model(), mesh, chunks=4, schedule="1f1b")
     assert model.dp is not None
     calls = []
     launch = mesh.dp.allreduce_async_
@@ -87,19 +70,11 @@ def _reductions_per_step(comm: Communicator) -> Any:
     return per_step, len(model.dp.bucket_sizes)
 
 
-@pytest.mark.timeout(120)
-def test_gradients_are_reduced_once_per_step_not_per_micro_batch() -> None:
-    for per_step, buckets in run_world(4, _reductions_per_step, timeout=100, env=ENV):
-        assert per_step == [buckets, buckets]  # 4 micro-batches, one reduction of each bucket
-
-
 def _clip(comm: Communicator, max_norm: float) -> Any:
-    from plait.tensor_parallel import clip_grad_norm_
-
-    config = TrainConfig(**{**GPT, "workers": 4, "pp": 2, "tp": 2, "chunks": 2})
+    """The whole model's gradient norm on a pp 2 x tp 2 mesh, before and after clipping."""
     work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
     mesh = Mesh(pp=2, tp=2, comm=comm)
-    model = MeshModel(work.model(), mesh, config)
+    model = MeshModel(work.model(), mesh, chunks=2, schedule="1f1b")
     x, y = work.batch(0)
     model.step(x, y, work.loss)
     before = clip_grad_norm_(model.module, max_norm, mesh)
@@ -107,16 +82,69 @@ def _clip(comm: Communicator, max_norm: float) -> Any:
     return float(before), float(after)
 
 
-@pytest.mark.timeout(120)
-def test_clipping_takes_the_whole_models_norm_across_tp_and_pp() -> None:
+CLIP = 0.05
+
+
+def battery(comm: Communicator) -> dict[str, Any]:
+    alone = comm.split(ranks=[0])  # the others wait for rank 0 in their next collective
+    return {
+        "one": _train(alone, GPT) if alone is not None else None,
+        "meshes": [_train(comm, {**GPT, **shape}) for shape in SHAPES],
+        "reductions": _reductions_per_step(comm),
+        "clip": _clip(comm, CLIP),
+    }
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> list[dict[str, Any]]:
+    return run_world(4, battery, timeout=300, env=ENV)
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("index", range(len(SHAPES)))
+def test_each_mesh_trains_like_one_process(four_ranks: list[dict[str, Any]], index: int) -> None:
+    shape, one = SHAPES[index], four_ranks[0]["one"]
+    ranks = [r["meshes"][index] for r in four_ranks]
+    got = ranks[0]
+    print(f"{shape}\n  one process: {one['losses']}\n  mesh:        {got['losses']}")
+    torch.testing.assert_close(got["losses"], one["losses"], rtol=1e-4, atol=1e-5)
+    assert abs(got["eval_value"] - one["eval_value"]) < 1e-4
+    for other in ranks[1:]:  # the same figures everywhere, timings aside
+        assert other["losses"] == got["losses"] and other["dp"] == got["dp"]
+    pp, chunks = shape.get("pp", 1), got["chunks"]
+    assert (got["dp"], got["pp"], got["tp"]) == (shape.get("dp", 1), pp, shape.get("tp", 1))
+    assert got["schedule"] == shape.get("schedule", "1f1b")
+    # the theory is the schedule's idle share, here counted cell by cell on its printed grid
+    assert got["bubble_theory"] == idle_share_on_grid(got["schedule"], pp, chunks)
+    assert 0.0 <= got["bubble_fraction"] < 1.0 and len(got["bubble_by_stage"]) == pp
+    if got["schedule"] == "gpipe":
+        assert got["peak_activations"] == [chunks] * pp
+    else:  # 1F1B: stage s holds at most min(pp - s, chunks)
+        assert got["peak_activations"] == [min(pp - s, chunks) for s in range(pp)]
+
+
+@pytest.mark.timeout(360)
+def test_gradients_are_reduced_once_per_step_not_per_micro_batch(
+    four_ranks: list[dict[str, Any]],
+) -> None:
+    for r in four_ranks:
+        per_step, buckets = r["reductions"]
+        assert per_step == [buckets, buckets]  # 4 micro-batches, one reduction of each bucket
+
+
+@pytest.mark.timeout(360)
+def test_clipping_takes_the_whole_models_norm_across_tp_and_pp(
+    four_ranks: list[dict[str, Any]],
+) -> None:
     work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
     model = work.model()
     x, y = work.batch(0)
     work.loss(model(x), y).backward()
     expected = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
-    for before, after in run_world(4, _clip, 0.05, timeout=100, env=ENV):
+    for r in four_ranks:
+        before, after = r["clip"]
         assert before == pytest.approx(expected, rel=1e-5)
-        assert after == pytest.approx(0.05, rel=1e-5)
+        assert after == pytest.approx(CLIP, rel=1e-5)
 
 
 @pytest.mark.timeout(150)
@@ -155,5 +183,5 @@ def test_mesh_through_the_command_line_writes_its_figures(tmp_path: Path) -> Non
 )
 def test_bad_mesh_options_say_what_was_expected(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        TrainConfig(**{"model": "gpt", **options})
+        TrainConfig.from_options({"model": "gpt", **options})
     assert message in str(info.value)

@@ -13,21 +13,30 @@ from typing import Any
 
 import pytest
 
+from plait.ps.config import PSConfig
 from plait.train import job
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.straggler import Straggler
 
 
+def _config(**options: Any) -> TrainConfig:
+    return TrainConfig.from_options(options)
+
+
 def test_ps_defaults_and_allreduce_leaves_them_unset() -> None:
-    c = TrainConfig(strategy="ps")
-    assert (c.servers, c.ps_mode, c.staleness, c.stale_policy) == (2, "sync", None, "accept")
-    s = TrainConfig(strategy="ps", ps_mode="ssp", workers=2)
-    assert s.staleness == 4 and s.warm_start_steps == 0
+    c = _config(strategy="ps")
+    assert c.ps is not None and c.servers == 2
+    assert (c.ps.mode, c.ps.staleness, c.ps.stale_policy) == ("sync", 4, "accept")
+    s = _config(strategy="ps", ps_mode="ssp", workers=2)
+    assert s.ps is not None and s.ps.staleness == 4 and s.ps.warm_start_steps == 0
     a = TrainConfig()
-    assert (a.servers, a.ps_mode, a.staleness, a.stale_policy) == (None,) * 4
-    d = TrainConfig(strategy="ps", ps_mode="async", stale_policy="drop", staleness=2)
-    assert TrainConfig(**json.loads(json.dumps(d.__dict__))) == d
+    assert (a.servers, a.ps) == (None, None)
+    d = _config(strategy="ps", ps_mode="async", stale_policy="drop", staleness=2)
+    assert d.ps is not None and (d.ps.staleness, d.ps.drop_bound) == (2, 2)
+    assert TrainConfig.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+    # the ps options are PSConfig's own: declared once, with one default
+    assert d.options()["staleness"] == 2 and PSConfig().staleness == c.ps.staleness
 
 
 @pytest.mark.parametrize(
@@ -36,30 +45,29 @@ def test_ps_defaults_and_allreduce_leaves_them_unset() -> None:
         ({"servers": 2}, "--servers applies to --strategy ps only, not strategy allreduce"),
         ({"ps_mode": "async", "staleness": 3}, "--ps-mode, --staleness applies to --strategy ps"),
         ({"strategy": "ps", "servers": 0}, "servers 0 < 1"),
-        ({"strategy": "ps", "ps_mode": "ssp", "staleness": -1}, "staleness -1 < 0"),
+        ({"strategy": "ps", "ps_mode": "ssp", "staleness": -1}, "staleness (tau) must be >= 0"),
         ({"strategy": "ps", "staleness": 2}, "staleness 2 applies to --ps-mode ssp"),
-        ({"strategy": "ps", "ps_mode": "bsp"}, "ps_mode 'bsp' is not one of sync, async, ssp"),
-        ({"strategy": "ps", "ps_mode": "ssp", "stale_policy": "x"}, "is not one of accept"),
+        ({"strategy": "ps", "ps_mode": "bsp"}, "mode must be one of sync, async, ssp; got 'bsp'"),
+        ({"strategy": "ps", "ps_mode": "ssp", "stale_policy": "x"}, "one of accept, drop"),
         ({"strategy": "ps", "stale_policy": "drop"}, "apply to --ps-mode async or ssp"),
-        ({"strategy": "ps", "ps_mode": "async", "warm_start_steps": -1}, "warm_start_steps -1"),
+        ({"strategy": "ps", "ps_mode": "async", "warm_start_steps": -1}, "warm_start_steps"),
         ({"strategy": "ps", "out": "/tmp/x"}, "not supported with --strategy ps yet"),
     ],
 )
 def test_bad_ps_options_say_what_is_wrong(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        TrainConfig(**options)
+        _config(**options)
     assert message in str(err.value)
 
 
 def test_recipes_map_onto_the_servers_optimizers() -> None:
-    pytest.importorskip("zmq")
-    from plait.train.strategies import ps_config
-
-    sgd = ps_config(TrainConfig(strategy="ps", ps_mode="ssp", staleness=3, lr=0.2))
+    sgd = _config(strategy="ps", ps_mode="ssp", staleness=3, lr=0.2).ps
+    assert sgd is not None
     assert (sgd.optimizer, sgd.momentum, sgd.weight_decay, sgd.lr) == ("sgd", 0.9, 1e-4, 0.2)
     assert (sgd.mode, sgd.staleness, sgd.drop_bound) == ("ssp", 3, None)
-    adam = ps_config(TrainConfig(strategy="ps", model="gpt", ps_mode="async",
-                                 stale_policy="drop", staleness=5))  # fmt: skip
+    adam = _config(strategy="ps", model="gpt", ps_mode="async", stale_policy="drop",
+                   staleness=5).ps  # fmt: skip
+    assert adam is not None
     assert (adam.optimizer, adam.betas, adam.weight_decay) == ("adam", (0.9, 0.95), 0.0)
     assert (adam.stale_policy, adam.drop_bound) == ("drop", 5)
 

@@ -15,7 +15,7 @@ FINISH = {
     "strategy": "allreduce", "world_size": 2, "steps": 20, "global_batch": 8,
     "final_loss": 0.25, "eval_name": "validation loss", "eval_value": 1.5,
     "eval_baseline": 3.1, "samples_per_s": 1000.0, "wall_s": 9.5, "final_loss_steps": 10,
-    "eval_samples": 5, "unit": "window", "token": "byte",
+    "eval_samples": 5, "unit": "window", "token": "byte", "eval_unit": "nats",
 }  # fmt: skip
 LOG = {"step": 10, "steps": 20, "loss": 0.5, "lr": 0.01, "samples_per_s": 900.0,
        "elapsed_s": 3.0}  # fmt: skip
@@ -29,14 +29,19 @@ def test_text_lines() -> None:
     text.handle("loss", LOG)  # nothing: between log points
     text.handle("log", LOG)
     text.handle("eval", {"step": 10, "name": "held-out accuracy", "value": 0.975,
-                         "baseline": None})  # fmt: skip
+                         "baseline": None, "eval_unit": "%"})  # fmt: skip
+    text.handle(
+        "eval",
+        {"step": 10, "name": "validation mse", "value": 0.125, "baseline": None, "eval_unit": ""},
+    )  # a workload's own metric
     text.handle("finish", FINISH)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("plait train: mlp (1,234 parameters) on digits")
     assert "2 workers x 4 = global batch 8" in lines[0]
     assert lines[1] == "step 10/20  loss 0.5000  lr 0.01  900 samples/s  3.0 s"
     assert lines[2] == "step 10: held-out accuracy 0.9750 (97.50%)"
-    body = "\n".join(lines[3:])
+    assert lines[3] == "step 10: validation mse 0.1250"
+    body = "\n".join(lines[4:])
     assert "validation loss      1.5000 nats/byte (5 held-out windows)" in body
     assert "unigram baseline     3.1000 nats/byte" in body
     assert "final training loss  0.2500 (mean of the last 10 steps)" in body

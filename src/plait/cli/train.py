@@ -1,16 +1,18 @@
-"""`plait train [options]`: the main job; train a built-in model on built-in data.
+"""`plait train [options]`: the main job; train a built-in model on built-in data, or your
+own (--workload MODULE:FUNCTION, see examples/custom_workload.py).
 
 With no options: an MLP on the 8x8 handwritten digits, 4 local workers, allreduce data
 parallelism, about 20 seconds on 2 cores. Every option comes from a field of
-plait.train.config.TrainConfig; the work is done by plait.train.job.
+plait.train.config.TrainConfig or of one of its components; the work is done by
+plait.train.job.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from plait.options import add_options, given
 from plait.train.config import TrainConfig
-from plait.train.options import add_options, given
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,35 +1,49 @@
-"""`plait train`: the training loop, built-in models and data, checkpoints, progress.
+"""`plait train`: one training loop over a Step per strategy, workloads, checkpoints, progress.
 
     from plait.train import TrainConfig, train
-    result = train(TrainConfig(model="gpt", steps=100))   # in every rank of a job
+    result = train(TrainConfig(strategy="ps"))            # in every rank of a job
+    result = train(config, workload="mypkg.mymod:make")   # your own model and data
 
-Names that need torch are imported on first use, so the command line starts fast.
+A workload (`Workload`) names a model builder, its data, a loss and a metric; the built-in
+models on the built-in data are workloads too. Names that need torch are imported on first
+use, so the command line starts fast.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from plait.lazy import getattr_from
 from plait.train.config import TrainConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError, NonFiniteLossError
 
 if TYPE_CHECKING:
-    from plait.train.loop import TrainResult, train
-    from plait.train.workloads import Workload, build
+    from plait.train.data.base import TensorData
+    from plait.train.loop import train
+    from plait.train.result import TrainResult
+    from plait.train.workload import ACCURACY, TOKEN_LOSS, Metric, Workload
+    from plait.train.workloads import build
 
 _LAZY = {
-    "TrainResult": "plait.train.loop",
-    "train": "plait.train.loop",
-    "Workload": "plait.train.workloads",
+    "ACCURACY": "plait.train.workload",
+    "Metric": "plait.train.workload",
+    "TOKEN_LOSS": "plait.train.workload",
+    "TensorData": "plait.train.data.base",
+    "TrainResult": "plait.train.result",
+    "Workload": "plait.train.workload",
     "build": "plait.train.workloads",
+    "train": "plait.train.loop",
 }
 
 __all__ = [
+    "ACCURACY",
+    "TOKEN_LOSS",
     "CheckpointError",
     "ConfigError",
+    "Metric",
     "MissingExtraError",
     "NonFiniteLossError",
+    "TensorData",
     "TrainConfig",
     "TrainResult",
     "Workload",
@@ -38,9 +52,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'plait.train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = getattr_from(__name__, _LAZY)

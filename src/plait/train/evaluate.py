@@ -1,4 +1,9 @@
-"""Held-out evaluation, sharded over the ranks and summed: accuracy or validation loss."""
+"""Held-out evaluation with the workload's metric, sharded over ranks and summed.
+
+The metric gives (sum, count) per batch (workload.Metric), so shards add up exactly: the
+held-out set is the same for every number of ranks, and so is the figure (up to float
+rounding).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,8 @@ import torch
 from torch import nn
 
 from plait.comm.communicator import Communicator
-from plait.train.data.base import Classification, Dataset
 from plait.train.data.sampler import eval_shard
-from plait.train.workloads import cross_entropy
+from plait.train.workload import Workload
 
 if TYPE_CHECKING:
     from plait.train.mesh_model import MeshModel
@@ -20,30 +24,26 @@ CHUNK = 64  # held-out samples per forward pass
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset: Dataset, comm: Communicator) -> float:
-    """Held-out accuracy (classification) or mean cross-entropy per token (LM).
-
-    Every rank evaluates a contiguous share of the held-out set with the plain (unwrapped)
-    model, and one allreduce sums (score, count). The held-out set is the same for every
-    number of ranks, so the value is too (up to float rounding).
-    """
-    total = comm.allreduce(score_shard(model, dataset, comm.rank, comm.size), op="sum")
+def evaluate(model: nn.Module, work: Workload, comm: Communicator) -> float:
+    """The metric over the held-out set: each rank scores a contiguous share with the plain
+    (unwrapped) model, and one allreduce sums (score, count)."""
+    total = comm.allreduce(score_shard(model, work, comm.rank, comm.size), op="sum")
     return float(total[0] / total[1])
 
 
 @torch.no_grad()
-def evaluate_alone(model: nn.Module, dataset: Dataset) -> float:
+def evaluate_alone(model: nn.Module, work: Workload) -> float:
     """The same figure as `evaluate`, computed by one process on the whole held-out set."""
-    total = score_shard(model, dataset, 0, 1)
+    total = score_shard(model, work, 0, 1)
     return float(total[0] / total[1])
 
 
 @torch.no_grad()
-def evaluate_mesh(model: MeshModel, dataset: Dataset) -> float:
+def evaluate_mesh(model: MeshModel, work: Workload) -> float:
     """`evaluate` for a model on a mesh: each dp replica scores its share through the
     pipeline, whose last stage holds the outputs; one rank per stage-replica (tp 0) counts."""
     mesh = model.mesh
-    score = score_shard(model.module, dataset, mesh.coords["dp"], mesh.shape["dp"],
+    score = score_shard(model.module, work, mesh.coords["dp"], mesh.shape["dp"],
                         forward=model.forward)  # fmt: skip
     if not (model.last and mesh.coords["tp"] == 0):
         score.zero_()
@@ -54,12 +54,12 @@ def evaluate_mesh(model: MeshModel, dataset: Dataset) -> float:
 @torch.no_grad()
 def score_shard(
     model: nn.Module,
-    dataset: Dataset,
+    work: Workload,
     rank: int,
     world: int,
     forward: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """(correct or summed loss, samples or tokens) over rank `rank`'s share of held-out data.
+    """(metric sum, count) over rank `rank`'s share of the held-out data, float64.
 
     forward: what computes the output (default `model`); a None output (a pipeline stage
         other than the last) scores nothing.
@@ -67,16 +67,14 @@ def score_shard(
     was_training = model.training
     model.eval()
     score = torch.zeros(2, dtype=torch.float64)
-    indices = eval_shard(dataset.num_val, rank, world)
-    for chunk in indices.split(CHUNK):
-        x, y = dataset.val_batch(chunk)
+    data = work.data
+    for chunk in eval_shard(data.num_val, rank, world).split(CHUNK):
+        x, y = data.val_batch(chunk)
         out = (forward or model)(x)
         if out is None:
             continue
-        if isinstance(dataset, Classification):
-            score[0] += (out.argmax(dim=-1) == y).sum().item()
-        else:
-            score[0] += cross_entropy(out, y, reduction="sum").item()
-        score[1] += y.numel()
+        value, count = work.metric.score(out, y)
+        score[0] += value
+        score[1] += count
     model.train(was_training)
     return score

@@ -3,7 +3,8 @@
 Everything the command line does lives here, so tests can call it: `run(options)` takes
 the options the user gave (field name -> value), fills in the rest from TrainConfig,
 checks what can be checked before starting anything (option values, the optional
-dependency of the data, a writable --out, a checkpoint to resume), and then
+dependency of the data, a --workload that resolves to a model and enough data, a writable
+--out, a checkpoint to resume), and then
 
 - launches `workers` local processes running `python -m plait.train.worker` with the local
   launcher (the machinery of `plait run`: torchrun's environment, prefixed output,
@@ -25,9 +26,9 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from typing import Any, TextIO, cast
 
+from plait import env
 from plait.train import data as datasets
 from plait.train import outdir
 from plait.train.config import TrainConfig
@@ -42,10 +43,12 @@ def under_launcher() -> bool:
 
 
 def configure(options: dict[str, Any]) -> TrainConfig:
-    """The TrainConfig for the given options, checked as far as possible without workers.
+    """The TrainConfig for the given options (by name, as the command line has them),
+    checked as far as possible without workers.
 
     Raises:
-        ConfigError: a bad option value, or --workers that contradicts the launcher's job.
+        ConfigError: a bad option value, --workers that contradicts the launcher's job, or
+            a --workload that does not resolve, build a model, or hold a global batch.
         MissingExtraError: the data needs an optional dependency that is not installed.
         CheckpointError: --out or --json is not writable, or --resume finds no checkpoint.
     """
@@ -60,19 +63,22 @@ def configure(options: dict[str, Any]) -> TrainConfig:
                 "plait run the launcher decides the number of workers; leave out --workers"
             )
         options["workers"] = world
-    return _check(TrainConfig(**options))
+    return _check(TrainConfig.from_options(options))
 
 
 def _configure_ps_rank(options: dict[str, Any], world: int) -> TrainConfig:
     """The config of a rank of a parameter-server job started by torchrun or `plait run`."""
-    env_servers = os.environ.get("PLAIT_SERVERS")
-    servers = options.get("servers", int(env_servers) if env_servers else None)
+    try:
+        env_servers = env.get("PLAIT_SERVERS")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    servers = options.get("servers", env_servers)
     if servers is None:
         raise ConfigError(
             f"a job of WORLD_SIZE {world} with --strategy ps needs to know how many of its "
             "ranks are servers: pass --servers S (or set PLAIT_SERVERS=S on every rank)"
         )
-    if env_servers and int(env_servers) != servers:
+    if env_servers is not None and env_servers != servers:
         raise ConfigError(f"servers {servers} != PLAIT_SERVERS {env_servers}")
     workers = world - servers
     if options.get("workers", workers) != workers:
@@ -83,20 +89,37 @@ def _configure_ps_rank(options: dict[str, Any], world: int) -> TrainConfig:
         )
     if workers < 1:
         raise ConfigError(f"WORLD_SIZE {world} - servers {servers} = {workers} workers < 1")
-    return _check(TrainConfig(**{**options, "workers": workers, "servers": servers}))
+    return _check(TrainConfig.from_options({**options, "workers": workers, "servers": servers}))
 
 
 def _check(config: TrainConfig) -> TrainConfig:
-    """Check what a config needs from this machine: the data's extra, writable files."""
-    assert config.data is not None
-    datasets.require(config.data)
-    if config.out is not None:
-        if config.resume:
-            outdir.check_resumable(config.out)
-        outdir.check_writable(config.out)
-    if config.json is not None:
-        outdir.check_file_writable(config.json)
+    """Check what a config needs from this machine: the data's extra, the workload, files."""
+    if config.workload.data is not None:
+        datasets.require(config.workload.data)
+    if config.workload.path is not None:
+        _check_workload(config)
+    out = config.checkpoint.out
+    if out is not None:
+        if config.checkpoint.resume:
+            outdir.check_resumable(out)
+        outdir.check_writable(out)
+    if config.log.json is not None:
+        outdir.check_file_writable(config.log.json)
     return config
+
+
+def _check_workload(config: TrainConfig) -> None:
+    """--workload: resolve it and build its model here, so that a wrong path, a builder
+    that returns no nn.Module, too little data or a model a pipeline cannot cut is one
+    line before any worker starts (this imports torch and the user's module)."""
+    from plait.train.workload import load, stages
+
+    assert config.workload.path is not None
+    work = load(config.workload.path)
+    work.check_data(config.batch_size)
+    model = work.build_model(config.workload.seed)
+    if config.mesh.pp > 1:
+        stages(model)
 
 
 def run(options: dict[str, Any], *, stdout: TextIO | None = None) -> int:
@@ -119,18 +142,19 @@ def run(options: dict[str, Any], *, stdout: TextIO | None = None) -> int:
 
     renderer: report.Renderer = report.Bar() if out.isatty() else report.Text(out)
     servers = config.servers or 0
-    also = f" and {servers} parameter servers ({config.ps_mode})" if servers else ""
+    mode = config.ps.mode if config.ps is not None else None
+    also = f" and {servers} parameter servers ({mode})" if servers else ""
     renderer.text(f"plait train: starting {config.workers} workers{also}")
-    env = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0))
-    cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(asdict(config))]
+    children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0))
+    cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(config.to_dict())]
     stream = report.RankZeroStream(renderer)
     # async/ssp: the servers go on without a dead worker; worker 0 reports, so it must live
-    survivable = range(1, config.workers) if config.ps_mode in ("async", "ssp") else ()
+    survivable = range(1, config.workers) if mode in ("async", "ssp") else ()
     try:
         code = launch(
             cmd,
             config.workers,
-            env=env,
+            env=children,
             stdout=cast(TextIO, stream),
             servers=servers,
             survivable=survivable,

@@ -1,344 +1,295 @@
-"""The training loop that runs inside every worker.
+"""The training loop: one for every strategy, driving that strategy's Step (train/step.py).
 
-Each rank builds the same model from the seed, wraps it for the strategy, and on every step
-trains on its slice of the global batch (data/sampler.py): N ranks with B/N samples take the
-step one process with B samples would take. Per-step losses stay on the rank until a flush
-(log, evaluation, checkpoint, end; and every ~2% of the run for the bar), when one allreduce
-averages the buffered steps' losses at once: the reported losses are the global-batch mean,
-equal to a single process's, without a collective per step.
+Each rank builds the workload and its strategy's Step, and trains the slices of global
+batches the Step gives it (data/sampler.py: N parts of B/N samples take the step one
+process with B samples would take). Per-step losses stay on the rank until a flush (log,
+evaluation, checkpoint, end; and every ~2% of the run for the bar), when `Step.average`
+turns the buffered steps' losses into the run's at once: under allreduce one allreduce
+averages them, the global-batch mean a single process would see, without a collective per
+step; a parameter-server worker keeps its own, which nothing ties to the others'.
 
-Non-finite losses are found at the flush after them; every rank sees the same reduced
-values, so all stop together (NonFiniteLossError). Checkpoints are written only after a
-flush found every loss finite, so the last one on disk is good.
+Ranks that report (all of them under allreduce, worker 0 under ps) flush, evaluate and
+checkpoint at the steps their slices cross: with slices claimed as workers come free (ps
+async and ssp), a worker may skip steps that others trained. The last step's flush,
+evaluation and checkpoint come after `Step.finish` (ps: every worker done, a final pull).
 
-Test hooks (environment): PLAIT_TRAIN_NAN_AT="STEP[:RANK]" makes that rank's loss NaN at
+Non-finite losses are found at the flush after them; under allreduce every rank sees the
+same reduced values, so all stop together (NonFiniteLossError). Checkpoints are written
+only after a flush found every loss finite, so the last one on disk is good.
+
+Test hooks (plait/env.py): PLAIT_TRAIN_NAN_AT="STEP[:RANK]" makes that rank's loss NaN at
 STEP (every rank's when RANK is left out); PLAIT_TRAIN_STRAGGLER="RANK:FACTOR" makes one
 rank FACTOR x slower (straggler.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
-import plait
-from plait.comm.communicator import Communicator
-from plait.train import checkpoint, models, strategies, workloads
+from plait import env
+from plait.train import checkpoint, strategies, workloads
 from plait.train.config import TrainConfig
-from plait.train.data.base import Classification
 from plait.train.errors import NonFiniteLossError
-from plait.train.evaluate import evaluate, evaluate_mesh
-from plait.train.mesh_model import MeshModel, make_mesh
 from plait.train.report import Emit
-from plait.train.schedule import lr_at
+from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
+from plait.train.step import LossFn, Step
 from plait.train.straggler import Straggler
+from plait.train.workload import Workload
 
-FINAL_LOSS_STEPS = 10  # final_loss is the mean of the last this-many steps' losses
-
-
-@dataclass
-class TrainResult:
-    """A run's figures (`figures()` is what --json writes); the same on every rank."""
-
-    strategy: str
-    world_size: int
-    steps: int
-    global_batch: int
-    final_loss: float
-    eval_name: str
-    eval_value: float
-    samples_per_s: float
-    wall_s: float
-    model: str
-    data: str
-    eval_baseline: float | None = None
-    losses: list[float] = field(default_factory=list)  # steps 1..steps, global-batch means
-    evals: list[list[float]] = field(default_factory=list)  # [step, value]
-    stopped_at: int | None = None  # set when stop_after ended the run early
-    ps: dict[str, Any] | None = None  # --strategy ps: mode, servers and the servers' stats
-    mesh: dict[str, Any] | None = None  # --pp/--tp: the mesh, bubble and activations
-
-    def figures(self) -> dict[str, Any]:
-        """The --json figures; `ps` and `mesh` entries are top-level keys."""
-        figures = asdict(self)
-        for extra in ("ps", "mesh"):
-            figures.update(figures.pop(extra) or {})
-        return figures
-
-
-def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """The recipe's optimizer: SGD (momentum 0.9, Nesterov) or AdamW (betas 0.9, 0.95)."""
-    r = config.recipe
-    if r.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=config.peak_lr, momentum=0.9,
-                               nesterov=True, weight_decay=r.weight_decay)  # fmt: skip
-    return torch.optim.AdamW(
-        model.parameters(), lr=config.peak_lr, betas=(0.9, 0.95), weight_decay=r.weight_decay
-    )
-
-
-def step_lr(config: TrainConfig, step: int) -> float:
-    """The learning rate of step `step` (1-based): warm-up, then the decay."""
-    c = config
-    # Goyal et al.: with linear scaling, warm up from the unscaled lr to the scaled one
-    start = c.lr if c.lr_scaling == "linear" and c.lr is not None else 0.0
-    return lr_at(step, peak=c.peak_lr, steps=_int(c.steps), warmup_steps=_int(c.warmup_steps),
-                 start=start, decay=c.lr_decay)  # fmt: skip
-
-
-def _int(value: int | None) -> int:
-    assert value is not None, "TrainConfig fills in every default"
-    return value
-
-
-def _nan_hook(rank: int) -> int | None:
-    step, _, who = os.environ.get("PLAIT_TRAIN_NAN_AT", "").partition(":")
-    return int(step) if step and who in ("", str(rank)) else None
-
-
-class _Run:
-    """One rank's run: the model, optimizer and bookkeeping that the loop's phases share."""
-
-    def __init__(
-        self, config: TrainConfig, comm: Communicator, emit: Emit | None, t0: float
-    ) -> None:
-        self.config, self.comm, self.t0 = config, comm, t0
-        self.steps, self.batch = _int(config.steps), _int(config.batch_size)
-        self.say: Emit = emit if emit is not None and comm.rank == 0 else (lambda k, r: None)
-        assert config.data is not None
-        mesh = make_mesh(config, comm) if config.on_mesh else None
-        # the data-parallel replicas split the batch; a mesh's pp and tp ranks share theirs
-        where = (mesh.coords["dp"], mesh.shape["dp"]) if mesh else (comm.rank, comm.size)
-        self.work = workloads.build(
-            config.model, self.batch, *where, seed=config.seed, data=config.data
-        )
-        self.dataset = self.work.dataset
-        self.model = self.work.model()
-        self.parameters = models.count_parameters(self.model)  # before tp shards it
-        self.replicas = where[1]
-        self.mesh_model = MeshModel(self.model, mesh, config) if mesh else None
-        self.options = asdict(config)
-        self.first = 0
-        self.losses: list[float] = []
-        self.evals: list[list[float]] = []
-        self.saved_step: int | None = None
-        state = None
-        if config.resume:
-            assert config.out is not None
-            state = checkpoint.load(config.out)
-            checkpoint.check_matches(state, self.options, config.out)
-            self.model.load_state_dict(state["model"])
-            self.first, self.losses, self.evals = state["step"], state["losses"], state["evals"]
-            self.saved_step = self.first
-        elif config.out is not None and comm.rank == 0:
-            checkpoint.check_writable(config.out)
-        # what trains on this rank: the model, or its part on the mesh
-        self.local = self.mesh_model.module if self.mesh_model else self.model
-        if self.mesh_model is None:
-            self.wrapped = strategies.wrap(config.strategy, self.model, comm)
-        self.optimizer = make_optimizer(self.local, config)
-        if state is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-            checkpoint.set_rng_state(state["rng"])
-        self.unit = "image" if isinstance(self.dataset, Classification) else "window"
-        self.token = getattr(self.dataset, "token", "")  # LM: what the loss is per
-        self.baseline = self.dataset.baseline()
-        self.nan_at = _nan_hook(comm.rank)
-        self.straggler = Straggler.from_env()
-        self.pending: list[torch.Tensor] = []  # this rank's losses since the last flush
-        self.started = time.perf_counter()
-        self.paused_s = 0.0  # evaluation and checkpoint time, left out of samples/s
-        self.window = (self.started, 0.0, 0)  # since the last log line: start, paused, steps
-
-    def announce(self) -> None:
-        c, d = self.config, self.dataset
-        out = str(checkpoint.path(c.out)) if c.resume and c.out else None
-        self.say("start", {
-            "model": c.model, "parameters": self.parameters, "replicas": self.replicas,
-            "mesh": self.mesh_model.describe() if self.mesh_model else None,
-            "data": c.data, "num_train": d.num_train, "num_val": d.num_val, "unit": self.unit,
-            "workers": self.comm.size, "global_batch": self.batch, "steps": self.steps,
-            "strategy": c.strategy, "optimizer": c.recipe.optimizer, "peak_lr": c.peak_lr,
-            "first_step": self.first, "resumed_from": out,
-        })  # fmt: skip
-
-    def lr(self, step: int) -> float:
-        return step_lr(self.config, step)
-
-    def step(self, step: int) -> None:
-        """One optimizer step on this rank's slice of global step `step` (1-based)."""
-        lr = self.lr(step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        began = time.perf_counter()
-        x, y = self.work.batch(step - 1)
-        self.optimizer.zero_grad(set_to_none=True)
-        clip = self.config.recipe.grad_clip
-        if self.mesh_model is None:
-            loss = self.work.loss(self.wrapped(x), y)
-            if step == self.nan_at:
-                loss = loss * float("nan")
-            loss.backward()  # gradients arrive averaged over the ranks
-            if clip > 0:
-                nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        else:
-            loss = self._mesh_step(step, x, y)
-            if clip > 0:
-                self.mesh_model.clip(clip)
-        self.optimizer.step()
-        self.straggler.delay(self.comm.rank, time.perf_counter() - began)
-        self.pending.append(loss.detach())
-        self.say("step", {"step": step})
-
-    def _mesh_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The mesh's step; returns what this rank adds to the flush's average over ranks.
-
-        The loss exists on the last stage's dp * tp ranks only (tp replicas alike): they add
-        loss * pp and the others 0, so the average over dp * pp * tp ranks is the mean over
-        dp replicas, the global batch's loss.
-        """
-        assert self.mesh_model is not None
-        loss = self.mesh_model.step(x, y, self.work.loss)
-        if loss is None:
-            return torch.zeros(())
-        if step == self.nan_at:
-            loss = loss * float("nan")
-        return loss * self.mesh_model.mesh.pp.size
-
-    def flush(self, step: int, log: bool) -> None:
-        """Average the buffered losses over ranks (one allreduce); stop on a bad one."""
-        reduced = self.comm.allreduce(torch.stack(self.pending), op="avg").tolist()
-        self.pending.clear()
-        for i, value in enumerate(reduced):
-            if not math.isfinite(value):
-                where = str(checkpoint.path(self.config.out)) if self.config.out else None
-                raise NonFiniteLossError(step - len(reduced) + 1 + i, value, where,
-                                         self.saved_step)  # fmt: skip
-        self.losses.extend(reduced)
-        start, paused, n = self.window
-        n += len(reduced)
-        seconds = time.perf_counter() - start - (self.paused_s - paused)
-        self.say("log" if log else "loss", {
-            "step": step, "steps": self.steps, "loss": reduced[-1], "lr": self.lr(step),
-            "samples_per_s": n * self.batch / max(seconds, 1e-9),
-            "elapsed_s": time.time() - self.t0,
-        })  # fmt: skip
-        self.window = (start, paused, n)
-        if log:
-            self.window = (time.perf_counter(), self.paused_s, 0)
-
-    def evaluate(self, step: int) -> None:
-        began = time.perf_counter()
-        if self.mesh_model is None:
-            value = evaluate(self.model, self.dataset, self.comm)
-        else:
-            value = evaluate_mesh(self.mesh_model, self.dataset)
-        self.evals.append([step, value])
-        self.say("eval", {"step": step, "name": self.dataset.eval_name, "value": value,
-                          "baseline": self.baseline, "token": self.token})  # fmt: skip
-        self.paused_s += time.perf_counter() - began
-
-    def save(self, step: int) -> None:
-        """Rank 0 writes the checkpoint of step `step` (every rank holds the same state)."""
-        began = time.perf_counter()
-        if self.config.out is not None and self.comm.rank == 0:
-            epoch, offset = self.work.sampler.position(step)
-            checkpoint.save(self.config.out, {
-                "step": step, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "rng": checkpoint.rng_state(),
-                "losses": self.losses, "evals": self.evals, "options": self.options,
-                "data_position": {"epoch": epoch, "offset": offset,
-                                  "samples_seen": step * self.batch},
-            })  # fmt: skip
-        self.saved_step = step
-        self.paused_s += time.perf_counter() - began
-
-    def result(self, last_step: int) -> TrainResult:
-        tail = self.losses[-FINAL_LOSS_STEPS:]
-        train_s = time.perf_counter() - self.started - self.paused_s
-        trained = last_step - self.first
-        return TrainResult(
-            strategy=self.config.strategy, world_size=self.comm.size, steps=last_step,
-            global_batch=self.batch, final_loss=sum(tail) / len(tail) if tail else math.nan,
-            eval_name=self.dataset.eval_name,
-            eval_value=self.evals[-1][1] if self.evals else math.nan,
-            samples_per_s=trained * self.batch / train_s if trained else 0.0,
-            wall_s=time.time() - self.t0, model=self.config.model, data=str(self.config.data),
-            eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
-            mesh=self.mesh_model.figures() if self.mesh_model else None,
-        )  # fmt: skip
+__all__ = ["TrainResult", "train"]
 
 
 def train(
-    config: TrainConfig,
-    comm: Communicator | None = None,
+    config: TrainConfig | None = None,
+    group: Any = None,
     *,
+    workload: Workload | str | None = None,
     emit: Emit | None = None,
     t0: float | None = None,
     stop_after: int | None = None,
 ) -> TrainResult:
-    """Run `config` as this rank of `comm` (default: `plait.init()`); every rank calls it.
-
-    The world size is `comm.size` (`config.workers` is what `plait train` launches).
+    """Train `workload` as configured, as this rank of the job; every rank calls it.
 
     Args:
+        config: the run (default: `TrainConfig()`).
+        group: the process group to train in: a Communicator for allreduce, a worker's
+            `plait.ps.Role` for ps; None: join the job from the environment (a server
+            rank of a ps job serves and exits there).
+        workload: a Workload, or the import path of a function returning one
+            ("mypkg.mymod:make"); None: `config`'s (--workload, or --model on --data).
         emit: where rank 0 sends progress records (report.py); None: silent.
         t0: the `time.time()` the job started (for wall time); now when None.
         stop_after: end the run after this step as if interrupted (after that step's
             checkpoint, if it is a checkpoint step): no final evaluation or JSON.
 
+    Returns:
+        The run's figures: the same on every rank under allreduce; under ps worker 0's
+        (the others' hold their own step counts only).
+
     Raises:
-        NonFiniteLossError: a loss became NaN or infinite (on every rank alike).
+        ConfigError: the workload does not resolve or does not fit the run.
+        NonFiniteLossError: a loss became NaN or infinite (on every reporting rank alike).
         CheckpointError: --resume found no usable checkpoint, or a write failed.
     """
-    comm = plait.init() if comm is None else comm
-    run = _Run(config, comm, emit, time.time() if t0 is None else t0)
-    run.announce()
-    steps, out = run.steps, config.out
-    log_every, eval_every = _int(config.log_every), _int(config.eval_every)
-    ckpt_every = _int(config.checkpoint_every)
-    flush_every = max(1, min(log_every, steps // 50))
-    last = run.first
-    for step in range(run.first + 1, steps + 1):
-        run.step(step)
-        last = step
-        final = step == steps
-        is_eval = final or (eval_every > 0 and step % eval_every == 0)
-        is_ckpt = out is not None and (final or step % ckpt_every == 0)
-        is_log = final or step % log_every == 0
-        if is_eval or is_ckpt or is_log or step == stop_after or step % flush_every == 0:
-            run.flush(step, log=is_log)
+    config = TrainConfig() if config is None else config
+    kind = strategies.step_type(config.strategy, config.mesh.on_mesh)
+    group = kind.join(config) if group is None else group
+    work = workloads.resolve(config, workload)
+    work.check_data(config.batch_size)
+    step = kind(config, group, work)
+    try:
+        return _Run(config, step, work, emit, time.time() if t0 is None else t0).go(stop_after)
+    finally:
+        step.close()
+
+
+def _poisoned(loss_fn: LossFn) -> LossFn:
+    """`loss_fn`, made NaN (the PLAIT_TRAIN_NAN_AT hook): gradients and all."""
+    return lambda output, target: loss_fn(output, target) * float("nan")
+
+
+class _Run:
+    """One rank's run: the bookkeeping the loop's phases share around the Step."""
+
+    def __init__(
+        self, config: TrainConfig, step: Step, work: Workload, emit: Emit | None, t0: float
+    ) -> None:
+        self.config, self.step, self.work, self.t0 = config, step, work, t0
+        self.steps, self.batch = config.steps, config.batch_size
+        self.say: Emit = emit if emit is not None and step.rank == 0 else (lambda k, r: None)
+        self.sampler = work.sampler(work.data.num_train, self.batch, config.workload.seed)
+        self.options = config.options()
+        self.out = config.checkpoint.out
+        self.first = 0
+        self.losses: list[float] = []
+        self.evals: list[list[float]] = []
+        self.saved_step: int | None = None
+        nan_step, _, who = (env.get("PLAIT_TRAIN_NAN_AT") or "").partition(":")
+        self.nan_at = int(nan_step) if nan_step and who in ("", str(step.rank)) else None
+        self.straggler = Straggler.from_env()
+        data = work.data
+        self.unit = getattr(data, "unit", "sample")  # what a sample is, for the report
+        self.token = getattr(data, "token", "")  # LM: what the loss is per
+        baseline = getattr(data, "baseline", None)  # a reference value of the metric
+        self.baseline: float | None = baseline() if callable(baseline) else None
+        self.pending: list[torch.Tensor] = []  # this rank's losses since the last flush
+        self.started = time.perf_counter()
+        self.paused_s = 0.0  # evaluation and checkpoint time, left out of samples/s
+        self.window = (self.started, 0.0, 0)  # since the last log line: start, paused, step
+
+    def go(self, stop_after: int | None) -> TrainResult:
+        """Train every slice the Step gives this rank, then finish the run."""
+        s, c = self.step, self.config
+        self.resume()
+        self.announce()
+        s.start()
+        self.started = time.perf_counter()
+        self.window = (self.started, self.paused_s, self.first)
+        last = self.first  # the highest global step this rank has trained
+        slices = s.slices(self.first, self.steps)
+        current = next(slices, None)
+        while current is not None:
+            step, part = current
+            began = time.perf_counter()
+            self.forward_backward(step, part)
+            current = next(slices, None)  # first: the last slice's update is told so
+            s.update(c.lr_at(step), last=current is None)
+            self.straggler.delay(s.rank, time.perf_counter() - began)
+            self.say("step", {"step": step})
+            crossed = range(last + 1, step + 1)
+            last = max(last, step)
+            if s.reports and crossed and step < self.steps:
+                self.between(step, crossed, stop_after)
+                if step == stop_after:
+                    result = self.result(step, self.train_s())
+                    result.stopped_at = step
+                    return result
+        s.finish()
+        return self.end(trained_last=last == self.steps > self.first)
+
+    def forward_backward(self, step: int, part: int) -> None:
+        """Gradients of part `part` of global step `step` (1-based); keep its loss."""
+        indices = self.sampler.shard(step - 1, part, self.step.replicas)
+        x, y = self.work.data.train_batch(indices)
+        loss_fn = _poisoned(self.work.loss) if step == self.nan_at else self.work.loss
+        loss = self.step.forward_backward(x, y, loss_fn)
+        clip = self.config.recipe.grad_clip
+        if clip > 0:
+            self.step.clip(clip)
+        self.pending.append(loss)
+
+    def between(self, step: int, crossed: range, stop_after: int | None) -> None:
+        """Flush, evaluate and checkpoint as due at the steps `crossed` (none the last)."""
+        log = self.config.log
+
+        def due(every: int | None) -> bool:
+            return every is not None and every > 0 and any(s % every == 0 for s in crossed)
+
+        flush_every = max(1, min(log.log_every or 1, self.steps // 50))
+        is_log, is_eval = due(log.log_every), due(log.eval_every)
+        is_ckpt = self.out is not None and due(self.config.checkpoint.checkpoint_every)
+        if is_log or is_eval or is_ckpt or step == stop_after or due(flush_every):
+            self.flush(step, log=is_log)
         if is_eval:
-            run.evaluate(step)
+            self.evaluate(step)
         if is_ckpt:
-            run.save(step)
-        if step == stop_after and not final:
-            result = run.result(step)
-            result.stopped_at = step
-            return result
-    if not run.evals or run.evals[-1][0] != last:  # resumed from the last step's checkpoint
-        run.evaluate(last)
-    result = run.result(last)
-    if comm.rank == 0 and config.json:
-        write_json(config.json, result.figures())
-    tail = min(FINAL_LOSS_STEPS, len(run.losses))
-    run.say("finish", {**result.figures(), "final_loss_steps": tail,
-                       "eval_samples": run.dataset.num_val, "unit": run.unit,
-                       "token": run.token})  # fmt: skip
-    return result
+            self.save(step)
 
+    def end(self, trained_last: bool) -> TrainResult:
+        """After `Step.finish`: the last flush, evaluation and checkpoint; the summary."""
+        train_s = self.train_s()
+        if not self.step.reports:
+            return self.result(self.steps, train_s)
+        self.flush(self.steps, log=True)
+        if not self.evals or self.evals[-1][0] != self.steps:  # else: resumed at the end
+            self.evaluate(self.steps)
+        if self.out is not None and trained_last:
+            self.save(self.steps)
+        result = self.result(self.steps, train_s)
+        figures = result.figures()
+        if self.step.rank == 0 and self.config.log.json:
+            write_json(self.config.log.json, figures)
+        self.say("finish", {**figures, "final_loss_steps": min(FINAL_LOSS_STEPS, len(self.losses)),
+                            "eval_samples": self.work.data.num_val, "unit": self.unit,
+                            "token": self.token, "eval_unit": self.work.metric.unit})  # fmt: skip
+        return result
 
-def write_json(where: str, figures: dict[str, Any]) -> None:
-    """Write `figures` to `where` atomically (a temporary file, then a rename)."""
-    target = Path(where)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(figures, indent=1) + "\n")
-    os.replace(tmp, target)
+    def resume(self) -> None:
+        """--resume: the Step's state, the RNG, the losses and evaluations so far."""
+        c = self.config.checkpoint
+        if c.resume:
+            assert c.out is not None
+            state = checkpoint.load(c.out)
+            checkpoint.check_matches(state, self.options, c.out)
+            self.step.load_state_dict(state)
+            checkpoint.set_rng_state(state["rng"])
+            self.first, self.losses, self.evals = state["step"], state["losses"], state["evals"]
+            self.saved_step = self.first
+        elif c.out is not None and self.step.rank == 0:
+            checkpoint.check_writable(c.out)
+
+    def announce(self) -> None:
+        c, d = self.config, self.work.data
+        resumed = str(checkpoint.path(self.out)) if c.checkpoint.resume and self.out else None
+        self.say("start", {
+            "model": self.work.name, "parameters": self.step.parameters, "data": d.name,
+            "num_train": d.num_train, "num_val": d.num_val, "unit": self.unit,
+            "workers": self.step.world_size, "global_batch": self.batch, "steps": self.steps,
+            "peak_lr": c.peak_lr, "first_step": self.first, "resumed_from": resumed,
+            **self.step.describe(),
+        })  # fmt: skip
+
+    def flush(self, step: int, log: bool) -> None:
+        """The run's losses of the buffered steps (Step.average); stop on a bad one."""
+        if not self.pending:
+            return
+        values = self.step.average(torch.stack(self.pending))
+        self.pending.clear()
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                where = str(checkpoint.path(self.out)) if self.out else None
+                raise NonFiniteLossError(step - len(values) + 1 + i, value, where,
+                                         self.saved_step)  # fmt: skip
+        self.losses.extend(values)
+        start, paused, since = self.window
+        seconds = time.perf_counter() - start - (self.paused_s - paused)
+        self.say("log" if log else "loss", {
+            "step": step, "steps": self.steps, "loss": values[-1], "lr": self.config.lr_at(step),
+            "samples_per_s": (step - since) * self.batch / max(seconds, 1e-9),
+            "elapsed_s": time.time() - self.t0,
+        })  # fmt: skip
+        if log:
+            self.window = (time.perf_counter(), self.paused_s, step)
+
+    def evaluate(self, step: int) -> None:
+        self.paused(lambda: self._evaluate(step))
+
+    def _evaluate(self, step: int) -> None:
+        value = self.step.evaluate()
+        self.evals.append([step, value])
+        self.say("eval", {"step": step, "name": self.work.metric.name, "value": value,
+                          "baseline": self.baseline, "token": self.token,
+                          "eval_unit": self.work.metric.unit})  # fmt: skip
+
+    def save(self, step: int) -> None:
+        """Rank 0 writes the checkpoint of step `step` (every rank holds the same state)."""
+        self.paused(lambda: self._save(step))
+
+    def _save(self, step: int) -> None:
+        if self.out is not None and self.step.rank == 0:
+            epoch, offset = self.sampler.position(step)
+            checkpoint.save(self.out, {
+                "step": step, **self.step.state_dict(), "rng": checkpoint.rng_state(),
+                "losses": self.losses, "evals": self.evals, "options": self.options,
+                "data_position": {"epoch": epoch, "offset": offset,
+                                  "samples_seen": step * self.batch},
+            })  # fmt: skip
+        self.saved_step = step
+
+    def paused(self, work: Callable[[], None]) -> None:
+        """Run `work` off the training clock (samples/s counts training steps only)."""
+        began = time.perf_counter()
+        work()
+        self.paused_s += time.perf_counter() - began
+
+    def train_s(self) -> float:
+        return time.perf_counter() - self.started - self.paused_s
+
+    def result(self, last_step: int, train_s: float) -> TrainResult:
+        tail = self.losses[-FINAL_LOSS_STEPS:]
+        trained = last_step - self.first
+        return TrainResult(
+            strategy=self.config.strategy, world_size=self.step.world_size, steps=last_step,
+            global_batch=self.batch, final_loss=sum(tail) / len(tail) if tail else math.nan,
+            eval_name=self.work.metric.name,
+            eval_value=self.evals[-1][1] if self.evals else math.nan,
+            samples_per_s=trained * self.batch / max(train_s, 1e-9) if trained else 0.0,
+            wall_s=time.time() - self.t0, model=self.work.name, data=self.work.data.name,
+            eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
+            extra=self.step.figures(),
+        )  # fmt: skip

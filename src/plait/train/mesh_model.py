@@ -5,9 +5,9 @@ start from), then keeps its part:
 
 1. tp > 1: `plait.tensor_parallel.parallelize` swaps gpt's attention and MLP projections for
    column/row-parallel ones holding this rank's slice (Megatron-LM's split);
-2. the layers (`GPT.layers()`, or an `nn.Sequential`'s children) are cut into pp
-   contiguous stages by `plait.pipeline.Pipeline`, which keeps this rank's stage and runs
-   `chunks` micro-batches through the schedule;
+2. the layers (`GPT.layers()`, or an `nn.Sequential`'s children: workload.stages) are
+   cut into pp contiguous stages by `plait.pipeline.Pipeline`, which keeps this rank's
+   stage and runs `chunks` micro-batches through the schedule;
 3. dp > 1: `plait.DataParallel` wraps the stage over the dp axis. Every backward but the
    stage's last in a step runs under `no_sync`, so gradients are averaged once per step,
    overlapped with that last backward.
@@ -27,53 +27,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.comm.communicator import Communicator
-from plait.comm.mesh import Mesh, MeshError
+from plait.comm.mesh import Mesh
 from plait.data_parallel import DataParallel
-from plait.pipeline import Pipeline
+from plait.pipeline import Pipeline, ideal_bubble
 from plait.tensor_parallel import clip_grad_norm_, parallelize
-from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
+from plait.train.workload import stages
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def make_mesh(config: TrainConfig, comm: Communicator) -> Mesh:
-    """`comm`'s ranks on config's grid; dp follows from the world size when it was not given
-    for this world (under torchrun the world need not be `config.workers`)."""
-    pp, tp = config.pp, config.tp
-    dp = config.dp if config.dp is not None and config.workers == comm.size else None
-    if dp is None:
-        dp = comm.size // (pp * tp) if comm.size % (pp * tp) == 0 else 0
-    try:
-        return Mesh(dp=dp, pp=pp, tp=tp, comm=comm)
-    except MeshError as e:
-        raise ConfigError(f"{e} (world size {comm.size} from the launcher)") from None
-
-
-def layers(model: nn.Module) -> list[nn.Module]:
-    """`model` as a list of layers whose composition is its forward."""
-    as_layers = getattr(model, "layers", None)
-    if callable(as_layers):
-        found: list[nn.Module] = as_layers()
-        return found
-    if isinstance(model, nn.Sequential):
-        return list(model)
-    raise ConfigError(f"{type(model).__name__} is neither an nn.Sequential nor has layers()")
 
 
 class MeshModel:
     """This rank's part of `model` on `mesh`, trained by `step` like a whole model."""
 
-    def __init__(self, model: nn.Module, mesh: Mesh, config: TrainConfig) -> None:
+    def __init__(self, model: nn.Module, mesh: Mesh, *, chunks: int, schedule: str) -> None:
         self.mesh = mesh
-        assert config.chunks is not None
         try:
             if mesh.tp.size > 1:
                 parallelize(model, mesh)
-            self.pipe = Pipeline(layers(model), mesh, chunks=config.chunks,
-                                 schedule=config.schedule)  # fmt: skip
-        except ValueError as e:
+            self.pipe = Pipeline(stages(model), mesh, chunks=chunks, schedule=schedule)
+        except ValueError as e:  # ConfigError (stages) is one too
             raise ConfigError(str(e)) from None
         self.module = self.pipe.stage  # this rank's parameters
         self.dp: DataParallel | None = None
@@ -133,7 +106,7 @@ class MeshModel:
             "dp": shape["dp"], "pp": shape["pp"], "tp": shape["tp"], "chunks": chunks,
             "schedule": self.pipe.schedule,
             "bubble_fraction": sum(both[:pp]) / pp,
-            "bubble_theory": (pp - 1) / (chunks + pp - 1),
+            "bubble_theory": ideal_bubble(self.pipe.schedule, pp, chunks),
             "bubble_by_stage": both[:pp],
             "peak_activations": [int(v) for v in both[pp:]],
         }  # fmt: skip

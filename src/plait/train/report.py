@@ -109,9 +109,13 @@ def summary(rec: Record) -> list[str]:
 
 
 def _value(rec: Record) -> str:
-    if rec["name"] == "held-out accuracy":
-        return f"{rec['value']:.4f} ({rec['value']:.2%})"
-    return f"{rec['value']:.4f} nats/{rec.get('token', 'token')}"
+    """An evaluation's value in its metric's unit (workload.Metric.unit)."""
+    value, unit = rec["value"], rec.get("eval_unit", "")
+    if unit == "%":
+        return f"{value:.4f} ({value:.2%})"
+    if unit == "nats":
+        return f"{value:.4f} nats/{rec.get('token') or 'token'}"
+    return f"{value:.4f} {unit}".rstrip()
 
 
 class Text:

@@ -6,14 +6,15 @@ after it, so that it steps FACTOR x slower than it would alone. Only the compute
 too little here: on the digits MLP a step's forward and backward take well under a
 millisecond, and the exchange most of the step.
 `plait bench ps` uses it to compare the parameter server's consistency modes with one
-slow worker; both training loops (loop.py, ps_loop.py) honour it.
+slow worker; the training loop honours it under every strategy.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
+
+from plait import env
 
 
 @dataclass
@@ -25,7 +26,7 @@ class Straggler:
 
     @classmethod
     def from_env(cls) -> Straggler:
-        text = os.environ.get("PLAIT_TRAIN_STRAGGLER", "")
+        text = env.get("PLAIT_TRAIN_STRAGGLER") or ""
         if not text:
             return cls()
         rank, _, factor = text.partition(":")

@@ -12,10 +12,11 @@ an event and exits 0 too, and the `plait train` process prints it and exits with
 (so the launcher's "rank failed, its traceback" banner does not frame a message that is not
 a crash).
 
-With `--strategy ps`, `plait.ps.init()` decides the role from the rank: on a server rank it
-serves and exits the process when the workers are done; on a worker it returns, and the
-worker trains with ps_loop.train_ps (no `plait.init()`: the workers must not depend on each
-other). Worker 0 reports, as rank 0 does otherwise.
+The strategy's Step joins the job (`Step.join`): `plait.init()`, or with `--strategy ps`
+`plait.ps.init()`, which decides the role from the rank: on a server rank it serves and
+exits the process when the workers are done; on a worker it returns, and the worker trains
+(no `plait.init()`: the workers must not depend on each other). Worker 0 reports, as rank 0
+does otherwise.
 
 Test hook: PLAIT_TRAIN_STOP_AFTER=K ends the run after step K as if it were killed there
 (see loop.train's stop_after).
@@ -24,12 +25,11 @@ Test hook: PLAIT_TRAIN_STOP_AFTER=K ends the run after step K as if it were kill
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Sequence
 
-import plait
-from plait.train import report
+from plait import env
+from plait.train import report, strategies
 from plait.train.config import TrainConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError, NonFiniteLossError
 from plait.train.loop import train
@@ -40,47 +40,22 @@ EXIT_NON_FINITE = 3
 
 def run(config: TrainConfig) -> int:
     """Train `config` as this process's rank of the job; return the exit status."""
-    if config.strategy == "ps":
-        return _run_ps(config)
-    comm = plait.init()
+    kind = strategies.step_type(config.strategy, config.mesh.on_mesh)
+    group = kind.join(config)  # a parameter-server rank serves and exits inside
     renderer = None
-    if comm.rank == 0:
-        renderer = report.choose(sys.stdout, events=os.environ.get("PLAIT_TRAIN_EVENTS") == "1")
+    if group.rank == 0:
+        renderer = report.choose(sys.stdout, events=env.get("PLAIT_TRAIN_EVENTS"))
     emit = renderer.handle if renderer is not None else None
-    t0 = float(os.environ.get("PLAIT_TRAIN_T0", "0")) or None
-    stop = os.environ.get("PLAIT_TRAIN_STOP_AFTER")
     try:
-        train(config, comm, emit=emit, t0=t0, stop_after=int(stop) if stop else None)
+        train(config, group, emit=emit, t0=env.get("PLAIT_TRAIN_T0"),
+              stop_after=env.get("PLAIT_TRAIN_STOP_AFTER"))  # fmt: skip
     except NonFiniteLossError as e:
-        return _explain(comm.rank, renderer, e, EXIT_NON_FINITE)
+        return _explain(group.rank, renderer, e, EXIT_NON_FINITE)
     except (CheckpointError, ConfigError, MissingExtraError) as e:
-        return _explain(comm.rank, renderer, e, EXIT_BAD_INPUT)
+        return _explain(group.rank, renderer, e, EXIT_BAD_INPUT)
     finally:
         if isinstance(renderer, report.Bar):
             renderer.close()  # stop drawing, whatever happened
-    return 0
-
-
-def _run_ps(config: TrainConfig) -> int:
-    """A rank of a parameter-server job: serve (never returns) or train as a worker."""
-    from plait import ps
-    from plait.train.ps_loop import train_ps
-
-    role = ps.init(servers=config.servers)  # a server rank exits inside
-    renderer = None
-    if role.rank == 0:
-        renderer = report.choose(sys.stdout, events=os.environ.get("PLAIT_TRAIN_EVENTS") == "1")
-    emit = renderer.handle if renderer is not None else None
-    t0 = float(os.environ.get("PLAIT_TRAIN_T0", "0")) or None
-    try:
-        train_ps(config, role, emit=emit, t0=t0)
-    except NonFiniteLossError as e:
-        return _explain(role.rank, renderer, e, EXIT_NON_FINITE)
-    except (CheckpointError, ConfigError, MissingExtraError) as e:
-        return _explain(role.rank, renderer, e, EXIT_BAD_INPUT)
-    finally:
-        if isinstance(renderer, report.Bar):
-            renderer.close()
     return 0
 
 
@@ -101,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m plait.train.worker CONFIG_JSON", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        config = TrainConfig(**json.loads(args[0]))
+        config = TrainConfig.from_dict(json.loads(args[0]))
     except (ValueError, TypeError) as e:
         print(f"plait train worker: bad config: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,8 +1,11 @@
-"""What every dataset provides: in-memory train and held-out tensors, and how to batch them.
+"""What every dataset provides: train and held-out samples, and how to batch them.
 
-Two kinds of task:
-- classification: `x` (samples, 1, 8, 8) float, `y` (samples,) int64 class ids; the eval
-  metric is held-out accuracy.
+A dataset is anything with the `Dataset` protocol's few members: sizes and a batch of the
+samples at given indices, for each split. The built-in ones are in-memory tensors:
+- `TensorData`: inputs and targets, sample i is (x[i], y[i]); what a workload of the
+  user's own usually holds (plait.train.Workload).
+- classification (`Classification`, a TensorData): `x` (samples, 1, 8, 8) float, `y`
+  (samples,) int64 class ids; the eval metric is held-out accuracy.
 - language modelling: one long token stream per split, read as non-overlapping windows
   of T tokens: sample i is input tokens[iT:(i+1)T], target tokens[iT+1:(i+1)T+1] (the
   packed-sequence layout of GPT pre-training). The eval metric is validation loss
@@ -12,29 +15,56 @@ Two kinds of task:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 
 
-@dataclass
-class Classification:
-    """A classification dataset: images and labels, already normalised."""
+@runtime_checkable
+class Dataset(Protocol):
+    """Train and held-out samples. Optional extras the report uses when present: `unit`
+    (what a sample is, e.g. "image"), `token` (what a language model's loss is per) and
+    `baseline()` (a reference value of the eval metric)."""
 
     name: str
-    x_train: torch.Tensor  # (samples, channels, height, width)
-    y_train: torch.Tensor  # (samples,)
-    x_val: torch.Tensor
-    y_val: torch.Tensor
-    num_classes: int
-
-    task = "classify"
-    eval_name = "held-out accuracy"
 
     @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
+    def num_train(self) -> int: ...
+
+    @property
+    def num_val(self) -> int: ...
+
+    def train_batch(self, indices: torch.Tensor) -> Batch:
+        """(inputs, targets) of the training samples at `indices` ((batch,) int64)."""
+        ...
+
+    def val_batch(self, indices: torch.Tensor) -> Batch:
+        """(inputs, targets) of the held-out samples at `indices`."""
+        ...
+
+
+@dataclass
+class TensorData:
+    """In-memory samples: sample i of a split is (x[i], y[i])."""
+
+    name: str
+    x_train: torch.Tensor  # (samples, ...)
+    y_train: torch.Tensor  # (samples, ...)
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+
+    unit = "sample"
+
+    def __post_init__(self) -> None:
+        for split in ("train", "val"):
+            x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+            if x.shape[0] != y.shape[0]:
+                raise ValueError(
+                    f"{self.name}: x_{split} has {x.shape[0]} samples != y_{split} "
+                    f"{y.shape[0]}: sample i is (x[i], y[i])"
+                )
 
     @property
     def num_train(self) -> int:
@@ -50,8 +80,18 @@ class Classification:
     def val_batch(self, indices: torch.Tensor) -> Batch:
         return self.x_val[indices], self.y_val[indices]
 
-    def baseline(self) -> float | None:
-        return None
+
+@dataclass
+class Classification(TensorData):
+    """A classification dataset: images and labels, already normalised."""
+
+    num_classes: int
+
+    unit = "image"
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
 
 
 @dataclass
@@ -66,8 +106,7 @@ class LanguageModelling:
     token: str = "token"  # what a token is, for the unit of the loss ("byte": nats/byte)
     max_val_windows: int = 256  # evaluation reads this many evenly spaced windows at most
 
-    task = "lm"
-    eval_name = "validation loss"
+    unit = "window"
 
     @property
     def num_train(self) -> int:
@@ -94,9 +133,6 @@ class LanguageModelling:
         counts = torch.bincount(self.train_tokens.long(), minlength=self.vocab_size).double()
         p = counts[counts > 0] / counts.sum()
         return float(-(p * p.log()).sum())
-
-
-Dataset = Classification | LanguageModelling
 
 
 def _windows(tokens: torch.Tensor, starts: torch.Tensor, block: int) -> Batch:

@@ -1,0 +1,297 @@
+"""The components of `TrainConfig`, one per concern: what trains, how the optimizer runs,
+the mesh, checkpoints, logging. (The parameter server's is `plait.ps.PSConfig` itself.)
+
+Each checks its own fields in `__post_init__`; a field left None is filled in by
+`TrainConfig`, which knows the recipe and the other components (`filled` returns the
+component with its defaults, checked again). No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+
+from plait.options import option
+from plait.train import data as datasets
+from plait.train.errors import ConfigError
+from plait.train.recipes import CUSTOM, MODEL_TASK, MODELS, RECIPES, TASK_NAMES, Recipe, per_model
+
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # plait.pipeline.SCHEDULES (not imported: no torch)
+LR_SCALINGS = ("none", "linear")
+LR_DECAYS = ("cosine", "none")
+IMPORT_PATH = re.compile(r"^[^:]+:[A-Za-z_][\w.]*$")  # module.path:function or file.py:function
+
+
+def at_least(name: str, value: int, low: int) -> None:
+    """Raise ConfigError("name value < low") unless value >= low."""
+    if value < low:
+        raise ConfigError(f"{name} {value} < {low}")
+
+
+def one_of(name: str, value: str, accepted: tuple[str, ...]) -> None:
+    """Raise ConfigError unless `value` is one of `accepted`."""
+    if value not in accepted:
+        raise ConfigError(f"{name} {value!r} is not one of {', '.join(accepted)}")
+
+
+@dataclass(kw_only=True)
+class WorkloadConfig:
+    """What trains: a built-in model on built-in data, or the user's own workload."""
+
+    model: str | None = field(
+        default=None,
+        metadata=option("the network", choices=MODELS, default_text="mlp, unless --workload"),
+    )
+    data: str | None = field(
+        default=None,
+        metadata=option(
+            "the dataset: digits (8x8 handwritten digits, needs scikit-learn), code "
+            "(bytes of the Python standard library's source), synthetic (generated)",
+            choices=tuple(datasets.TASKS),
+            default_text="digits for mlp, cnn and wide, code for gpt",
+        ),
+    )
+    path: str | None = field(
+        default=None,
+        metadata=option(
+            "train your own model and data: a function returning a plait.train.Workload, "
+            "as MODULE:FUNCTION (e.g. mypkg.mymod:make) or FILE.py:FUNCTION",
+            metavar="MODULE:FUNCTION",
+            name="workload",
+        ),
+    )
+    seed: int = field(default=0, metadata=option("seed of the initialisation and data order"))
+
+    def __post_init__(self) -> None:
+        if self.path is not None:
+            given = [f"--{n}" for n in ("model", "data") if getattr(self, n) is not None]
+            if given:
+                raise ConfigError(
+                    f"{' and '.join(given)} choose{'s' if len(given) == 1 else ''} a built-in "
+                    f"workload; --workload "
+                    f"{self.path} brings its own model and data: leave them out"
+                )
+            if not IMPORT_PATH.match(self.path):
+                raise ConfigError(
+                    f"workload {self.path!r} is not MODULE:FUNCTION (e.g. mypkg.mymod:make) "
+                    "or FILE.py:FUNCTION"
+                )
+            return
+        self.model = "mlp" if self.model is None else self.model
+        one_of("model", self.model, MODELS)
+        self.data = RECIPES[self.model].data if self.data is None else self.data
+        one_of("data", str(self.data), tuple(datasets.TASKS))
+        task = MODEL_TASK[self.model]
+        if task not in datasets.TASKS[str(self.data)]:
+            fits = [d for d, tasks in datasets.TASKS.items() if task in tasks]
+            raise ConfigError(
+                f"model {self.model} does {TASK_NAMES[task]}, which data {self.data} does not "
+                f"provide; use data {' or '.join(fits)}"
+            )
+
+    @property
+    def recipe(self) -> Recipe:
+        """The defaults of this workload: its model's recipe, or CUSTOM for --workload."""
+        return CUSTOM if self.model is None else RECIPES[self.model]
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """How long and how fast: steps, the global batch, the learning rate and its schedule."""
+
+    steps: int | None = field(
+        default=None, metadata=option("optimizer steps", default_text=per_model("steps"))
+    )
+    batch_size: int | None = field(
+        default=None,
+        metadata=option(
+            "global batch (all workers together; each takes batch_size / workers)",
+            default_text=per_model("batch_size"),
+        ),
+    )
+    lr: float | None = field(
+        default=None,
+        metadata=option(
+            "peak learning rate (at the model's base batch with --lr-scaling linear)",
+            default_text=per_model("lr"),
+        ),
+    )
+    lr_scaling: str = field(
+        default="none",
+        metadata=option(
+            "linear: scale lr by batch_size / the model's base batch "
+            f"({per_model('base_batch')}), Goyal et al. 2017",
+            choices=LR_SCALINGS,
+        ),
+    )
+    warmup_steps: int | None = field(
+        default=None,
+        metadata=option(
+            "ramp the learning rate up linearly over the first K steps",
+            metavar="K",
+            default_text=per_model("warmup_steps") + ", at most steps / 10",
+        ),
+    )
+    lr_decay: str = field(
+        default="cosine",
+        metadata=option("after warm-up: cosine decay to 10%% of the peak, or none",
+                        choices=LR_DECAYS),
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        one_of("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        one_of("lr_decay", self.lr_decay, LR_DECAYS)
+        for name in ("steps", "batch_size"):
+            value = getattr(self, name)
+            if value is not None:
+                at_least(name, value, 1)
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr {self.lr} is not > 0")
+        if self.warmup_steps is not None:
+            at_least("warmup_steps", self.warmup_steps, 0)
+            if self.steps is not None and self.warmup_steps > self.steps:
+                raise ConfigError(f"warmup_steps {self.warmup_steps} > steps {self.steps}")
+
+    def filled(self, r: Recipe) -> OptimConfig:
+        """These options with the recipe's defaults where None."""
+        steps = r.steps if self.steps is None else self.steps
+        warmup = self.warmup_steps
+        if warmup is None:  # the recipe's, but never more than a tenth of the run
+            warmup = min(r.warmup_steps, steps // 10)
+        return replace(
+            self,
+            steps=steps,
+            batch_size=r.batch_size if self.batch_size is None else self.batch_size,
+            lr=r.lr if self.lr is None else self.lr,
+            warmup_steps=warmup,
+        )
+
+
+@dataclass(kw_only=True)
+class MeshConfig:
+    """The workers laid on a dp x pp x tp grid: pipeline stages and tensor-parallel ranks."""
+
+    dp: int | None = field(
+        default=None,
+        metadata=option(
+            "data-parallel replicas of the mesh (dp * pp * tp = workers)",
+            default_text="workers / (pp * tp)",
+        ),
+    )
+    pp: int = field(
+        default=1,
+        metadata=option("pipeline stages: the model's layers cut into pp contiguous stages"),
+    )
+    tp: int = field(
+        default=1,
+        metadata=option("tensor-parallel ranks: gpt's attention heads and MLP split over tp"),
+    )
+    chunks: int | None = field(
+        default=None,
+        metadata=option(
+            "micro-batches per step of each pipeline", metavar="M",
+            default_text="4 with --pp > 1, else 1",
+        ),
+    )  # fmt: skip
+    schedule: str = field(
+        default="1f1b",
+        metadata=option("the pipeline schedule", choices=PIPELINE_SCHEDULES),
+    )
+
+    def __post_init__(self) -> None:
+        at_least("pp", self.pp, 1)
+        at_least("tp", self.tp, 1)
+        if self.dp is not None:
+            at_least("dp", self.dp, 1)
+        one_of("schedule", self.schedule, PIPELINE_SCHEDULES)
+        if self.chunks is None:
+            self.chunks = 4 if self.pp > 1 else 1
+        at_least("chunks", self.chunks, 1)
+
+    @property
+    def on_mesh(self) -> bool:
+        """Whether the run needs a mesh (pipeline or tensor parallelism), not plain dp."""
+        return self.pp > 1 or self.tp > 1
+
+    def filled(self, workers: int) -> MeshConfig:
+        """With dp = workers / (pp * tp) when not given; checked against `workers`."""
+        pp, tp = self.pp, self.tp
+        dp = self.dp
+        if dp is None:
+            if workers % (pp * tp):
+                raise ConfigError(
+                    f"workers {workers} % (pp({pp}) * tp({tp})) = {workers % (pp * tp)} != 0: "
+                    "the workers are laid on a dp x pp x tp grid"
+                )
+            dp = workers // (pp * tp)
+        if dp * pp * tp != workers:
+            raise ConfigError(
+                f"dp({dp}) * pp({pp}) * tp({tp}) = {dp * pp * tp} != workers {workers}"
+            )
+        return replace(self, dp=dp)
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Where the run keeps what it needs to continue, and how often it writes it."""
+
+    out: str | None = field(
+        default=None,
+        metadata=option("write checkpoints to DIR/checkpoint.pt", metavar="DIR"),
+    )
+    resume: bool = field(
+        default=False, metadata=option("continue from the checkpoint in --out DIR")
+    )
+    checkpoint_every: int | None = field(
+        default=None,
+        metadata=option(
+            "with --out: write a checkpoint every K steps (and at the end)",
+            metavar="K",
+            default_text="steps / 5",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.resume and self.out is None:
+            raise ConfigError("resume needs out: the directory that holds checkpoint.pt")
+        if self.checkpoint_every is not None:
+            at_least("checkpoint_every", self.checkpoint_every, 1)
+
+    def filled(self, steps: int) -> CheckpointConfig:
+        every = max(1, steps // 5) if self.checkpoint_every is None else self.checkpoint_every
+        return replace(self, checkpoint_every=every)
+
+
+@dataclass(kw_only=True)
+class LogConfig:
+    """What the run reports, and when: log lines, evaluations, the JSON figures."""
+
+    json: str | None = field(
+        default=None, metadata=option("write the run's figures to FILE as JSON", metavar="FILE")
+    )
+    eval_every: int | None = field(
+        default=None,
+        metadata=option(
+            "evaluate on held-out data every K steps (0: only at the end)",
+            metavar="K",
+            default_text="steps / 5",
+        ),
+    )
+    log_every: int | None = field(
+        default=None,
+        metadata=option("report the loss every K steps", metavar="K", default_text="steps / 10"),
+    )
+
+    def __post_init__(self) -> None:
+        if self.eval_every is not None:
+            at_least("eval_every", self.eval_every, 0)
+        if self.log_every is not None:
+            at_least("log_every", self.log_every, 1)
+
+    def filled(self, steps: int) -> LogConfig:
+        return replace(
+            self,
+            eval_every=max(1, steps // 5) if self.eval_every is None else self.eval_every,
+            log_every=max(1, steps // 10) if self.log_every is None else self.log_every,
+        )

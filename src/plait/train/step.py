@@ -1,0 +1,103 @@
+"""The Step protocol: how one rank trains under one strategy; the loop (loop.py) drives it.
+
+For each slice of a global batch this rank trains, the loop calls
+
+    forward_backward(x, y, loss_fn)   # gradients of the slice; returns its loss
+    clip(max_norm)                    # when the recipe clips the gradient norm
+    update(lr, last)                  # the optimizer step (the parameter server: push, pull)
+
+and at a flush `average(losses)`, at an evaluation `evaluate()`, at a checkpoint
+`state_dict()`. Which slices a rank trains (`slices`), whether it keeps the run's figures
+(`reports`), and what begins and ends a run (`start`, `finish`, `close`) are the
+strategy's too. The implementations live in train/steps/, one file per strategy, each
+named by a row of strategies.py; they subclass `Step` to take its defaults (no checkpoints,
+no figures, nothing to start or finish).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from plait.train.errors import ConfigError
+
+if TYPE_CHECKING:
+    from plait.train.config import TrainConfig
+    from plait.train.workload import Workload
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Step(Protocol):
+    """One rank's way to train a step under one strategy."""
+
+    rank: int  # this rank among the ranks that train; rank 0 speaks for the run
+    world_size: int  # the ranks that train
+    replicas: int  # the parts each global batch is split into
+    reports: bool  # whether this rank keeps the run's losses and evaluations
+    parameters: int  # the whole model's, before any split
+
+    def slices(self, first: int, steps: int) -> Iterator[tuple[int, int]]:
+        """(global step (1-based), part) of each slice this rank trains after step `first`."""
+        ...
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
+        """Gradients of the slice (x, y) from zero; returns what this rank adds to the
+        run's loss (a 0-dim tensor), which `average` turns into the global-batch loss."""
+        ...
+
+    def clip(self, max_norm: float) -> None:
+        """Clip the gradient's global norm to `max_norm`."""
+        ...
+
+    def update(self, lr: float, last: bool) -> None:
+        """Apply the gradient at learning rate `lr`; `last`: this rank's last slice."""
+        ...
+
+    def average(self, losses: torch.Tensor) -> list[float]:
+        """The run's losses of the steps whose values this rank holds in `losses` (steps,)."""
+        ...
+
+    def evaluate(self) -> float:
+        """The workload's metric on held-out data (every reporting rank calls it)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to continue: {"model": ..., "optimizer": ...}."""
+        raise ConfigError(f"{type(self).__name__} cannot write checkpoints (--out) yet")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise ConfigError(f"{type(self).__name__} cannot resume from checkpoints yet")
+
+    def describe(self) -> dict[str, Any]:
+        """The run header's fields: "strategy", "optimizer", "replicas", "mesh"."""
+        ...
+
+    def figures(self) -> dict[str, Any]:
+        """The strategy's --json figures (every rank calls it: it may be a collective)."""
+        return {}
+
+    def start(self) -> None:
+        """Called once before the first step, on every rank."""
+
+    def finish(self) -> None:
+        """Called once after this rank's last step, before the final evaluation."""
+
+    def close(self) -> None:
+        """Release what the step holds (always called, also after an error)."""
+
+
+class StepType(Protocol):
+    """A Step class: `join` gives the process group it trains in, then it is built."""
+
+    def join(self, config: TrainConfig) -> Any: ...
+
+    def __call__(self, config: TrainConfig, group: Any, work: Workload) -> Step: ...
+
+
+def every_step(first: int, steps: int, part: int) -> Iterator[tuple[int, int]]:
+    """Part `part` of every global step after `first`: a rank of a fixed split."""
+    for step in range(first + 1, steps + 1):
+        yield step, part

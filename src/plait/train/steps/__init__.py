@@ -1,0 +1,1 @@
+"""One Step per strategy (train/step.py's protocol), each named by a row of strategies.py."""

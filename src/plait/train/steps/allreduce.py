@@ -1,0 +1,58 @@
+"""What the Steps of `--strategy allreduce` share (data_parallel.py, mesh.py): the ranks of
+one Communicator, each training its part of every global step with the recipe's torch
+optimizer, their losses averaged over the ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+import plait
+from plait.comm.communicator import Communicator
+from plait.train.config import TrainConfig
+from plait.train.step import Step, every_step
+
+
+def make_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The recipe's optimizer: SGD (momentum 0.9, Nesterov) or AdamW (betas 0.9, 0.95)."""
+    r = config.recipe
+    if r.optimizer == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=config.peak_lr, momentum=0.9,
+                               nesterov=True, weight_decay=r.weight_decay)  # fmt: skip
+    return torch.optim.AdamW(
+        module.parameters(), lr=config.peak_lr, betas=(0.9, 0.95), weight_decay=r.weight_decay
+    )
+
+
+class AllreduceStep(Step):
+    """The shared part; a subclass sets `config`, `comm`, `optimizer` and `part`."""
+
+    reports = True  # every rank holds the same (averaged) losses and evaluations
+    config: TrainConfig
+    comm: Communicator
+    optimizer: torch.optim.Optimizer
+    part: int  # the part of every global batch this rank trains
+
+    @staticmethod
+    def join(config: TrainConfig) -> Communicator:
+        return plait.init()
+
+    def slices(self, first: int, steps: int) -> Iterator[tuple[int, int]]:
+        return every_step(first, steps, self.part)
+
+    def update(self, lr: float, last: bool) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+
+    def average(self, losses: torch.Tensor) -> list[float]:
+        """The mean over the ranks of each step's loss: one allreduce for many steps."""
+        averaged: list[float] = self.comm.allreduce(losses, op="avg").tolist()
+        return averaged
+
+    def describe(self) -> dict[str, Any]:
+        return {"strategy": self.config.strategy, "optimizer": self.config.recipe.optimizer,
+                "replicas": self.replicas, "mesh": None}  # fmt: skip

@@ -1,0 +1,76 @@
+"""`--strategy allreduce` with --pp or --tp: the model laid on a dp x pp x tp mesh.
+
+mesh_model.py holds the model's part on this rank (tensor-parallel slices, a pipeline
+stage, DataParallel over dp); this Step trains it like a whole model. The ranks of one dp
+index read the same slice of the global batch, and the loss exists on the last stage only
+(see `forward_backward`). Checkpoints are not supported on a mesh yet (the config says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from plait.comm.communicator import Communicator
+from plait.comm.mesh import Mesh, MeshError
+from plait.train.config import TrainConfig
+from plait.train.errors import ConfigError
+from plait.train.evaluate import evaluate_mesh
+from plait.train.mesh_model import MeshModel
+from plait.train.models import count_parameters
+from plait.train.step import LossFn
+from plait.train.steps.allreduce import AllreduceStep, make_optimizer
+from plait.train.workload import Workload
+
+
+def make_mesh(config: TrainConfig, comm: Communicator) -> Mesh:
+    """`comm`'s ranks on config's grid; dp follows from the world size when it was not given
+    for this world (under torchrun the world need not be `config.workers`)."""
+    m = config.mesh
+    dp = m.dp if m.dp is not None and config.workers == comm.size else None
+    if dp is None:
+        dp = comm.size // (m.pp * m.tp) if comm.size % (m.pp * m.tp) == 0 else 0
+    try:
+        return Mesh(dp=dp, pp=m.pp, tp=m.tp, comm=comm)
+    except MeshError as e:
+        raise ConfigError(f"{e} (world size {comm.size} from the launcher)") from None
+
+
+class MeshStep(AllreduceStep):
+    """This rank's part of the model on the mesh over `comm`."""
+
+    def __init__(self, config: TrainConfig, comm: Communicator, work: Workload) -> None:
+        self.config, self.comm, self.work = config, comm, work
+        mesh = make_mesh(config, comm)
+        self.rank, self.world_size = comm.rank, comm.size
+        self.replicas = mesh.shape["dp"]  # the dp replicas split the batch; pp and tp share
+        self.part = mesh.coords["dp"]
+        model = work.build_model(config.workload.seed)
+        self.parameters = count_parameters(model)  # before tp shards it
+        assert config.mesh.chunks is not None
+        self.model = MeshModel(model, mesh, chunks=config.mesh.chunks,
+                               schedule=config.mesh.schedule)  # fmt: skip
+        self.optimizer = make_optimizer(self.model.module, config)
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
+        """The loss exists on the last stage's dp * tp ranks only (tp replicas alike): they
+        add loss * pp and the others 0, so the average over dp * pp * tp ranks is the mean
+        over dp replicas, the global batch's loss."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.model.step(x, y, loss_fn)
+        if loss is None:
+            return torch.zeros(())
+        return loss.detach() * self.model.mesh.pp.size
+
+    def clip(self, max_norm: float) -> None:
+        self.model.clip(max_norm)
+
+    def evaluate(self) -> float:
+        return evaluate_mesh(self.model, self.work)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "mesh": self.model.describe()}
+
+    def figures(self) -> dict[str, Any]:
+        return self.model.figures()

@@ -1,0 +1,161 @@
+"""`--strategy ps`: workers push gradients, parameter servers apply the optimizer.
+
+Each worker builds the same model and data as under allreduce and, per slice, runs forward
+and backward, then `client.push_pull(lr=...)`: its gradient goes to the servers, which
+apply the optimizer (the recipe's, as TrainConfig mapped it onto config.ps), and the new
+parameters come back. Workers never call `plait.init()`: plait's engine stops every rank
+when one dies, and in async and ssp modes the job must outlive a dead worker. What they
+share besides the servers is the job's rendezvous store.
+
+Who trains what (the job is `steps` global batches of `batch_size` samples either way):
+
+- sync: worker r trains slice r of every global step, as under allreduce; the servers wait
+  for every worker's gradient and apply their average, so the run takes allreduce's steps.
+- async, ssp: a worker slice is claimed from a counter in the store whenever a worker is
+  free (claim k is slice k % W of global step k // W), so a fast worker trains more
+  slices than a slow one instead of waiting for it, and a dead worker's share is taken by
+  the others. Every slice is still trained once (but a dead worker's last one).
+
+Worker 0 reports: its own losses (nothing averages losses across workers, which would tie
+them together), evaluations of the parameters it holds, and, once every live worker has
+finished (`finish`), a final pull, the held-out evaluation, and the servers' statistics.
+
+Test hook: PLAIT_TRAIN_KILL_AT="RANK:N" makes worker RANK kill itself (SIGKILL) after its
+N-th push, as a crash would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from plait import env
+from plait.comm.store import barrier
+from plait.train.config import TrainConfig
+from plait.train.evaluate import evaluate_alone
+from plait.train.models import count_parameters
+from plait.train.step import LossFn, Step, every_step
+from plait.train.workload import Workload
+
+if TYPE_CHECKING:
+    from plait.ps import Role
+
+KEY = "plait-train/"  # the store keys of a run: ready, claimed, finished
+READY_TIMEOUT_S = 300.0  # every worker has built its model and joined the servers by then
+WAIT_POLL_S = 0.1  # worker 0 looking for the others' end: once a step of theirs, about
+
+
+def _dead(stats: dict[str, Any]) -> int:
+    dead = stats.get("dead_workers", 0)
+    return len(dead) if isinstance(dead, (list, tuple, set)) else int(dead)
+
+
+class ParameterServerStep(Step):
+    """One worker of a parameter-server job: its model and its client of the servers."""
+
+    @staticmethod
+    def join(config: TrainConfig) -> Role:
+        """Join the job as a worker; on a server rank, serve and exit (never returns)."""
+        from plait import ps
+
+        return ps.init(servers=config.servers)
+
+    def __init__(self, config: TrainConfig, role: Role, work: Workload) -> None:
+        from plait.ps import Client
+
+        assert config.ps is not None, "TrainConfig fills it in for --strategy ps"
+        self.config, self.role, self.work, self.ps = config, role, work, config.ps
+        self.rank, self.world_size = int(role.rank), int(role.num_workers)
+        self.replicas = self.world_size
+        self.reports = self.rank == 0  # nothing averages across workers: worker 0 speaks
+        self.model: nn.Module = work.build_model(config.workload.seed)
+        self.parameters = count_parameters(self.model)
+        self.client = Client(self.model.named_parameters(), self.ps, role)
+        self.store = role.store
+        who, _, after = (env.get("PLAIT_TRAIN_KILL_AT") or "").partition(":")
+        self.kill_at = (int(who), int(after)) if who and after else None
+        self.worker_steps = 0
+
+    def start(self) -> None:
+        barrier(self.store, KEY + "ready", self.world_size, READY_TIMEOUT_S, "workers")
+
+    def slices(self, first: int, steps: int) -> Iterator[tuple[int, int]]:
+        if self.ps.mode == "sync":
+            yield from every_step(first, steps, self.rank)
+            return
+        while (k := int(self.store.add(KEY + "claimed", 1)) - 1) < steps * self.world_size:
+            yield k // self.world_size + 1, k % self.world_size
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
+        loss = loss_fn(self.model(x), y)
+        self.model.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss.detach()
+
+    def clip(self, max_norm: float) -> None:
+        # this worker's own gradient: the servers cannot clip the average
+        nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+
+    def update(self, lr: float, last: bool) -> None:
+        """Push the gradient; pull the new parameters. A worker's `last` gradient is only
+        pushed: under ssp a pull waits for the slowest live worker, and worker 0 stays live
+        (idle) until the end to report."""
+        if last and self.rank != 0:
+            self.client.push(lr=lr)
+        else:
+            self.client.push_pull(lr=lr)
+        self.worker_steps += 1
+        if (self.rank, self.worker_steps) == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def average(self, losses: torch.Tensor) -> list[float]:
+        own: list[float] = losses.tolist()  # this worker's, as they are
+        return own
+
+    def evaluate(self) -> float:
+        return evaluate_alone(self.model, self.work)
+
+    def describe(self) -> dict[str, Any]:
+        mode = self.ps.mode if self.ps.mode != "ssp" else f"ssp tau={self.ps.staleness}"
+        return {"strategy": f"ps ({mode}, {self.config.servers} servers)",
+                "optimizer": self.ps.optimizer, "replicas": self.replicas,
+                "mesh": None}  # fmt: skip
+
+    def figures(self) -> dict[str, Any]:
+        """The consistency settings, this worker's steps, and (worker 0) the servers' stats."""
+        p = self.ps
+        return {
+            "ps_mode": p.mode, "servers": self.config.servers,
+            "staleness": None if p.mode == "sync" else p.staleness,  # it bounds nothing there
+            "stale_policy": p.stale_policy, "warm_start_steps": p.warm_start_steps,
+            "worker_steps": self.worker_steps, **(self.client.stats() if self.rank == 0 else {}),
+        }  # fmt: skip
+
+    def finish(self) -> None:
+        """Count this worker finished; worker 0 then waits until every worker has finished
+        or been found dead by the servers, and pulls: every live worker's last update."""
+        self.store.add(KEY + "finished", 1)
+        if self.rank != 0:
+            return
+        timeout_s = env.get("PLAIT_TIMEOUT")  # the others are live: as long as a collective
+        deadline = time.monotonic() + timeout_s
+        while (finished := int(self.store.add(KEY + "finished", 0))) < self.world_size:
+            dead = _dead(self.client.stats())
+            if finished + dead >= self.world_size:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"worker 0: only {finished} of {self.world_size} workers finished (and "
+                    f"{dead} died) within {timeout_s:.0f} s"
+                )
+            time.sleep(WAIT_POLL_S)
+        self.client.pull()
+
+    def close(self) -> None:
+        self.client.close()
