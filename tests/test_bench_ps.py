@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.cli.bench_ps import check_bar, markdown, summarize
+from plait.bench.jobs.ps import check_bar, markdown, summarize
 
 
 def _fig(sps: float, acc: float, **ps: float) -> dict[str, float | str]:

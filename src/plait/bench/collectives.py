@@ -1,7 +1,8 @@
 """`plait bench collectives`: every allreduce algorithm against torch.distributed, in one run.
 
-The launcher starts N workers running `python -m plait.bench.collectives`; rank 0 writes the
-measurements as JSON, and the parent prints them in the style of nccl-tests.
+The parent (bench/jobs/collectives.py) starts N workers running
+`python -m plait.bench.collectives CONFIG_JSON OUT`; rank 0 writes the measurements as JSON
+to OUT, and the parent prints them in the style of nccl-tests.
 
 Measuring on a shared 2-core machine is noisy, so within each repeat the algorithms take
 turns (in a fresh shuffled order each repeat), every timing is the slowest
@@ -19,8 +20,6 @@ fraction of that.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import statistics
@@ -32,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from plait.bench import worker_io
+from plait.bench.configs import CollectivesConfig
 from plait.bench.units import format_size, parse_sizes
 
 CALIBRATION_SIZES = "4K,64K,512K,2M,8M,32M,64M"
@@ -124,7 +125,7 @@ def calibrate_levels(
     """
     from plait.comm import select
 
-    local_ranks, _ = comm._levels()
+    local_ranks, _ = comm.topology.levels
     host = comm.split(color=comm.node_rank, key=comm.rank)
     cross = comm.split(color=local_ranks.index(comm.rank), key=comm.rank)
     per_local = len(local_ranks)
@@ -159,60 +160,54 @@ def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     return max(a, 0.0), max(b, 0.0)
 
 
-def worker(args: argparse.Namespace) -> None:
+def worker(config: CollectivesConfig, path: Path) -> None:
+    """Measure as one rank of the job; rank 0 writes the results to `path`."""
     import plait
-    from plait.comm import select, shm
+    from plait.comm import routes, select
 
     comm = plait.init()
-    sizes = parse_sizes(args.sizes)
-    algorithms = [a for a in args.algorithms.split(",") if a]
-    if "shm" in algorithms and not shm.available(comm.size, comm.num_nodes):
-        algorithms.remove("shm")
+    sizes = config.size_list
+    algorithms = config.algorithm_list
+    # the routing table's rows that cannot run here are left out (shm needs one host,
+    # hierarchical several hosts of equal size)
+    usable = ("torch", "auto", *routes.usable("allreduce", comm.topology))
+    for a in [a for a in algorithms if a not in usable]:
+        algorithms.remove(a)
         if comm.rank == 0:
-            print(f"leaving out shm: the ranks span {comm.num_nodes} hosts", flush=True)
-    if "hierarchical" in algorithms and comm._levels() is None:
-        algorithms.remove("hierarchical")
-        if comm.rank == 0:
-            print("leaving out hierarchical: it needs several hosts of equal size", flush=True)
+            print(f"leaving out {a}: it cannot run on {comm.topology}", flush=True)
     out: dict[str, Any] = {"world_size": comm.size, "num_nodes": comm.num_nodes}
     comm.barrier()
     if comm.rank == 0:
         out["memcpy_GBps"] = memcpy_bandwidth(min(max(sizes), 64 << 20))
     comm.barrier()
-    if args.calibrate:
+    if config.calibrate:
         fit_algs = ["native", "ring", "halving_doubling", "tree"]
         cal_sizes = parse_sizes(CALIBRATION_SIZES)
-        data = measure(comm, cal_sizes, fit_algs, args.repeats, args.budget)
+        data = measure(comm, cal_sizes, fit_algs, config.repeats, config.budget)
         points = {a: [[int(s), statistics.median(data[s][a])] for s in data] for a in fit_algs}
         if comm.rank == 0:
             select.save_calibration(comm.size, comm.num_nodes, "allreduce", points)
         comm.barrier()
         select.load_calibration(reload=True)
-        if comm._levels() is not None:
-            out["levels"] = calibrate_levels(comm, cal_sizes, args.repeats, args.budget)
+        if comm.topology.levels is not None:
+            out["levels"] = calibrate_levels(comm, cal_sizes, config.repeats, config.budget)
         # one global line per algorithm, for the report: its alpha (s) and beta (s/byte)
         out["calibration"] = {
             a: dict(zip(("alpha", "beta"), fit_line([(int(n), t) for n, t in p]), strict=True))
             for a, p in points.items()
         }
-    out["results"] = measure(comm, sizes, algorithms, args.repeats, args.budget)
-    out["auto_choice"] = {str(s): select.allreduce(s, comm) for s in sizes}
+    out["results"] = measure(comm, sizes, algorithms, config.repeats, config.budget)
+    out["auto_choice"] = {str(s): routes.choose("allreduce", s, comm.topology) for s in sizes}
     if comm.rank == 0:
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        worker_io.save(path, out)
     plait.shutdown()
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m plait.bench.collectives")
-    p.add_argument("--sizes", required=True)
-    p.add_argument("--algorithms", required=True)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--budget", type=float, default=2.0)
-    p.add_argument("--calibrate", action="store_true")
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
+def main(argv: list[str]) -> None:
+    """`python -m plait.bench.collectives CONFIG_JSON OUT` (bench/worker_io.py)."""
+    config, path, _ = worker_io.read(CollectivesConfig, argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    worker(args)
+    worker(config, path)
 
 
 if __name__ == "__main__":

@@ -9,30 +9,28 @@ in a fresh shuffled order each repeat:
     shm     plait's engine as it runs by default: payloads of 64 KB or more through a
             shared-memory pipe (comm/shm_pipe.py), smaller ones on the socket
 
-Rank 0 writes the measurements as JSON; the parent (cli/bench_p2p.py) prints them.
+Rank 0 writes the measurements as JSON; the parent (bench/jobs/p2p.py) prints them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from plait.bench import worker_io
+from plait.bench.configs import P2PConfig
 from plait.bench.units import P2P_MODES as MODES
-from plait.bench.units import parse_sizes
 
 
 def _bounce(comm: Any, mode: str, buf: torch.Tensor, iters: int) -> None:
     """`iters` round trips between this rank and its partner (the even rank starts)."""
-    comm._engine.use_pipes(mode == "shm")
+    comm.engine.use_pipes(mode == "shm")
     peer = comm.rank ^ 1
     # torch's default group numbers ranks as the communicator does here
     send, recv = (dist.send, dist.recv) if mode == "torch" else (comm.send, comm.recv)
@@ -72,31 +70,26 @@ def measure(comm: Any, sizes: list[int], repeats: int, budget_s: float) -> dict[
         results[str(size)] = row
         if comm.rank == 0:
             print(f"measured {size} bytes ({iters} round trips x {repeats} repeats)", flush=True)
-    comm._engine.use_pipes(True)
+    comm.engine.use_pipes(True)
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m plait.bench.p2p")
-    p.add_argument("--sizes", required=True)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--budget", type=float, default=3.0)
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
+def main(argv: list[str]) -> None:
+    """`python -m plait.bench.p2p CONFIG_JSON OUT` (bench/worker_io.py)."""
+    config, path, _ = worker_io.read(P2PConfig, argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import plait
 
     comm = plait.init()
-    sizes = parse_sizes(args.sizes)
     out = {
         "world_size": comm.size,
         "num_nodes": comm.num_nodes,
-        "results": measure(comm, sizes, args.repeats, args.budget),
+        "results": measure(comm, config.size_list, config.repeats, config.budget),
         # payload bytes this rank sent through pipes: the shm turns really used them
-        "pipe_bytes": sum(sent for sent, _ in comm._engine.pipe_bytes().values()),
+        "pipe_bytes": sum(sent for sent, _ in comm.engine.pipe_bytes().values()),
     }
     if comm.rank == 0:
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        worker_io.save(path, out)
     plait.shutdown()
 
 

@@ -1,32 +1,33 @@
 """`plait bench pipeline`: the pipeline runtime's throughput and measured bubble, one run.
 
-The launcher starts p workers running `python -m plait.bench.pipeline`, one per stage. Each
-builds the same model (`--layers` blocks of Linear(width, width) + Tanh, one seed), and for
-every (schedule, chunks) cell runs `--warmup` untimed steps and then `--repeats` timed ones
-of `Pipeline.step` on a batch of `--batch` samples. Per step:
+The parent (bench/jobs/pipeline.py) starts p workers running `python -m plait.bench.pipeline
+CONFIG_JSON OUT` (bench/worker_io.py), one per stage. Each builds the same model (`--layers`
+blocks of Linear(width, width) + Tanh, one seed), and for every (schedule, chunks) cell runs
+`--warmup` untimed steps and then `--repeats` timed ones of `Pipeline.step` on a batch of
+`--batch` samples. Per step:
 
 * time: the slowest stage's `stats.step_time` (allreduce max);
 * bubble: the mean over stages of each stage's `stats.bubble` (its idle fraction of the
   step, i.e. (step_time - compute_time) / step_time).
 
-A cell reports the medians over its timed steps. With `--baseline` the worker runs alone
-and without a communicator: it times plain forward + backward of the whole model on the
-same batch, the one-process reference for the speedup.
+A cell reports the medians over its timed steps. With a third argument `--baseline` the
+worker runs alone and without a communicator: it times plain forward + backward of the whole
+model on the same batch, the one-process reference for the speedup.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from plait.bench import worker_io
+from plait.bench.configs import PipelineBenchConfig
 
 
 def build_model(layers: int, width: int) -> nn.Sequential:
@@ -45,31 +46,31 @@ def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((out - target) ** 2).mean()
 
 
-def baseline(args: argparse.Namespace) -> dict[str, Any]:
+def baseline(config: PipelineBenchConfig) -> dict[str, Any]:
     """One process, no pipeline: median seconds of a plain forward + backward."""
-    model = build_model(args.layers, args.width)
-    x, y = _data(args.batch, args.width)
+    model = build_model(config.layers, config.width)
+    x, y = _data(config.batch, config.width)
     times: list[float] = []
-    for i in range(args.warmup + args.repeats):
+    for i in range(config.warmup + config.repeats):
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
         _mse(model(x), y).backward()
-        if i >= args.warmup:
+        if i >= config.warmup:
             times.append(time.perf_counter() - start)
     return {"step_s": statistics.median(times), "times": times}
 
 
-def cell(comm: Any, schedule: str, chunks: int, args: argparse.Namespace) -> dict[str, Any]:
+def cell(comm: Any, schedule: str, chunks: int, config: PipelineBenchConfig) -> dict[str, Any]:
     """Median step time and measured bubble of one (schedule, chunks) on this pipeline."""
-    from plait.pipeline import Pipeline
+    from plait.pipeline import Pipeline, ideal_bubble
 
     p, s = comm.size, comm.rank
-    pipe = Pipeline(build_model(args.layers, args.width), comm, chunks, schedule=schedule)
-    x, y = _data(args.batch, args.width)
+    pipe = Pipeline(build_model(config.layers, config.width), comm, chunks, schedule=schedule)
+    x, y = _data(config.batch, config.width)
     steps: list[float] = []
     bubbles: list[float] = []
     per_stage: list[list[float]] = []
-    for i in range(args.warmup + args.repeats):
+    for i in range(config.warmup + config.repeats):
         pipe.stage.zero_grad(set_to_none=True)
         comm.barrier()
         pipe.step(x if s == 0 else None, y if s == p - 1 else None, _mse)
@@ -78,7 +79,7 @@ def cell(comm: Any, schedule: str, chunks: int, args: argparse.Namespace) -> dic
         stage_bubbles = comm.allreduce(mine, op="sum")[:p].tolist()
         step_max = torch.tensor([pipe.stats.step_time], dtype=torch.float64)
         step = float(comm.allreduce(step_max, op="max").item())
-        if i >= args.warmup:
+        if i >= config.warmup:
             steps.append(step)
             bubbles.append(sum(stage_bubbles) / p)
             per_stage.append(stage_bubbles)
@@ -89,36 +90,27 @@ def cell(comm: Any, schedule: str, chunks: int, args: argparse.Namespace) -> dic
         "step_s": statistics.median(steps),
         "bubble": statistics.median(bubbles),
         "stage_bubbles": [statistics.median(b) for b in zip(*per_stage, strict=True)],
-        "theory": (p - 1) / (chunks + p - 1),
+        "theory": ideal_bubble(schedule, p, chunks),
         "balance": pipe.balance,
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m plait.bench.pipeline")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--width", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--chunks", default="1,2,4,8")
-    ap.add_argument("--schedules", default="gpipe,1f1b")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--baseline", action="store_true")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+def main(argv: list[str]) -> None:
+    """`python -m plait.bench.pipeline CONFIG_JSON OUT [--baseline]` (bench/worker_io.py)."""
+    config, path, extra = worker_io.read(PipelineBenchConfig, argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    if args.baseline:
-        Path(args.out).write_text(json.dumps(baseline(args), indent=1))
+    if extra == ["--baseline"]:
+        worker_io.save(path, baseline(config))
         return
 
     import plait
 
     comm = plait.init()
     cells = []
-    for schedule in args.schedules.split(","):
-        for chunks in (int(c) for c in args.chunks.split(",")):
-            r = cell(comm, schedule, chunks, args)
+    for schedule in config.schedule_list:
+        for chunks in config.chunk_list:
+            r = cell(comm, schedule, chunks, config)
             cells.append(r)
             if comm.rank == 0:
                 print(
@@ -127,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
     if comm.rank == 0:
-        Path(args.out).write_text(json.dumps({"stages": comm.size, "cells": cells}, indent=1))
+        worker_io.save(path, {"stages": comm.size, "cells": cells})
     plait.shutdown()
 
 

@@ -1,6 +1,7 @@
 """`plait bench train`: plait DataParallel against torch DistributedDataParallel, one run.
 
-The launcher starts N workers running `python -m plait.bench.train`. Each builds the
+The parent (bench/jobs/train.py) starts N workers running `python -m plait.bench.train
+CONFIG_JSON OUT` (bench/worker_io.py). Each builds the
 workload's model twice from one seed, wraps one copy in plait.DataParallel and the other
 in torch DDP over the same gloo process group, and times them in turns: every repeat
 runs both for the same number of steps, in a fresh order (seeded, the same on every rank),
@@ -10,18 +11,18 @@ A timing is the slowest rank's; the report is the median over repeats.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from plait.bench import worker_io
+from plait.bench.configs import TrainBenchConfig
 
 IMPLS = ("plait", "ddp")
 
@@ -46,14 +47,14 @@ def time_steps(comm: Any, step: Callable[[int], None], first: int, steps: int) -
     return float(comm.allreduce(mine, op="max", algorithm="tree").item())
 
 
-def measure(comm: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(comm: Any, name: str, config: TrainBenchConfig) -> dict[str, Any]:
     """{impl: [samples/s per repeat]} plus the workload's shape, for one workload."""
     from plait.train import workloads
 
-    work = workloads.build(name, args.global_batch, comm.rank, comm.size, seed=0)
+    work = workloads.build(name, config.global_batch, comm.rank, comm.size, seed=0)
     steps: dict[str, Callable[[int], None]] = {}
     for impl in IMPLS:
-        model = wrap(impl, work.model(), comm, args.bucket_mb)
+        model = wrap(impl, work.model(), comm, config.bucket_mb)
         opt = torch.optim.SGD(model.parameters(), lr=work.lr, momentum=0.9)
 
         def step(i: int, model: nn.Module = model, opt: torch.optim.Optimizer = opt) -> None:
@@ -63,31 +64,25 @@ def measure(comm: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
             opt.step()
 
         steps[impl] = step
-        time_steps(comm, step, 0, args.warmup)
+        time_steps(comm, step, 0, config.warmup)
     per_impl: dict[str, list[float]] = {impl: [] for impl in IMPLS}
-    for r in range(args.repeats):
+    for r in range(config.repeats):
         order = list(IMPLS)
         random.Random(r).shuffle(order)
         for impl in order:
-            seconds = time_steps(comm, steps[impl], args.warmup + r * args.steps, args.steps)
-            per_impl[impl].append(args.global_batch * args.steps / seconds)
+            first = config.warmup + r * config.steps
+            seconds = time_steps(comm, steps[impl], first, config.steps)
+            per_impl[impl].append(config.global_batch * config.steps / seconds)
         if comm.rank == 0:
             done = {k: f"{v[-1]:.0f}" for k, v in per_impl.items()}
-            print(f"{name}: repeat {r + 1}/{args.repeats} samples/s {done}", flush=True)
+            print(f"{name}: repeat {r + 1}/{config.repeats} samples/s {done}", flush=True)
     params = sum(p.numel() for p in work.model().parameters())
-    return {"samples_per_s": per_impl, "parameters": params, "global_batch": args.global_batch}
+    return {"samples_per_s": per_impl, "parameters": params, "global_batch": config.global_batch}
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m plait.bench.train")
-    p.add_argument("--workloads", required=True)
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--bucket-mb", type=float, default=25.0)
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
+def main(argv: list[str]) -> None:
+    """`python -m plait.bench.train CONFIG_JSON OUT` (bench/worker_io.py)."""
+    config, path, _ = worker_io.read(TrainBenchConfig, argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
 
@@ -95,10 +90,10 @@ def main(argv: list[str] | None = None) -> None:
 
     comm = plait.init()
     out: dict[str, Any] = {"world_size": comm.size, "workloads": {}}
-    for name in args.workloads.split(","):
-        out["workloads"][name] = measure(comm, name, args)
+    for name in config.workload_list:
+        out["workloads"][name] = measure(comm, name, config)
     if comm.rank == 0:
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        worker_io.save(path, out)
     plait.shutdown()
 
 

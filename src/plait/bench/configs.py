@@ -1,0 +1,318 @@
+"""Every `plait bench` benchmark's options: one config dataclass each, checked on creation.
+
+The command line is derived from these fields (plait/options.py); the parent process
+(bench/jobs/) sends the whole config to its workers as JSON (bench/worker_io.py), so each
+default is written once, here. A config's docstring is its `--help`: the first line is
+the one-line help of `plait bench`. This module imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plait.bench.units import ALGORITHMS, parse_sizes
+from plait.errors import ConfigError
+from plait.options import option
+from plait.pipeline.schedule import SCHEDULES
+
+SIZES = "4K,64K,1M,16M,64M"  # bytes per message, collectives and p2p alike
+WORKLOADS = ("gpt", "cnn", "mlp", "wide")  # the plait.train.workloads bench train runs
+# bench ps: name -> the `plait train` options that make it; ratios are against BASELINE
+PS_CONFIGS: dict[str, list[str]] = {
+    "allreduce": ["--strategy", "allreduce"],
+    "ps sync": ["--strategy", "ps", "--ps-mode", "sync"],
+    "ps ssp tau=1": ["--strategy", "ps", "--ps-mode", "ssp", "--staleness", "1"],
+    "ps ssp tau=4": ["--strategy", "ps", "--ps-mode", "ssp", "--staleness", "4"],
+    "ps async": ["--strategy", "ps", "--ps-mode", "async"],
+}
+PS_BASELINE = "ps sync"
+
+
+def _json() -> str | None:
+    return field(
+        default=None, metadata=option("also write the measurements as JSON", metavar="FILE")
+    )
+
+
+def _markdown() -> bool:
+    return field(default=False, metadata=option("print a compact Markdown table (for READMEs)"))
+
+
+def _subset(name: str, text: str, known: tuple[str, ...] | list[str]) -> list[str]:
+    """`text` split at commas, every item one of `known`."""
+    items = text.split(",")
+    unknown = [i for i in items if i not in known]
+    if unknown:
+        raise ConfigError(f"unknown {name} {unknown}; expected a subset of {', '.join(known)}")
+    return items
+
+
+def _ints(name: str, text: str) -> list[int]:
+    """`text` as comma-separated integers >= 1."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--{name} must be comma-separated integers; got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ConfigError(f"--{name} values must be >= 1; got {text!r}")
+    return values
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _at_least_1(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+
+
+@dataclass(kw_only=True)
+class CollectivesConfig:
+    """allreduce: every plait algorithm vs torch.distributed, side by side.
+
+    Time allreduce (float32) for every algorithm and torch.distributed's own, in one run;
+    report medians over repeats and the ratio to torch.
+    """
+
+    nproc: int = field(default=4, metadata=option("ranks (per host with --hosts)", aliases=("-n",)))
+    hosts: int = field(
+        default=1,
+        metadata=option(
+            "simulate H hosts with network namespaces (needs root), -n ranks on each", metavar="H"
+        ),
+    )
+    link_rate: str | None = field(
+        default=None,
+        metadata=option(
+            "with --hosts: limit each host's link, e.g. 1gbit (tc tbf)", metavar="RATE"
+        ),
+    )
+    sizes: str = field(default=SIZES, metadata=option("bytes per rank"))
+    algorithms: str = field(
+        default=",".join(ALGORITHMS),
+        metadata=option(f"comma-separated subset of {','.join(ALGORITHMS)}", default_text="all"),
+    )
+    repeats: int = field(default=7, metadata=option("timed repeats per cell"))
+    budget: float = field(default=4.0, metadata=option("seconds of timing per size"))
+    calibrate: bool = field(
+        default=False,
+        metadata=option(
+            "first fit each algorithm's cost line for this world size and save it; "
+            "algorithm='auto' uses it from then on"
+        ),
+    )
+    json: str | None = _json()
+    from_json: str | None = field(
+        default=None,
+        metadata=option(
+            "measure nothing: print the tables of an earlier --json file", metavar="FILE"
+        ),
+    )
+    markdown: bool = _markdown()
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ConfigError(f"-n must be >= 1; got {self.nproc}")
+        if self.hosts < 1:
+            raise ConfigError(f"--hosts must be >= 1; got {self.hosts}")
+        if self.link_rate and self.hosts == 1:
+            raise ConfigError("--link-rate limits the links between hosts: add --hosts H (H >= 2)")
+        _at_least_1(repeats=self.repeats)
+        _subset("algorithms", self.algorithms, ALGORITHMS)
+        _sizes(self.sizes)
+
+    @property
+    def size_list(self) -> list[int]:
+        """--sizes in bytes."""
+        return parse_sizes(self.sizes)
+
+    @property
+    def algorithm_list(self) -> list[str]:
+        return [a for a in self.algorithms.split(",") if a]
+
+
+@dataclass(kw_only=True)
+class P2PConfig:
+    """send/recv on one host: torch.distributed vs plait (socket, shared memory).
+
+    Pairs of ranks (0-1, 2-3, ...) bounce a float32 message back and forth with
+    torch.distributed (gloo), with plait over its Unix socket, and with plait through its
+    shared-memory pipes; report the median one-way time over repeats, the bandwidth, and
+    speed ratios paired by repeat.
+    """
+
+    nproc: int = field(default=2, metadata=option("ranks, an even number", aliases=("-n",)))
+    sizes: str = field(default=SIZES, metadata=option("bytes"))
+    repeats: int = field(default=7, metadata=option("timed repeats per cell"))
+    budget: float = field(default=3.0, metadata=option("seconds per size"))
+    json: str | None = _json()
+    markdown: bool = _markdown()
+
+    def __post_init__(self) -> None:
+        if self.nproc < 2 or self.nproc % 2:
+            raise ConfigError(f"-n must be an even number >= 2 (ranks pair up); got {self.nproc}")
+        _at_least_1(repeats=self.repeats)
+        _sizes(self.sizes)
+
+    @property
+    def size_list(self) -> list[int]:
+        """--sizes in bytes."""
+        return parse_sizes(self.sizes)
+
+
+@dataclass(kw_only=True)
+class TrainBenchConfig:
+    """training throughput: plait DataParallel vs torch DDP, side by side.
+
+    Train the same model with plait.DataParallel and torch DistributedDataParallel in one
+    run (same world size, global batch and gloo backend), in turns, and report samples/s
+    of each and their ratio.
+    """
+
+    workloads: str = field(
+        default="gpt,cnn,wide", metadata=option(f"comma-separated subset of {','.join(WORKLOADS)}")
+    )
+    nproc: str = field(default="2,4", metadata=option("world sizes to run", aliases=("-n",)))
+    global_batch: int = field(default=32, metadata=option("global batch"))
+    steps: int = field(default=10, metadata=option("timed steps per repeat"))
+    repeats: int = field(default=5, metadata=option("repeats per cell"))
+    warmup: int = field(
+        default=3, metadata=option("untimed steps of each before timing", cli=False)
+    )
+    bucket_mb: float = field(default=25.0, metadata=option("bucket size in MB, both"))
+    json: str | None = _json()
+    markdown: bool = _markdown()
+
+    def __post_init__(self) -> None:
+        sizes = _ints("nproc", self.nproc)
+        _subset("workloads", self.workloads, WORKLOADS)
+        for n in sizes:
+            if self.global_batch % n:
+                raise ConfigError(
+                    f"--global-batch {self.global_batch} % {n} ranks = "
+                    f"{self.global_batch % n} != 0: every rank needs the same batch"
+                )
+        _at_least_1(steps=self.steps, repeats=self.repeats)
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return _ints("nproc", self.nproc)
+
+    @property
+    def workload_list(self) -> list[str]:
+        return self.workloads.split(",")
+
+
+@dataclass(kw_only=True)
+class PsBenchConfig:
+    """parameter server: sync vs ssp vs async vs allreduce, with a straggler.
+
+    One run trains the same workload (a `plait train` job: same model, data, seed, steps
+    and global batch) once per configuration and repeat: allreduce data parallelism
+    (`plait.DataParallel`), and the parameter server in sync, ssp (tau 1 and 4) and async
+    modes. With `--straggler F`, the last worker is made F x slower (PLAIT_TRAIN_STRAGGLER):
+    sync and allreduce wait for it every step, ssp lets the others run at most tau steps
+    ahead, async never waits. Within a repeat the configurations run back to back in a
+    fresh seeded order; the table shows medians over repeats and each one's throughput
+    relative to ps sync (the median of per-repeat ratios).
+    """
+
+    model: str = field(default="mlp", metadata=option("the plait train model"))
+    workers: int = field(default=4, metadata=option("workers W"))
+    servers: int = field(default=2, metadata=option("parameter servers"))
+    steps: int | None = field(
+        default=None, metadata=option("global steps", default_text="the model's recipe")
+    )
+    batch_size: int | None = field(
+        default=None, metadata=option("global batch", default_text="the model's recipe")
+    )
+    straggler: float = field(
+        default=2.0, metadata=option("worker W-1 is F x slower (1 for none)", metavar="F")
+    )
+    configs: str = field(
+        default=",".join(PS_CONFIGS),
+        metadata=option(f"comma-separated subset of: {', '.join(PS_CONFIGS)}", default_text="all"),
+    )
+    repeats: int = field(default=3, metadata=option("runs per configuration"))
+    json: str | None = _json()
+    markdown: bool = _markdown()
+
+    def __post_init__(self) -> None:
+        _subset("configs", self.configs, list(PS_CONFIGS))
+        _at_least_1(repeats=self.repeats)
+        if self.workers < 1 or self.servers < 1:
+            raise ConfigError(
+                f"--workers and --servers must be >= 1; got {self.workers}, {self.servers}"
+            )
+        if self.straggler < 1.0:
+            raise ConfigError(f"--straggler must be >= 1 (a slowdown factor); got {self.straggler}")
+
+    @property
+    def config_list(self) -> list[str]:
+        return self.configs.split(",")
+
+
+@dataclass(kw_only=True)
+class PipelineBenchConfig:
+    """pipeline throughput and bubble: measured vs (p-1)/(M+p-1).
+
+    Train a model of heavy Linear+Tanh layers with plait's Pipeline on p stages (one
+    process each) for every schedule and micro-batch count M, and report samples/s, the
+    measured bubble (median over steps of the mean over stages of each stage's idle
+    fraction), the theory (p-1)/(M+p-1), their difference, and the speedup over one
+    process running plain forward + backward of the same model and batch.
+    """
+
+    stages: str = field(default="2,4", metadata=option("pipeline sizes p"))
+    chunks: str = field(default="1,2,4,8", metadata=option("micro-batch counts M"))
+    schedules: str = field(
+        default="gpipe,1f1b", metadata=option(f"comma-separated subset of {','.join(SCHEDULES)}")
+    )
+    layers: int = field(default=8, metadata=option("Linear+Tanh blocks"))
+    width: int = field(default=512, metadata=option("layer width"))
+    batch: int = field(default=512, metadata=option("samples per step"))
+    repeats: int = field(default=5, metadata=option("timed steps per cell"))
+    warmup: int = field(default=1, metadata=option("untimed steps per cell"))
+    json: str | None = _json()
+    markdown: bool = _markdown()
+
+    def __post_init__(self) -> None:
+        stages, chunks = _ints("stages", self.stages), _ints("chunks", self.chunks)
+        _subset("schedules", self.schedules, tuple(SCHEDULES))
+        for p in stages:
+            if p > self.layers:
+                raise ConfigError(f"--stages {p} > --layers {self.layers}: a stage would be empty")
+        for m in chunks:
+            if m > self.batch:
+                raise ConfigError(
+                    f"--chunks {m} > --batch {self.batch}: a micro-batch would be empty"
+                )
+        if self.repeats < 1 or self.warmup < 0 or self.width < 1:
+            raise ConfigError("--repeats and --width must be >= 1, --warmup >= 0")
+
+    @property
+    def stage_list(self) -> list[int]:
+        return _ints("stages", self.stages)
+
+    @property
+    def chunk_list(self) -> list[int]:
+        return _ints("chunks", self.chunks)
+
+    @property
+    def schedule_list(self) -> list[str]:
+        return self.schedules.split(",")
+
+
+#: `plait bench NAME` -> its config; NAME's parent side is the module plait.bench.jobs.NAME
+BENCHMARKS: dict[str, type] = {
+    "collectives": CollectivesConfig,
+    "train": TrainBenchConfig,
+    "ps": PsBenchConfig,
+    "pipeline": PipelineBenchConfig,
+    "p2p": P2PConfig,
+}
