@@ -223,3 +223,16 @@ def test_the_example_trains_under_the_parameter_server(tmp_path: Path) -> None:
     x, y = work.data.train_batch(GlobalBatchSampler(work.data.num_train, 32, 0).shard(0, 0, 2))
     assert data["losses"][0] == pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-6)
     assert data["eval_value"] > 0.6  # 4 classes: chance is 0.25
+
+
+def test_a_workload_object_takes_the_generic_recipe_not_mlps() -> None:
+    from plait.train.parts import WorkloadConfig
+    from plait.train.recipes import CUSTOM, RECIPES
+
+    mine = TrainConfig(workload=WorkloadConfig(given=True))
+    assert mine.recipe == CUSTOM and mine.steps == CUSTOM.steps != RECIPES["mlp"].steps
+    with pytest.raises(ConfigError, match="brings its own model and data"):
+        WorkloadConfig(given=True, model="cnn")
+    # a config made for the built-in mlp would train the object under mlp's recipe: refused
+    with pytest.raises(ConfigError, match="WorkloadConfig\\(given=True\\)"):
+        train(TrainConfig(), workload=load(EXAMPLE))

@@ -33,8 +33,8 @@ import torch
 
 from plait import env
 from plait.train import checkpoint, strategies, workloads
-from plait.train.config import TrainConfig
-from plait.train.errors import NonFiniteLossError
+from plait.train.config import TrainConfig, WorkloadConfig
+from plait.train.errors import ConfigError, NonFiniteLossError
 from plait.train.report import Emit
 from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
 from plait.train.step import LossFn, Step
@@ -56,7 +56,9 @@ def train(
     """Train `workload` as configured, as this rank of the job; every rank calls it.
 
     Args:
-        config: the run (default: `TrainConfig()`).
+        config: the run (default: `TrainConfig()`, or with `workload` given, its generic
+            recipe). With `workload` given, `config` must be made for it (a `workload`
+            path, or `WorkloadConfig(given=True)` for a Workload object).
         group: the process group to train in: a Communicator for allreduce, a worker's
             `plait.ps.Role` for ps; None: join the job from the environment (a server
             rank of a ps job serves and exits there).
@@ -76,7 +78,17 @@ def train(
         NonFiniteLossError: a loss became NaN or infinite (on every reporting rank alike).
         CheckpointError: --resume found no usable checkpoint, or a write failed.
     """
-    config = TrainConfig() if config is None else config
+    if config is None:  # a Workload from Python takes the generic recipe, as --workload does
+        custom = WorkloadConfig(given=True) if isinstance(workload, Workload) else None
+        path = WorkloadConfig(path=workload) if isinstance(workload, str) else None
+        config = TrainConfig(workload=custom or path or WorkloadConfig())
+    elif workload is not None and config.workload.path is None and not config.workload.given:
+        raise ConfigError(
+            f"train() got a workload, but config trains the built-in {config.workload.model} "
+            "(its recipe's defaults): make config with TrainConfig(workload="
+            "WorkloadConfig(given=True), ...) for a Workload object, or "
+            "TrainConfig.from_options({'workload': 'mod:make', ...}) for an import path"
+        )
     kind = strategies.step_type(config.strategy, config.mesh.on_mesh)
     group = kind.join(config) if group is None else group
     work = workloads.resolve(config, workload)

@@ -62,17 +62,25 @@ class WorkloadConfig:
         ),
     )
     seed: int = field(default=0, metadata=option("seed of the initialisation and data order"))
+    given: bool = field(
+        default=False,
+        metadata=option("a Workload object passed to train() from Python", cli=False),
+    )  # like --workload, it takes the generic recipe (CUSTOM), not mlp's
 
     def __post_init__(self) -> None:
-        if self.path is not None:
-            given = [f"--{n}" for n in ("model", "data") if getattr(self, n) is not None]
-            if given:
+        if self.given and self.path is not None:
+            raise ConfigError(
+                f"workload {self.path!r} and a Workload object passed to train(): give one"
+            )
+        if self.path is not None or self.given:
+            named = [f"--{n}" for n in ("model", "data") if getattr(self, n) is not None]
+            if named:
+                which = f"--workload {self.path}" if self.path else "a Workload object"
                 raise ConfigError(
-                    f"{' and '.join(given)} choose{'s' if len(given) == 1 else ''} a built-in "
-                    f"workload; --workload "
-                    f"{self.path} brings its own model and data: leave them out"
+                    f"{' and '.join(named)} choose{'s' if len(named) == 1 else ''} a built-in "
+                    f"workload; {which} brings its own model and data: leave them out"
                 )
-            if not IMPORT_PATH.match(self.path):
+            if self.path is not None and not IMPORT_PATH.match(self.path):
                 raise ConfigError(
                     f"workload {self.path!r} is not MODULE:FUNCTION (e.g. mypkg.mymod:make) "
                     "or FILE.py:FUNCTION"
