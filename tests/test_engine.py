@@ -150,8 +150,10 @@ def test_a_write_racing_a_peers_goodbye_is_not_a_failure():
                 engine._push(conn, [memoryview(HEADER.pack(HEARTBEAT, 0, 0))], None)
                 engine._push(conn, [memoryview(HEADER.pack(HEARTBEAT, 0, 0))], None)
             assert conn.write_error is not None  # the write did fail...
-        time.sleep(0.5)  # ...and the reader then finds the goodbye
-        assert engine.error is None
+        deadline = time.monotonic() + 5.0  # ...and the reader then finds the goodbye
+        while not (conn.said_bye and conn.closed) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert conn.said_bye and conn.closed
+        assert engine.error is None
     finally:
         engine.close()

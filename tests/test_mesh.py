@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from plait import Communicator, Mesh
-from plait.comm.mesh import MeshError, check_shape, coordinates
+from plait.comm.mesh import MeshError, check_shape, coordinates, hosts_spanned
+from plait.comm.topology import Topology
 from world import run_world
 
 
@@ -17,6 +18,18 @@ def test_tp_varies_fastest_then_pp_then_dp() -> None:
     assert [(c["dp"], c["pp"], c["tp"]) for c in grid] == [
         (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1),
     ]  # fmt: skip
+
+
+def test_hosts_spanned_per_axis() -> None:
+    # 8 ranks, 2 hosts of 4 (ranks 0-3 on "a"): with tp=2 fastest, tp pairs stay in a host;
+    # pp pairs (r, r+2) too; dp pairs (r, r+4) cross
+    two_hosts = Topology(["a"] * 4 + ["b"] * 4, 0)
+    assert hosts_spanned(two_hosts, 2, 2, 2) == {"dp": 2, "pp": 1, "tp": 1}
+    # hosts of 2 ranks interleaved a, b, a, b: every tp pair (r, r+1) spans both
+    interleaved = Topology(["a", "b"] * 4, 0)
+    assert hosts_spanned(interleaved, 2, 2, 2) == {"dp": 1, "pp": 1, "tp": 2}
+    one_host = Topology(["a"] * 8, 3)
+    assert hosts_spanned(one_host, 2, 2, 2) == {"dp": 1, "pp": 1, "tp": 1}
 
 
 def test_shape_error_shows_the_equation() -> None:

@@ -13,7 +13,10 @@ get neighbouring ranks, which `plait run` and torchrun place on the same host:
 
 from __future__ import annotations
 
+import warnings
+
 from plait.comm.communicator import Communicator
+from plait.comm.topology import Topology
 from plait.errors import PlaitError
 
 AXES = ("dp", "pp", "tp")
@@ -37,6 +40,19 @@ def check_shape(dp: int, pp: int, tp: int, size: int) -> None:
         raise MeshError(f"dp({dp}) * pp({pp}) * tp({tp}) = {dp * pp * tp} != world size {size}")
 
 
+def hosts_spanned(topology: Topology, dp: int, pp: int, tp: int) -> dict[str, int]:
+    """For each axis, the most hosts that one of its groups spans (1: every group of the
+    axis lies inside a host). Computed from where every rank runs; nothing is sent."""
+    spans = {}
+    for axis in AXES:
+        groups: dict[tuple[int, ...], set[str]] = {}
+        for rank, node in enumerate(topology.nodes):
+            at = coordinates(rank, dp, pp, tp)
+            groups.setdefault(tuple(at[a] for a in AXES if a != axis), set()).add(node)
+        spans[axis] = max(len(hosts) for hosts in groups.values())
+    return spans
+
+
 class Mesh:
     """`comm`'s ranks on a dp x pp x tp grid (`comm`: `plait.init()` when None).
 
@@ -57,6 +73,15 @@ class Mesh:
         self.comm = comm
         self.shape = {"dp": dp, "pp": pp, "tp": tp}
         self.coords = coordinates(comm.rank, dp, pp, tp)
+        #: per axis, the most hosts one of its groups spans (Megatron-LM keeps tp in a host)
+        self.hosts_spanned = hosts_spanned(comm.topology, dp, pp, tp)
+        if self.hosts_spanned["tp"] > 1 and comm.rank == 0:
+            warnings.warn(
+                f"tensor-parallel groups span {self.hosts_spanned['tp']} hosts: every layer's "
+                "allreduce crosses the network. tp varies fastest, so give each host a "
+                f"multiple of tp({tp}) ranks",
+                stacklevel=2,
+            )
         self.groups: dict[str, Communicator] = {}
         for axis in AXES:
             # the ranks of one group agree on every coordinate but this axis's
