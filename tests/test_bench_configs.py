@@ -56,6 +56,7 @@ def test_options_reach_the_config_under_every_flag() -> None:
         (PipelineBenchConfig, {"stages": "9"}, "--stages 9 > --layers 8: a stage would be empty"),
         (PipelineBenchConfig, {"chunks": "2", "batch": 1}, "--chunks 2 > --batch 1"),
         (PipelineBenchConfig, {"schedules": "zb"}, "unknown schedules ['zb']"),
+        (PipelineBenchConfig, {"warmup": -1}, "--warmup must be >= 0; got -1"),
     ],
 )
 def test_bad_values_show_the_failing_check(cls: type, options: dict, says: str) -> None:

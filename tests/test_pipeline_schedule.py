@@ -54,6 +54,12 @@ def test_ideal_bubble_is_the_idle_share_of_the_grid(name: str, p: int, m: int) -
     assert ideal_bubble(name, p, m) == idle_share_on_grid(name, p, m)
 
 
+@pytest.mark.parametrize(("p", "m"), SIZES)
+def test_ideal_bubble_of_fill_drain_schedules(p: int, m: int) -> None:
+    # Huang et al. 2019, at a backward twice a forward; exact: whole-number times
+    assert ideal_bubble("gpipe", p, m) == ideal_bubble("1f1b", p, m) == (p - 1) / (m + p - 1)
+
+
 def test_ideal_bubble_of_an_unknown_schedule() -> None:
     with pytest.raises(ScheduleError, match=r"unknown schedule 'zb'; expected one of"):
         ideal_bubble("zb", 2, 4)

@@ -9,6 +9,7 @@ import msgpack
 import pytest
 import torch
 
+from plait.errors import PlaitError
 from plait.ps.config import PSConfig
 from plait.ps.consistency import DEAD, Consistency
 from plait.ps.optim import make_optimizer
@@ -92,6 +93,11 @@ def test_wire_fuzz_only_wire_errors() -> None:
             assert e.reason
             rejected += 1
     assert rejected > 3000  # most mutations are caught (some flips land in tensor payloads)
+
+
+def test_wire_errors_are_plait_errors() -> None:
+    with pytest.raises(PlaitError, match=r"malformed message: expected 1 to \d+ frames; got 0"):
+        decode([])
 
 
 def test_wire_limits() -> None:

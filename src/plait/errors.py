@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+#: The exit status of a `plait` command given bad input (a ConfigError): argparse's own
+#: for a usage error, so a bad value and a bad flag end alike.
+EXIT_BAD_INPUT = 2
+
 
 class PlaitError(Exception):
     """Base class of every error plait raises on purpose."""

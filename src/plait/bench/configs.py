@@ -14,9 +14,9 @@ from plait.bench.units import ALGORITHMS, parse_sizes
 from plait.errors import ConfigError
 from plait.options import option
 from plait.pipeline.schedule import SCHEDULES
+from plait.train.recipes import MODELS
 
 SIZES = "4K,64K,1M,16M,64M"  # bytes per message, collectives and p2p alike
-WORKLOADS = ("gpt", "cnn", "mlp", "wide")  # the plait.train.workloads bench train runs
 # bench ps: name -> the `plait train` options that make it; ratios are against BASELINE
 PS_CONFIGS: dict[str, list[str]] = {
     "allreduce": ["--strategy", "allreduce"],
@@ -175,7 +175,7 @@ class TrainBenchConfig:
     """
 
     workloads: str = field(
-        default="gpt,cnn,wide", metadata=option(f"comma-separated subset of {','.join(WORKLOADS)}")
+        default="gpt,cnn,wide", metadata=option(f"comma-separated subset of {','.join(MODELS)}")
     )
     nproc: str = field(default="2,4", metadata=option("world sizes to run", aliases=("-n",)))
     global_batch: int = field(default=32, metadata=option("global batch"))
@@ -190,7 +190,7 @@ class TrainBenchConfig:
 
     def __post_init__(self) -> None:
         sizes = _ints("nproc", self.nproc)
-        _subset("workloads", self.workloads, WORKLOADS)
+        _subset("workloads", self.workloads, MODELS)
         for n in sizes:
             if self.global_batch % n:
                 raise ConfigError(
@@ -292,8 +292,9 @@ class PipelineBenchConfig:
                 raise ConfigError(
                     f"--chunks {m} > --batch {self.batch}: a micro-batch would be empty"
                 )
-        if self.repeats < 1 or self.warmup < 0 or self.width < 1:
-            raise ConfigError("--repeats and --width must be >= 1, --warmup >= 0")
+        _at_least_1(repeats=self.repeats, width=self.width)
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup must be >= 0; got {self.warmup}")
 
     @property
     def stage_list(self) -> list[int]:

@@ -12,10 +12,8 @@ import inspect
 import sys
 
 from plait.bench.configs import BENCHMARKS
-from plait.errors import ConfigError
+from plait.errors import EXIT_BAD_INPUT, ConfigError
 from plait.options import add_options, from_args
-
-EXIT_BAD_INPUT = 2
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

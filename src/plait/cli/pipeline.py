@@ -12,11 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from plait.errors import ConfigError
+from plait.errors import EXIT_BAD_INPUT, ConfigError
 from plait.options import add_options, from_args
 from plait.pipeline.show import ShowConfig, show
-
-EXIT_BAD_INPUT = 2
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -34,11 +34,9 @@ import argparse
 import dataclasses
 import sys
 
-from plait.errors import ConfigError
+from plait.errors import EXIT_BAD_INPUT, ConfigError
 from plait.launch.config import RunConfig
 from plait.options import add_options, given
-
-EXIT_BAD_INPUT = 2
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -53,7 +53,7 @@ class ServerRequest(Request[None]):
     ) -> None:
         self._transport = transport
         self._write = write  # where pulled values go (None: nothing to write)
-        self._left = servers
+        self._servers = servers  # replies to wait for
         self._replies: dict[int, Message | Exception] = {}
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -67,7 +67,7 @@ class ServerRequest(Request[None]):
             if server in self._replies:
                 return
             self._replies[server] = reply
-            if len(self._replies) == self._left:
+            if len(self._replies) == self._servers:
                 self._done.set()
 
     def done(self) -> bool:

@@ -25,6 +25,7 @@ import torch
 from plait.ps import checkpoint
 from plait.ps.config import PSConfig
 from plait.ps.consistency import DEAD, Consistency
+from plait.ps.errors import PSError
 from plait.ps.optim import SliceOptimizer, make_optimizer
 from plait.ps.sharding import Key, make_plan, specs_from_json
 from plait.ps.wire import REQUESTS, Message
@@ -33,8 +34,9 @@ Reply = tuple[Any, Message]  # (the origin of the request it answers, the reply)
 Job = Callable[[], tuple[PSConfig, bytes | str]]  # worker 0's config and parameter specs
 
 
-class BadRequest(Exception):
-    """A well-formed message the server cannot accept (unknown key, wrong shape, ...)."""
+class BadRequest(PSError):
+    """A well-formed message the server cannot accept (unknown key, wrong shape, ...), or a
+    checkpoint that does not fit the plan; `handle` answers it with an error reply."""
 
 
 class Server:

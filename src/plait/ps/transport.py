@@ -105,7 +105,7 @@ class Transport:
         socks: list[zmq.Socket[Any]] = []
         try:
             self._loop(socks)
-        except BaseException as e:  # surfaced to the user thread by Handle.wait
+        except BaseException as e:  # surfaced to the user thread by ServerRequest.wait
             self.failure = e
             print(f"[plait.ps worker {self.worker}] I/O thread failed: {e!r}", file=sys.stderr)
         finally:

@@ -33,6 +33,7 @@ import msgpack
 import torch
 
 from plait.comm.dtypes import FLOATS, NAMES
+from plait.errors import PlaitError
 
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
@@ -50,7 +51,7 @@ DTYPES: dict[str, torch.dtype] = {n: d for d, n in DTYPE_NAMES.items()}
 _FIELDS = ("v", "op", "rid", "w", "keys", "dtypes", "shapes", "versions", "lr", "clock", "meta")
 
 
-class WireError(ValueError):
+class WireError(PlaitError, ValueError):
     """A message that does not follow the wire format; `reason` says which rule it broke."""
 
     def __init__(self, reason: str) -> None:
