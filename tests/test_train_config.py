@@ -79,6 +79,25 @@ def test_bad_options_show_the_failing_check(options: dict[str, object], message:
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        # a default value given in vain is refused as any other (the config alone cannot tell)
+        ({"strategy": "ps", "ps_mode": "sync", "staleness": 4},
+         "--staleness applies to --ps-mode async or ssp, not ps_mode sync"),
+        ({"strategy": "ps", "stale_policy": "drop", "warm_start_steps": 2},
+         "--stale-policy, --warm-start-steps apply to --ps-mode async or ssp"),
+        ({"ps_mode": "sync"}, "--ps-mode applies to --strategy ps only, not strategy allreduce"),
+        ({"servers": 2, "staleness": 3}, "--servers, --staleness apply to --strategy ps only"),
+    ],
+)  # fmt: skip
+def test_options_given_in_vain_are_named(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        job.configure(options)
+    assert message in str(err.value)
+    job.configure({"strategy": "ps", "ps_mode": "ssp", "staleness": 4})  # where they apply
+
+
 def test_linear_scaling_uses_the_base_batch() -> None:
     base = RECIPES["mlp"].base_batch
     c = _config(batch_size=4 * base, lr=0.1, lr_scaling="linear")

@@ -236,3 +236,5 @@ def test_a_workload_object_takes_the_generic_recipe_not_mlps() -> None:
     # a config made for the built-in mlp would train the object under mlp's recipe: refused
     with pytest.raises(ConfigError, match="WorkloadConfig\\(given=True\\)"):
         train(TrainConfig(), workload=load(EXAMPLE))
+    with pytest.raises(ConfigError, match=r"train\(\) got none: pass it"):
+        train(mine)  # made for a Workload object, called without one

@@ -2,7 +2,7 @@
 
     from plait.train import TrainConfig, train
     result = train(TrainConfig(strategy="ps"))            # in every rank of a job
-    result = train(config, workload="mypkg.mymod:make")   # your own model and data
+    result = train(workload="mypkg.mymod:make")           # your own model and data
 
 A workload (`Workload`) names a model builder, its data, a loss and a metric; the built-in
 models on the built-in data are workloads too. Names that need torch are imported on first

@@ -158,8 +158,9 @@ class TrainConfig:
         if self.strategy != "ps":
             given = self._ps_options_given()
             if given:
+                verb = "applies" if len(given) == 1 else "apply"
                 raise ConfigError(
-                    f"{', '.join(given)} applies to --strategy ps only, not strategy "
+                    f"{', '.join(given)} {verb} to --strategy ps only, not strategy "
                     f"{self.strategy}; add --strategy ps"
                 )
             return
@@ -234,4 +235,37 @@ class TrainConfig:
             raise ConfigError(
                 f"checkpoints (--out, --resume) are not supported with --strategy "
                 f"{self.strategy} yet"
+            )
+
+
+def check_given(options: dict[str, Any]) -> None:
+    """Refuse parameter-server options that the run would ignore, by what the user gave.
+
+    `plait train` checks the options as given (job.configure), not only the config they
+    make: a value equal to the default (`--ps-mode sync --staleness 4`) is as ignored as
+    any other. `_check_ps` checks a config's values, all a config made in Python has.
+
+    Raises:
+        ConfigError: naming exactly the flags given in vain.
+    """
+    names = ("servers", "ps_mode", *(n for n in PS_OPTIONS if n != "mode"))
+    given = [flag(n) for n in names if options.get(n) is not None]
+    strategy = options.get("strategy", "allreduce")
+    if strategy != "ps" and given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ConfigError(
+            f"{', '.join(given)} {verb} to --strategy ps only, not strategy {strategy}; "
+            "add --strategy ps"
+        )
+    if strategy == "ps" and options.get("ps_mode", PSConfig.mode) == "sync":
+        stale = [
+            flag(n)
+            for n in ("staleness", "stale_policy", "warm_start_steps")
+            if options.get(n) is not None
+        ]
+        if stale:
+            verb = "applies" if len(stale) == 1 else "apply"
+            raise ConfigError(
+                f"{', '.join(stale)} {verb} to --ps-mode async or ssp, not ps_mode sync: in "
+                "sync mode no gradient is stale and no worker runs ahead"
             )

@@ -1,12 +1,14 @@
-"""The errors `plait train` raises on purpose; each says what to do about it."""
+"""The errors `plait train` raises on purpose; each says what to do about it.
+
+A bad option is plait's one `ConfigError` (plait/errors.py), the same class `plait run`
+and `plait bench` raise, so one `except` catches every command's.
+"""
 
 from __future__ import annotations
 
-from plait.errors import PlaitError
+from plait.errors import ConfigError, PlaitError
 
-
-class ConfigError(PlaitError, ValueError):
-    """A training option has a bad value; the message shows the failing check."""
+__all__ = ["CheckpointError", "ConfigError", "MissingExtraError", "NonFiniteLossError"]
 
 
 class MissingExtraError(PlaitError, ImportError):

@@ -29,12 +29,11 @@ import time
 from typing import Any, TextIO, cast
 
 from plait import env
+from plait.errors import EXIT_BAD_INPUT
 from plait.train import data as datasets
 from plait.train import outdir
-from plait.train.config import TrainConfig
+from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
-
-EXIT_BAD_INPUT = 2
 
 
 def under_launcher() -> bool:
@@ -53,6 +52,7 @@ def configure(options: dict[str, Any]) -> TrainConfig:
         CheckpointError: --out or --json is not writable, or --resume finds no checkpoint.
     """
     options = dict(options)
+    check_given(options)
     if under_launcher():
         world = int(os.environ["WORLD_SIZE"])
         if options.get("strategy") == "ps":

@@ -37,9 +37,9 @@ from plait.train.config import TrainConfig, WorkloadConfig
 from plait.train.errors import ConfigError, NonFiniteLossError
 from plait.train.report import Emit
 from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
-from plait.train.step import LossFn, Step
+from plait.train.step import Step
 from plait.train.straggler import Straggler
-from plait.train.workload import Workload
+from plait.train.workload import LossFn, Workload
 
 __all__ = ["TrainResult", "train"]
 
@@ -89,6 +89,11 @@ def train(
             "WorkloadConfig(given=True), ...) for a Workload object, or "
             "TrainConfig.from_options({'workload': 'mod:make', ...}) for an import path"
         )
+    elif workload is None and config.workload.given:
+        raise ConfigError(
+            "config was made for a Workload object (WorkloadConfig(given=True)), but train() "
+            "got none: pass it, train(config, workload=...)"
+        )
     kind = strategies.step_type(config.strategy, config.mesh.on_mesh)
     group = kind.join(config) if group is None else group
     work = workloads.resolve(config, workload)
@@ -117,6 +122,8 @@ class _Run:
         self.sampler = work.sampler(work.data.num_train, self.batch, config.workload.seed)
         self.options = config.options()
         self.out = config.checkpoint.out
+        # the bar's loss: flushed every ~2% of the run, or at every log line if more often
+        self.flush_every = max(1, min(config.log.log_every or 1, self.steps // 50))
         self.first = 0
         self.losses: list[float] = []
         self.evals: list[list[float]] = []
@@ -182,10 +189,9 @@ class _Run:
         def due(every: int | None) -> bool:
             return every is not None and every > 0 and any(s % every == 0 for s in crossed)
 
-        flush_every = max(1, min(log.log_every or 1, self.steps // 50))
         is_log, is_eval = due(log.log_every), due(log.eval_every)
         is_ckpt = self.out is not None and due(self.config.checkpoint.checkpoint_every)
-        if is_log or is_eval or is_ckpt or step == stop_after or due(flush_every):
+        if is_log or is_eval or is_ckpt or step == stop_after or due(self.flush_every):
             self.flush(step, log=is_log)
         if is_eval:
             self.evaluate(step)

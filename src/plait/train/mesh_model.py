@@ -21,7 +21,6 @@ rounding (tests/test_train_mesh.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,9 +31,7 @@ from plait.data_parallel import DataParallel
 from plait.pipeline import Pipeline, ideal_bubble
 from plait.tensor_parallel import clip_grad_norm_, parallelize
 from plait.train.errors import ConfigError
-from plait.train.workload import stages
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from plait.train.workload import LossFn, stages
 
 
 class MeshModel:

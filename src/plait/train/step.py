@@ -16,7 +16,7 @@ no figures, nothing to start or finish).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -25,9 +25,7 @@ from plait.train.errors import ConfigError
 
 if TYPE_CHECKING:
     from plait.train.config import TrainConfig
-    from plait.train.workload import Workload
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    from plait.train.workload import LossFn, Workload
 
 
 class Step(Protocol):

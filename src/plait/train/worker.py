@@ -29,12 +29,12 @@ import sys
 from collections.abc import Sequence
 
 from plait import env
+from plait.errors import EXIT_BAD_INPUT
 from plait.train import report, strategies
 from plait.train.config import TrainConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError, NonFiniteLossError
 from plait.train.loop import train
 
-EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE = 3
 
 

@@ -11,7 +11,8 @@ Bring your own (examples/custom_workload.py is a whole one):
                         loss=F.cross_entropy, metric=ACCURACY)
 
     plait train --workload mypkg.mymod:make --strategy ps      # any strategy that applies
-    plait.train.train(TrainConfig(...), workload=make())       # the same from Python
+    plait.train.train(TrainConfig(workload=WorkloadConfig(given=True), strategy="ps"),
+                      workload=make())                         # the same from Python
 
 Data parallelism and the parameter server train any model. A pipeline (--pp) cuts the model
 into stages, so it needs the model as a sequence of them: an `nn.Sequential`, or a

@@ -20,9 +20,8 @@ from plait.data_parallel import DataParallel
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate
 from plait.train.models import count_parameters
-from plait.train.step import LossFn
 from plait.train.steps.allreduce import AllreduceStep, make_optimizer
-from plait.train.workload import Workload
+from plait.train.workload import LossFn, Workload
 
 
 class DataParallelStep(AllreduceStep):

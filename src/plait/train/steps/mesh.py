@@ -19,9 +19,8 @@ from plait.train.errors import ConfigError
 from plait.train.evaluate import evaluate_mesh
 from plait.train.mesh_model import MeshModel
 from plait.train.models import count_parameters
-from plait.train.step import LossFn
 from plait.train.steps.allreduce import AllreduceStep, make_optimizer
-from plait.train.workload import Workload
+from plait.train.workload import LossFn, Workload
 
 
 def make_mesh(config: TrainConfig, comm: Communicator) -> Mesh:

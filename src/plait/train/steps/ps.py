@@ -40,20 +40,14 @@ from plait.comm.store import barrier
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate_alone
 from plait.train.models import count_parameters
-from plait.train.step import LossFn, Step, every_step
-from plait.train.workload import Workload
+from plait.train.step import Step, every_step
+from plait.train.workload import LossFn, Workload
 
 if TYPE_CHECKING:
     from plait.ps import Role
 
 KEY = "plait-train/"  # the store keys of a run: ready, claimed, finished
-READY_TIMEOUT_S = 300.0  # every worker has built its model and joined the servers by then
 WAIT_POLL_S = 0.1  # worker 0 looking for the others' end: once a step of theirs, about
-
-
-def _dead(stats: dict[str, Any]) -> int:
-    dead = stats.get("dead_workers", 0)
-    return len(dead) if isinstance(dead, (list, tuple, set)) else int(dead)
 
 
 class ParameterServerStep(Step):
@@ -83,7 +77,9 @@ class ParameterServerStep(Step):
         self.worker_steps = 0
 
     def start(self) -> None:
-        barrier(self.store, KEY + "ready", self.world_size, READY_TIMEOUT_S, "workers")
+        """Wait until every worker is ready to train (a start-up wait: PLAIT_INIT_TIMEOUT)."""
+        timeout_s = env.get("PLAIT_INIT_TIMEOUT")
+        barrier(self.store, KEY + "ready", self.world_size, timeout_s, "workers")
 
     def slices(self, first: int, steps: int) -> Iterator[tuple[int, int]]:
         if self.ps.mode == "sync":
@@ -146,7 +142,7 @@ class ParameterServerStep(Step):
         timeout_s = env.get("PLAIT_TIMEOUT")  # the others are live: as long as a collective
         deadline = time.monotonic() + timeout_s
         while (finished := int(self.store.add(KEY + "finished", 0))) < self.world_size:
-            dead = _dead(self.client.stats())
+            dead = len(self.client.stats()["dead_workers"])
             if finished + dead >= self.world_size:
                 break
             if time.monotonic() > deadline:
