@@ -16,6 +16,7 @@ import torch
 
 import plait.errors
 from plait import CollectiveMismatchError, Communicator, PlaitError
+from plait.comm.shm import ShmError
 from world import run_world
 
 ALGOS = ["auto", "native", "ring", "halving_doubling", "tree"]
@@ -173,6 +174,18 @@ def mismatches(comm: Communicator) -> dict[str, str]:
     finally:
         del os.environ["PLAIT_CHECK"]
 
+    # shared memory asked for where it is turned off: ShmError on every rank, saying why
+    saved = os.environ.get("PLAIT_SHM")
+    os.environ["PLAIT_SHM"] = "0"
+    try:
+        shm_off = (ShmError, lambda: comm.allreduce(_x(), algorithm="shm"), ["off", "PLAIT_SHM=0"])
+        failures += _expect_errors([shm_off], "shared memory off")
+    finally:
+        os.environ.pop("PLAIT_SHM")
+        if saved is not None:
+            os.environ["PLAIT_SHM"] = saved
+    _in_step(comm, 3, failures, "shared memory off")
+
     failures += _invalid_p2p(comm)
     if failures:
         raise AssertionError(f"rank {r}:\n" + "\n".join(failures))
@@ -190,6 +203,7 @@ def _invalid_p2p(comm: Communicator) -> list[str]:
         (ValueError, lambda: comm.irecv(x, (r + 1) % p, tag=2**32), ["tag", "4294967295"]),
         (ValueError, lambda: comm.irecv(torch.ones(2, 3).t(), (r + 1) % p), ["contiguous"]),
         (TypeError, lambda: comm.isend([1.0], (r + 1) % p), ["torch.Tensor", "list"]),
+        (TypeError, lambda: comm.recv([1.0], (r + 1) % p), ["recv", "torch.Tensor", "list"]),
         (TypeError, lambda: comm.recv(x.to(torch.complex64), (r + 1) % p), ["float32"]),
     ]
     failures = _expect_errors(cases, "p2p")

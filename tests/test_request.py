@@ -1,6 +1,7 @@
 """plait.Request, the one type async calls return: its two implementations, without sockets."""
 
 import threading
+import time
 
 import pytest
 
@@ -36,8 +37,10 @@ def test_a_transfer_is_driven_only_if_not_done_and_raises_its_error():
 def test_a_parked_transfer_wakes_when_another_thread_completes_it():
     req = Transfer(_Driver(), 0, memoryview(b""))
     threading.Timer(0.05, req.complete).start()
+    start = time.monotonic()
     req.park(5.0)
     assert req.done()
+    assert time.monotonic() - start < 2.5  # woken, not timed out
 
 
 def test_the_worker_runs_calls_in_order_and_hands_back_results_and_errors():

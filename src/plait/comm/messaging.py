@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from plait.comm import arguments, gathers, reductions
-from plait.comm.dtypes import dtype_name
 from plait.comm.request import Request
 from plait.comm.runner import Runner
 
@@ -25,9 +24,7 @@ _MAX_USER_TAG = (1 << 32) - 1
 
 
 def _p2p_args(runner: Runner, t: object, peer: object, tag: object, what: str) -> int:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what} needs a torch.Tensor; got {type(t).__name__}")
-    dtype_name(t.dtype)
+    arguments.tensor(t, f"{what}'s tensor")
     if not isinstance(peer, int) or not 0 <= peer < runner.size or peer == runner.rank:
         raise ValueError(
             f"{what} peer must be another rank in [0, {runner.size}) (this is rank "
@@ -61,6 +58,7 @@ def send(runner: Runner, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
 
 def recv(runner: Runner, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
     """Receive from rank `src` into `tensor` (its shape and dtype must match); return it."""
+    arguments.tensor(tensor, "recv's tensor")  # before its methods are called
     buf = tensor if tensor.is_contiguous() else tensor.contiguous()
     irecv(runner, buf, src, tag).wait()
     if buf is not tensor:

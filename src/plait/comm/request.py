@@ -7,8 +7,10 @@
 Users see `Request` only. Behind it, who finishes the work differs:
 - `Transfer`: a point-to-point send or receive posted to the engine; the thread that waits
   moves the bytes itself (engine.py `drive`), so it has slots and no lock on the hot path.
-- `Future`: a call run elsewhere (the communicator's worker thread, an I/O thread) that
-  calls `finish` with its result or error.
+- `Future`: a collective run on the communicator's worker thread (worker.py), which calls
+  `finish` with its result or error.
+- `ServerRequest` (ps/client.py): a push or pull in flight on every parameter server,
+  answered through the client's I/O thread.
 """
 
 from __future__ import annotations

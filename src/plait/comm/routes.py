@@ -45,9 +45,9 @@ def _anywhere(topology: Topology) -> bool:
     return True
 
 
-#: (module, where its rows can run). `runs_on` is asked per communicator, by `auto` and by
-#: the benchmark (which leaves out what cannot run); a row asked for where it cannot run
-#: raises its own error (ShmError) naming what it needs.
+#: (module, where its rows can run). `runs_on` is asked on every `auto` call (PLAIT_SHM
+#: may change meanwhile) and by the benchmark (which leaves out what cannot run); a row
+#: asked for where it cannot run raises its own error (ShmError) naming what it needs.
 SOURCES: tuple[tuple[ModuleType, Callable[[Topology], bool]], ...] = (
     (native, _anywhere),
     (ring, _anywhere),

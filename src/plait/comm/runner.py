@@ -157,11 +157,15 @@ class Context(Channel):
             ShmError: the ranks are not all on one host, or shared memory is off.
         """
         which = "all" if members is None else "local"
-        size, hosts = (self.size, self.topology.num_nodes) if members is None else (len(members), 1)
-        if not shm.available(size, hosts):
+        if members is None and self.topology.num_nodes > 1:
             raise shm.ShmError(
-                f"algorithm 'shm' needs every rank on one host (x86-64 with {shm.SHM_DIR}, "
-                f"PLAIT_SHM not 0); this communicator spans {self.topology.num_nodes} hosts"
+                "algorithm 'shm' needs every rank on one host; this communicator spans "
+                f"{self.topology.num_nodes} hosts ('hierarchical' runs across hosts of equal size)"
+            )
+        if not shm.allowed():
+            raise shm.ShmError(
+                "algorithms 'shm' and 'hierarchical' need shared memory, which is off here "
+                f"(PLAIT_SHM=0, or not x86-64 with {shm.SHM_DIR})"
             )
         arenas = self.runner.arenas
         want = shm.slot_bytes_for(nbytes)

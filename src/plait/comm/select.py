@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from plait import env
 
@@ -81,34 +81,20 @@ SHM_BETA = 1 / 2e9
 
 def save_levels(size: int, num_nodes: int, levels: dict[str, tuple[float, float]]) -> Path:
     """Save the measured (alpha, beta) of each level of this world ("local", "network")."""
-    path = calibration_path()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    if not isinstance(data, dict):
-        data = {}
-    data.setdefault("points", {})
-    data.setdefault("levels", {})[world_key(size, num_nodes)] = {
-        k: list(v) for k, v in levels.items()
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-    load_calibration(reload=True)
-    return path
+
+    def change(data: dict[str, Any]) -> None:
+        data.setdefault("points", {})
+        data.setdefault("levels", {})[world_key(size, num_nodes)] = {
+            k: list(v) for k, v in levels.items()
+        }
+
+    return _rewrite(change)
 
 
 def load_levels(size: int, num_nodes: int) -> dict[str, list[float]] | None:
     """The saved levels of this world, or None."""
-    try:
-        data = json.loads(calibration_path().read_text())
-    except (OSError, ValueError):
-        return None
-    found = (
-        data.get("levels", {}).get(world_key(size, num_nodes)) if isinstance(data, dict) else None
-    )
+    levels = _read().get("levels")
+    found = levels.get(world_key(size, num_nodes)) if isinstance(levels, dict) else None
     return found if isinstance(found, dict) and {"local", "network"} <= found.keys() else None
 
 
@@ -143,19 +129,40 @@ def calibration_path() -> Path:
 
 
 Points = list[list[float]]  # [[bytes, seconds], ...], ascending in bytes
-_cache: dict[str, dict[str, dict[str, Points]]] | None = None
+_file: dict[str, Any] | None = None  # the calibration file as last read
+
+
+def _read(reload: bool = False) -> dict[str, Any]:
+    """The calibration file's contents ({} if none), read once: `auto` asks on every call,
+    and a read from disk there cost more than some collectives."""
+    global _file
+    if _file is None or reload:
+        try:
+            data = json.loads(calibration_path().read_text())
+        except (OSError, ValueError):
+            data = {}
+        _file = data if isinstance(data, dict) else {}
+    return _file
+
+
+def _rewrite(change: Callable[[dict[str, Any]], None]) -> Path:
+    """Apply `change` to the calibration file's contents as they are now, write them back
+    atomically, and read them again."""
+    data = _read(reload=True)
+    change(data)
+    path = calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    _read(reload=True)
+    return path
 
 
 def load_calibration(reload: bool = False) -> dict[str, dict[str, dict[str, Points]]]:
     """{world key: {collective: {algorithm: [[bytes, seconds], ...]}}}; {} if never calibrated."""
-    global _cache
-    if _cache is None or reload:
-        try:
-            data = json.loads(calibration_path().read_text())
-            _cache = data.get("points", {}) if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            _cache = {}
-    return _cache
+    points: dict[str, dict[str, dict[str, Points]]] = _read(reload).get("points", {})
+    return points
 
 
 def world_key(size: int, num_nodes: int) -> str:
@@ -271,21 +278,15 @@ AUTO: dict[str, Callable[[int, Topology, tuple[str, ...]], str]] = {
 
 def save_calibration(size: int, num_nodes: int, collective: str, points: dict[str, Points]) -> Path:
     """Merge one world size's measurements into the calibration file (atomically)."""
-    path = calibration_path()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    if not isinstance(data, dict) or not isinstance(data.get("points"), dict):
-        data = {"points": {}}
-    data["points"].setdefault(world_key(size, num_nodes), {})[collective] = {
-        a: sorted(p) for a, p in points.items()
-    }
-    data["note"] = (
-        "median seconds per call at n bytes; written by plait bench collectives --calibrate"
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-    return path
+
+    def change(data: dict[str, Any]) -> None:
+        if not isinstance(data.get("points"), dict):
+            data["points"] = {}
+        data["points"].setdefault(world_key(size, num_nodes), {})[collective] = {
+            a: sorted(p) for a, p in points.items()
+        }
+        data["note"] = (
+            "median seconds per call at n bytes; written by plait bench collectives --calibrate"
+        )
+
+    return _rewrite(change)

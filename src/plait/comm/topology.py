@@ -59,10 +59,5 @@ class Topology:
             local = list(self.hosts[self.node_rank])
             self.levels = local, [h[self.local_rank] for h in self.hosts]
 
-    def subset(self, members: Sequence[int], rank: int) -> Topology:
-        """The topology of a sub-communicator of `members` (ranks here), seen from `rank`
-        (its rank there)."""
-        return Topology([self.nodes[m] for m in members], rank)
-
     def __repr__(self) -> str:
         return f"Topology(rank={self.rank}, hosts={[list(h) for h in self.hosts]})"

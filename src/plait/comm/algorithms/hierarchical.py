@@ -144,11 +144,13 @@ def _allreduce_row(ctx: Context, buf: torch.Tensor, op: str) -> None:
 
 
 def _allgather_row(ctx: Context, buf: torch.Tensor, bounds: list[int]) -> None:
-    allgather(*ctx.two_levels(buf.nbytes)[:2], buf, bounds, ctx.topology.hosts)
+    arena, cross, hosts = ctx.two_levels(buf.nbytes)
+    allgather(arena, cross, buf, bounds, hosts)
 
 
 def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) -> torch.Tensor:
-    return reduce_scatter(*ctx.two_levels(buf.nbytes)[:2], buf, op, b, ctx.topology.hosts)
+    arena, cross, hosts = ctx.two_levels(buf.nbytes)
+    return reduce_scatter(arena, cross, buf, op, b, hosts)
 
 
 #: Rows of the routing table (routes.py); they run where `runs_on` says.
