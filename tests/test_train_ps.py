@@ -43,7 +43,7 @@ def test_ps_defaults_and_allreduce_leaves_them_unset() -> None:
     ("options", "message"),
     [
         ({"servers": 2}, "--servers applies to --strategy ps only, not strategy allreduce"),
-        ({"ps_mode": "async", "staleness": 3}, "--ps-mode, --staleness applies to --strategy ps"),
+        ({"ps_mode": "async", "staleness": 3}, "--ps-mode, --staleness apply to --strategy ps"),
         ({"strategy": "ps", "servers": 0}, "servers 0 < 1"),
         ({"strategy": "ps", "ps_mode": "ssp", "staleness": -1}, "staleness (tau) must be >= 0"),
         ({"strategy": "ps", "staleness": 2}, "staleness 2 applies to --ps-mode ssp"),
