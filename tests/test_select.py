@@ -2,6 +2,7 @@
 file round trip."""
 
 import json
+import os
 
 import pytest
 
@@ -152,6 +153,32 @@ def test_measured_levels_decide_the_two_level_allreduce(tmp_path, monkeypatch):
         # a fast one: the two-level algorithm
         select.save_levels(4, 2, {"local": (1e-4, 1e-10), "network": (1e-4, 1e-10)})
         assert routes.choose("allreduce", 16 << 20, TWO_BY_TWO) == "hierarchical"
+    finally:
+        monkeypatch.delenv("PLAIT_CALIBRATION")
+        select.load_calibration(reload=True)
+
+
+def test_every_rank_sees_a_calibration_another_rank_wrote(tmp_path, monkeypatch):
+    # auto must choose alike on every rank: a rank that kept an old copy of the file after
+    # rank 0 rewrote it (as calibration does, between two barriers) would run another
+    # algorithm than its peers and wait for messages they never send
+    path = tmp_path / "cal.json"
+    monkeypatch.setenv("PLAIT_CALIBRATION", str(path))
+    try:
+        assert select.load_levels(4, 2) is None  # read (no file) and kept
+        levels = {"local": [1e-5, 1e-10], "network": [5e-5, 8e-9]}
+        key = select.world_key(4, 2)
+
+        def write() -> None:  # as rank 0 does, in another process: a new file, renamed
+            tmp = tmp_path / "cal.tmp"
+            tmp.write_text(json.dumps({"levels": {key: levels}}))
+            os.replace(tmp, path)
+
+        write()
+        assert select.load_levels(4, 2) == levels  # no reload asked for
+        levels["network"] = [6e-5, 9e-9]  # the same size of file, within one mtime tick
+        write()
+        assert select.load_levels(4, 2) == levels
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
         select.load_calibration(reload=True)

@@ -130,18 +130,31 @@ def calibration_path() -> Path:
 
 Points = list[list[float]]  # [[bytes, seconds], ...], ascending in bytes
 _file: dict[str, Any] | None = None  # the calibration file as last read
+_stamp: tuple[str, int, int, int] | None = None  # (path, inode, mtime_ns, size) of that read
 
 
 def _read(reload: bool = False) -> dict[str, Any]:
-    """The calibration file's contents ({} if none), read once: `auto` asks on every call,
-    and a read from disk there cost more than some collectives."""
-    global _file
-    if _file is None or reload:
+    """The calibration file's contents ({} if none), parsed again only when the file changed.
+
+    `auto` asks on every call, and parsing the file there cost more than some collectives
+    (~50 us); a stat costs ~1 us. The file must be re-read when it changes: every rank has to
+    choose the same algorithm for the same call (a rank choosing otherwise waits for messages
+    its peers never send), and rank 0 rewrites the file while calibrating.
+    """
+    global _file, _stamp
+    path = calibration_path()
+    try:
+        st = path.stat()
+        # a rewrite is a new file (os.replace): its inode changes even within one mtime tick
+        stamp: tuple[str, int, int, int] | None = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None
+    if _file is None or reload or stamp != _stamp:
         try:
-            data = json.loads(calibration_path().read_text())
+            data = json.loads(path.read_text()) if stamp is not None else {}
         except (OSError, ValueError):
             data = {}
-        _file = data if isinstance(data, dict) else {}
+        _file, _stamp = (data if isinstance(data, dict) else {}), stamp
     return _file
 
 
