@@ -16,6 +16,7 @@ import torch
 
 import plait.errors
 from plait import CollectiveMismatchError, Communicator, PlaitError
+from plait.comm import routes
 from plait.comm.shm import ShmError
 from world import run_world
 
@@ -27,6 +28,18 @@ Case = tuple[str, Callable[[Communicator, int, int], object], Callable[[int, int
 
 def _x(n: int = 2, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.ones(n, dtype=dtype)
+
+
+def _auto_chosen_otherwise(c: Communicator, r: int, p: int) -> object:
+    """Rank 1's cost model picks another algorithm than the others' for the same call (as a
+    stale calibration file would make it): an error naming the choices, not a wait."""
+    real = routes.choose
+    if r == 1:
+        routes.choose = lambda kind, n, topo: "tree" if real(kind, n, topo) != "tree" else "ring"
+    try:
+        return c.allreduce(_x())
+    finally:
+        routes.choose = real
 
 
 MISMATCHES: list[Case] = [
@@ -59,6 +72,11 @@ MISMATCHES: list[Case] = [
         "algorithm",
         lambda c, r, p: c.allreduce(_x(), algorithm="tree" if r == 1 else "ring"),
         lambda q, p: ["allreduce(", "algorithm=tree" if q == 1 else "algorithm=ring"],
+    ),
+    (
+        "auto chosen otherwise",
+        _auto_chosen_otherwise,
+        lambda q, p: ["allreduce(", "algorithm=auto:"],
     ),
     (
         "native shape",  # caught before gloo sees it

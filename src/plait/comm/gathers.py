@@ -63,13 +63,13 @@ def reduce_scatter(
     base = "sum" if op == "avg" else op
 
     def run(ctx: Context) -> torch.Tensor:
-        ctx.exchange(call)
+        name = ctx.exchange_resolved(call, t.nbytes)
         rows = bounds_even(t.shape[0], ctx.size)
         lo, hi = rows[ctx.rank], rows[ctx.rank + 1]
         buf = t.clone(memory_format=torch.contiguous_format)
         if ctx.size > 1 and buf.numel():
             flat, row = buf.view(-1), arguments.row_elements(t.shape)
-            fn = routes.get("reduce_scatter", algorithm, flat.nbytes, ctx.topology)
+            fn = routes.ROUTES["reduce_scatter", name].run
             out = fn(ctx, flat, base, [r * row for r in rows]).view(hi - lo, *t.shape[1:])
         else:
             out = buf[lo:hi].clone()

@@ -27,13 +27,13 @@ def _in_place(
     arg: object,
     after: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
-    """Run `collective`'s row on `t`'s elements in place (through a contiguous copy where
-    `t` is not contiguous), then `after` on the result; return `t`. Nothing to do on one
-    rank or for no elements."""
+    """Run `collective`'s row `algorithm` (already resolved) on `t`'s elements in place
+    (through a contiguous copy where `t` is not contiguous), then `after` on the result;
+    return `t`. Nothing to do on one rank or for no elements."""
     if ctx.size == 1 or t.numel() == 0:
         return t
     buf = t if t.is_contiguous() else t.contiguous()
-    routes.get(collective, algorithm, buf.nbytes, ctx.topology)(ctx, buf.view(-1), arg)
+    routes.ROUTES[collective, algorithm].run(ctx, buf.view(-1), arg)
     if after is not None:
         after(buf)
     if buf is not t:
@@ -52,9 +52,9 @@ def allreduce(
     base = "sum" if op == "avg" else op
 
     def run(ctx: Context) -> torch.Tensor:
-        ctx.exchange(call, check=check)
+        name = ctx.exchange_resolved(call, t.nbytes, check=check)
         mean = (lambda buf: finish_avg(buf, ctx.size)) if op == "avg" else None
-        return _in_place(ctx, t, "allreduce", algorithm, base, mean)
+        return _in_place(ctx, t, "allreduce", name, base, mean)
 
     return run
 
@@ -69,8 +69,8 @@ def broadcast(
     call = Call.of("broadcast", t, root=root, algorithm=algorithm)
 
     def run(ctx: Context) -> torch.Tensor:
-        ctx.exchange(call, check=check)
-        return _in_place(ctx, t, "broadcast", algorithm, root)
+        name = ctx.exchange_resolved(call, t.nbytes, check=check)
+        return _in_place(ctx, t, "broadcast", name, root)
 
     return run
 
@@ -89,11 +89,10 @@ def reduce(
     base = "sum" if op == "avg" else op
 
     def run(ctx: Context) -> torch.Tensor | None:
-        ctx.exchange(call)
+        name = ctx.exchange_resolved(call, t.nbytes)
         buf = arguments.copy(t)  # the result on root; scratch elsewhere
         if ctx.size > 1 and t.numel():
-            row = routes.get("reduce", algorithm, buf.nbytes, ctx.topology)
-            row(ctx, buf.view(-1), base, root)
+            routes.ROUTES["reduce", name].run(ctx, buf.view(-1), base, root)
             if op == "avg" and ctx.rank == root:
                 finish_avg(buf, ctx.size)
         if ctx.rank != root:

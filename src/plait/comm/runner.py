@@ -17,6 +17,7 @@ Stream numbers of one call (3 bits of the tag):
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -148,6 +149,21 @@ class Context(Channel):
         calls = [Call.decode(b.numpy().tobytes()) for b in blocks]
         agree(calls)
         return calls
+
+    def exchange_resolved(self, call: Call, nbytes: int, check: bool = True) -> str:
+        """`exchange` with "auto" resolved first; returns the algorithm (row) to run.
+
+        Each rank resolves "auto" with its own cost model, and the ranks must choose alike:
+        a rank that chose otherwise would wait for messages its peers never send. So the
+        record carries the choice ("auto:ring"), and ranks that disagree raise
+        CollectiveMismatchError listing what each chose, instead of waiting PLAIT_TIMEOUT.
+        """
+        algorithm = call.algorithm
+        if algorithm == "auto" and self.size > 1:
+            algorithm = routes.choose(call.kind, nbytes, self.topology)
+            call = dataclasses.replace(call, algorithm=f"auto:{algorithm}")
+        self.exchange(call, check=check)
+        return algorithm
 
     def arena(self, nbytes: int, members: Sequence[int] | None = None) -> shm.Arena:
         """The shared-memory segment of every rank (or of `members`, this host's ranks),
