@@ -161,7 +161,8 @@ class Context(Channel):
         algorithm = call.algorithm
         if algorithm == "auto" and self.size > 1:
             algorithm = routes.choose(call.kind, nbytes, self.topology)
-            call = dataclasses.replace(call, algorithm=f"auto:{algorithm}")
+            if check and check_enabled():  # a record only where one is sent (not DP's buckets)
+                call = dataclasses.replace(call, algorithm=f"auto:{algorithm}")
         self.exchange(call, check=check)
         return algorithm
 
