@@ -20,10 +20,12 @@ if TYPE_CHECKING:
     from plait.comm.request import Request
     from plait.comm.world import default, init, is_initialized, shutdown
     from plait.data_parallel import DataParallel
+    from plait.devices import device
 
 _LAZY = {
     "Communicator": "plait.comm.communicator",
     "DataParallel": "plait.data_parallel",
+    "device": "plait.devices",
     "Mesh": "plait.comm.mesh",
     "Request": "plait.comm.request",
     "default": "plait.comm.world",
@@ -42,6 +44,7 @@ __all__ = [
     "PlaitError",
     "Request",
     "default",
+    "device",
     "init",
     "is_initialized",
     "shutdown",

@@ -85,6 +85,12 @@ VARIABLES: tuple[Var, ...] = (
     Var("PLAIT_CHECK", "flag", True,
         "check that every rank called the same collective with matching arguments (set it "
         "alike on every rank; 0 saves one small message round per call)", "communication"),
+    Var("PLAIT_DEVICE", "text", "auto",
+        "the device of a job's ranks: auto (cuda:LOCAL_RANK where a GPU is visible, else cpu), "
+        "cpu or cuda; `plait train --device` sets it", "devices"),
+    Var("PLAIT_SHARE_GPU", "flag", False,
+        "let several local ranks share a GPU when a host has more ranks than GPUs (rank i uses "
+        "cuda:i mod GPUs); without it that is an error", "devices"),
     Var("PLAIT_SHM", "flag", True,
         "use shared memory between ranks of one host (collectives and large messages)",
         "communication"),

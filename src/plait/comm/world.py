@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from plait import env
+from plait import devices, env
 from plait.comm import rendezvous
 from plait.comm.communicator import Communicator
 from plait.comm.engine import Engine
@@ -30,6 +30,9 @@ def init() -> Communicator:
     launcher's variables is a world of one. Timeouts (seconds, from the environment):
     PLAIT_TIMEOUT (1800) bounds a wait on a live peer; PLAIT_HEARTBEAT_TIMEOUT (8) is the
     silence after which a peer counts as dead; PLAIT_INIT_TIMEOUT (300) bounds start-up.
+
+    The rank's device (`plait.device()`) comes from PLAIT_DEVICE (auto: cuda:LOCAL_RANK where
+    a GPU is visible, made the current CUDA device); see devices.py.
     """
     global _default, _owns_torch_group
     with _lock:
@@ -72,6 +75,12 @@ def init() -> Communicator:
         )
         store.set(f"plait/node/{world.rank}", rendezvous.node_id())
         nodes = [store.get(f"plait/node/{r}").decode() for r in range(world.size)]
+        here = [r for r, n in enumerate(nodes) if n == nodes[world.rank]]
+        try:
+            devices.select(here.index(world.rank), len(here))  # cuda:LOCAL_RANK where GPUs are
+        except devices.DeviceError:
+            engine.close()  # the peers see this rank leave, not a silence
+            raise
         _default = Communicator(engine, list(range(world.size)), nodes, 1, dist.group.WORLD)
         atexit.register(_at_exit)
         return _default
