@@ -91,6 +91,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("PLAIT_SHARE_GPU", "flag", False,
         "let several local ranks share a GPU when a host has more ranks than GPUs (rank i uses "
         "cuda:i mod GPUs); without it that is an error", "devices"),
+    Var("PLAIT_CUDA_TRANSPORT", "text", "auto",
+        "how CUDA tensors travel: auto (NCCL where usable, else staged), nccl, or staged "
+        "(through pinned host memory over plait's engine and gloo; benchmarks compare them)",
+        "devices"),
     Var("PLAIT_SHM", "flag", True,
         "use shared memory between ranks of one host (collectives and large messages)",
         "communication"),
@@ -128,6 +132,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("PLAIT_TRAIN_KILL_AT", "text", None,
         "RANK:N: a parameter-server worker kills itself (SIGKILL) after its N-th push",
         "test hooks"),
+    Var("PLAIT_TEST_LINK", "text", None,
+        "group or staged: run plait's algorithms on CPU tensors over the links CUDA tensors "
+        "use (point-to-point on the gloo group, or staged copies over the engine), so CPU "
+        "tests check them", "test hooks"),
     Var("PLAIT_TRAIN_STOP_AFTER", "int", None,
         "end `plait train` after step K as if it were killed there", "test hooks"),
 )  # fmt: skip

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from plait import env
-from plait.comm.dtypes import dtype_name
+from plait.comm.dtypes import record_name
 from plait.errors import CollectiveMismatchError
 
 _BASE_BYTES = 192
@@ -57,7 +57,7 @@ class Call:
     def of(kind: str, t: torch.Tensor | None, **kw: object) -> Call:
         if t is None:
             return Call(kind, **kw)  # type: ignore[arg-type]
-        return Call(kind, dtype_name(t.dtype), tuple(t.shape), **kw)  # type: ignore[arg-type]
+        return Call(kind, record_name(t), tuple(t.shape), **kw)  # type: ignore[arg-type]
 
     def encode(self, size: int) -> bytes:
         text = "|".join(

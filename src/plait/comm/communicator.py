@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from plait.comm import arguments, gathers, messaging, native, reductions, shm, split
+from plait import devices
+from plait.comm import arguments, cuda, gathers, messaging, native, reductions, shm, split
 from plait.comm.engine import Engine
 from plait.comm.request import Request
 from plait.comm.runner import Context, Runner
@@ -73,6 +74,11 @@ class Communicator:
         self.local_rank, self.local_size = t.local_rank, t.local_size
         self.node_rank, self.num_nodes = t.node_rank, t.num_nodes
         self._runner = Runner(engine, ranks, t, comm_id, pg)
+        device = devices.device()
+        if device.type == "cuda" and self.size > 1 and cuda.transport(device) == "nccl":
+            # now, while every member is here: a first use by a point-to-point message of two
+            # members could not make it (every member must join)
+            self._runner.nccl_group(device)
 
     def __repr__(self) -> str:
         return (
@@ -113,27 +119,29 @@ class Communicator:
         round fewer) where the caller has made sure every rank agrees, as DataParallel does
         for its buckets after the first step.
         """
-        return self._runner.run(reductions.allreduce(arguments.copy(tensor), op, algorithm, check))
+        return self._runner.run(
+            reductions.allreduce(arguments.copy(tensor), op, algorithm, check), on=tensor
+        )
 
     def allreduce_(
         self, tensor: Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
     ) -> Tensor:
         """Reduce `tensor` over all ranks in place; return it."""
-        return self._runner.run(reductions.allreduce(tensor, op, algorithm, check))
+        return self._runner.run(reductions.allreduce(tensor, op, algorithm, check), on=tensor)
 
     def allreduce_async(
         self, tensor: Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
     ) -> Request[Tensor]:
         """Start an allreduce into a new tensor; `wait()` returns it."""
         return self._runner.start(
-            reductions.allreduce(arguments.copy(tensor), op, algorithm, check)
+            reductions.allreduce(arguments.copy(tensor), op, algorithm, check), on=tensor
         )
 
     def allreduce_async_(
         self, tensor: Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
     ) -> Request[Tensor]:
         """Start an in-place allreduce; `tensor` must not be touched until `wait()`."""
-        return self._runner.start(reductions.allreduce(tensor, op, algorithm, check))
+        return self._runner.start(reductions.allreduce(tensor, op, algorithm, check), on=tensor)
 
     # ------------------------------------------------------------------ broadcast
     def broadcast(
@@ -141,52 +149,56 @@ class Communicator:
     ) -> Tensor:
         """Return the root's `tensor` on every rank, as a new tensor (`check`: see allreduce)."""
         call = reductions.broadcast(arguments.copy(tensor), root, algorithm, check, self.size)
-        return self._runner.run(call)
+        return self._runner.run(call, on=tensor)
 
     def broadcast_(
         self, tensor: Tensor, root: int = 0, algorithm: str = "auto", *, check: bool = True
     ) -> Tensor:
         """Overwrite `tensor` with the root's, in place; return it."""
-        return self._runner.run(reductions.broadcast(tensor, root, algorithm, check, self.size))
+        return self._runner.run(
+            reductions.broadcast(tensor, root, algorithm, check, self.size), on=tensor
+        )
 
     def broadcast_async(
         self, tensor: Tensor, root: int = 0, algorithm: str = "auto", *, check: bool = True
     ) -> Request[Tensor]:
         """Start a broadcast into a new tensor; `wait()` returns it."""
         call = reductions.broadcast(arguments.copy(tensor), root, algorithm, check, self.size)
-        return self._runner.start(call)
+        return self._runner.start(call, on=tensor)
 
     def broadcast_async_(
         self, tensor: Tensor, root: int = 0, algorithm: str = "auto", *, check: bool = True
     ) -> Request[Tensor]:
         """Start an in-place broadcast; `tensor` must not be touched until `wait()`."""
-        return self._runner.start(reductions.broadcast(tensor, root, algorithm, check, self.size))
+        return self._runner.start(
+            reductions.broadcast(tensor, root, algorithm, check, self.size), on=tensor
+        )
 
     # --------------------------------------------------------------------- reduce
     def reduce(
         self, tensor: Tensor, root: int = 0, op: str = "sum", algorithm: str = "auto"
     ) -> Tensor | None:
         """Reduce onto `root`: the result as a new tensor there, None on the other ranks."""
-        return self._runner.run(self._reduce(tensor, root, op, algorithm, False))
+        return self._runner.run(self._reduce(tensor, root, op, algorithm, False), on=tensor)
 
     def reduce_(
         self, tensor: Tensor, root: int = 0, op: str = "sum", algorithm: str = "auto"
     ) -> Tensor | None:
         """Reduce onto `root`, in place there (returns `tensor`); None on the other ranks,
         whose `tensor` is left unchanged."""
-        return self._runner.run(self._reduce(tensor, root, op, algorithm, True))
+        return self._runner.run(self._reduce(tensor, root, op, algorithm, True), on=tensor)
 
     def reduce_async(
         self, tensor: Tensor, root: int = 0, op: str = "sum", algorithm: str = "auto"
     ) -> Request[Tensor | None]:
         """Start a reduce; `wait()` returns what `reduce` does."""
-        return self._runner.start(self._reduce(tensor, root, op, algorithm, False))
+        return self._runner.start(self._reduce(tensor, root, op, algorithm, False), on=tensor)
 
     def reduce_async_(
         self, tensor: Tensor, root: int = 0, op: str = "sum", algorithm: str = "auto"
     ) -> Request[Tensor | None]:
         """Start an in-place reduce; `wait()` returns what `reduce_` does."""
-        return self._runner.start(self._reduce(tensor, root, op, algorithm, True))
+        return self._runner.start(self._reduce(tensor, root, op, algorithm, True), on=tensor)
 
     def _reduce(
         self, tensor: Tensor, root: int, op: str, algorithm: str, in_place: bool
@@ -200,12 +212,12 @@ class Communicator:
         `native` runs gloo's allgather when every rank's dim 0 is the same (gloo needs
         that) and plait's ring otherwise.
         """
-        return self._runner.run(gathers.allgather(tensor, algorithm))[0]
+        return self._runner.run(gathers.allgather(tensor, algorithm), on=tensor)[0]
 
     def allgather_async(self, tensor: Tensor, algorithm: str = "auto") -> Request[Tensor]:
         """Start an allgather; `wait()` returns what `allgather` does."""
         call = gathers.allgather(tensor, algorithm)
-        return self._runner.start(lambda ctx: call(ctx)[0])
+        return self._runner.start(lambda ctx: call(ctx)[0], on=tensor)
 
     def reduce_scatter(self, tensor: Tensor, op: str = "sum", algorithm: str = "auto") -> Tensor:
         """Reduce over ranks and return this rank's part of dim 0 (split as torch.tensor_split).
@@ -213,41 +225,41 @@ class Communicator:
         `native` runs gloo's when dim 0 divides evenly by the size (gloo needs that) and
         plait's ring otherwise.
         """
-        return self._runner.run(gathers.reduce_scatter(tensor, op, algorithm))
+        return self._runner.run(gathers.reduce_scatter(tensor, op, algorithm), on=tensor)
 
     def reduce_scatter_async(
         self, tensor: Tensor, op: str = "sum", algorithm: str = "auto"
     ) -> Request[Tensor]:
         """Start a reduce-scatter; `wait()` returns what `reduce_scatter` does."""
-        return self._runner.start(gathers.reduce_scatter(tensor, op, algorithm))
+        return self._runner.start(gathers.reduce_scatter(tensor, op, algorithm), on=tensor)
 
     def alltoall(self, tensor: Tensor, splits: Sequence[int] | None = None) -> Tensor:
         """Send rows splits[j] of `tensor` (dim 0) to rank j; return what every rank sent here,
         concatenated in rank order. Without `splits`, dim 0 is split as torch.tensor_split."""
-        return self._runner.run(gathers.alltoall(tensor, splits, self.size))
+        return self._runner.run(gathers.alltoall(tensor, splits, self.size), on=tensor)
 
     def alltoall_async(
         self, tensor: Tensor, splits: Sequence[int] | None = None
     ) -> Request[Tensor]:
         """Start an alltoall; `wait()` returns what `alltoall` does."""
-        return self._runner.start(gathers.alltoall(tensor, splits, self.size))
+        return self._runner.start(gathers.alltoall(tensor, splits, self.size), on=tensor)
 
     def gather(self, tensor: Tensor, root: int = 0) -> Tensor | None:
         """Concatenate every rank's `tensor` along dim 0 on `root`; None on the other ranks."""
-        return self._runner.run(gathers.gather(tensor, root, self.size))
+        return self._runner.run(gathers.gather(tensor, root, self.size), on=tensor)
 
     def gather_async(self, tensor: Tensor, root: int = 0) -> Request[Tensor | None]:
         """Start a gather; `wait()` returns what `gather` does."""
-        return self._runner.start(gathers.gather(tensor, root, self.size))
+        return self._runner.start(gathers.gather(tensor, root, self.size), on=tensor)
 
     def scatter(self, tensor: Tensor | None, root: int = 0) -> Tensor:
         """Split root's `tensor` along dim 0 (as torch.tensor_split); rank j receives part j.
         Other ranks may pass None."""
-        return self._runner.run(gathers.scatter(tensor, root, self.rank, self.size))
+        return self._runner.run(gathers.scatter(tensor, root, self.rank, self.size), on=tensor)
 
     def scatter_async(self, tensor: Tensor | None, root: int = 0) -> Request[Tensor]:
         """Start a scatter; `wait()` returns what `scatter` does."""
-        return self._runner.start(gathers.scatter(tensor, root, self.rank, self.size))
+        return self._runner.start(gathers.scatter(tensor, root, self.rank, self.size), on=tensor)
 
     def barrier(self) -> None:
         """Return once every rank has called barrier."""

@@ -44,5 +44,22 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    """The dtype a wire name stands for (KeyError if none)."""
-    return BY_NAME[name]
+    """The dtype a wire name stands for (KeyError if none); a record's "@cuda" is ignored."""
+    return BY_NAME[name.partition("@")[0]]
+
+
+def record_name(t: torch.Tensor) -> str:
+    """`t`'s dtype as a collective's record carries it: the wire name, with "@cuda" for a
+    GPU tensor, so that ranks whose tensors sit on different kinds of device (they would take
+    different paths and wait for each other forever) disagree in the mismatch check."""
+    name = dtype_name(t.dtype)
+    return name if t.device.type == "cpu" else f"{name}@{t.device.type}"
+
+
+def on_device(name: str) -> torch.device:
+    """The device a tensor described by record `name` lands on here: the CPU, or for a GPU
+    record this rank's current CUDA device (the job's, set by plait.init)."""
+    kind = name.partition("@")[2]
+    if kind in ("", "cpu"):
+        return torch.device("cpu")
+    return torch.device(kind, torch.cuda.current_device())

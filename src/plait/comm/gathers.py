@@ -18,7 +18,7 @@ from plait.comm import arguments, routes
 from plait.comm.agreement import Call
 from plait.comm.algorithms import direct
 from plait.comm.algorithms.ring import bounds_even
-from plait.comm.dtypes import dtype_from_name
+from plait.comm.dtypes import dtype_from_name, on_device
 from plait.comm.ops import check_op, finish_avg
 from plait.comm.runner import Context
 
@@ -41,11 +41,12 @@ def allgather(
         bounds = [0]
         for d in dims:
             bounds.append(bounds[-1] + d * row)
-        out = torch.empty((sum(dims), *t.shape[1:]), dtype=t.dtype)
+        out = t.new_empty((sum(dims), *t.shape[1:]))
         flat = out.view(-1)
         flat[bounds[ctx.rank] : bounds[ctx.rank + 1]] = t.reshape(-1)
         if flat.numel():
-            routes.get("allgather", algorithm, flat.nbytes, ctx.topology)(ctx, flat, bounds)
+            name = routes.resolve("allgather", algorithm, flat.nbytes, ctx.topology, t.device)
+            ctx.run_row("allgather", name, flat, bounds)
         return out, dims
 
     return run
@@ -63,14 +64,14 @@ def reduce_scatter(
     base = "sum" if op == "avg" else op
 
     def run(ctx: Context) -> torch.Tensor:
-        name = ctx.exchange_resolved(call, t.nbytes)
+        name = ctx.exchange_resolved(call, t)
         rows = bounds_even(t.shape[0], ctx.size)
         lo, hi = rows[ctx.rank], rows[ctx.rank + 1]
         buf = t.clone(memory_format=torch.contiguous_format)
         if ctx.size > 1 and buf.numel():
             flat, row = buf.view(-1), arguments.row_elements(t.shape)
-            fn = routes.ROUTES["reduce_scatter", name].run
-            out = fn(ctx, flat, base, [r * row for r in rows]).view(hi - lo, *t.shape[1:])
+            part = ctx.run_row("reduce_scatter", name, flat, base, [r * row for r in rows])
+            out = part.view(hi - lo, *t.shape[1:])
         else:
             out = buf[lo:hi].clone()
         if op == "avg":
@@ -101,11 +102,11 @@ def alltoall(
     def run(ctx: Context) -> torch.Tensor:
         calls = ctx.exchange(call, needed=True)
         got = [c.splits[ctx.rank] for c in calls] if calls else sizes
-        out = torch.empty((sum(got), *t.shape[1:]), dtype=t.dtype)
+        out = t.new_empty((sum(got), *t.shape[1:]))
         if calls is None:
             return out.copy_(t)
         send = [s.view(-1) for s in t.contiguous().split(sizes)]
-        direct.alltoall(ctx, send, [r.view(-1) for r in out.split(got)])
+        direct.alltoall(ctx.for_tensor(t), send, [r.view(-1) for r in out.split(got)])
         return out
 
     return run
@@ -126,9 +127,9 @@ def gather(tensor: torch.Tensor, root: int, size: int) -> Callable[[Context], to
         out = None
         blocks: list[torch.Tensor] = []
         if ctx.rank == root:
-            out = torch.empty((sum(dims), *t.shape[1:]), dtype=t.dtype)
+            out = t.new_empty((sum(dims), *t.shape[1:]))
             blocks = [b.view(-1) for b in out.split(dims)]
-        direct.gather(ctx, t.contiguous().view(-1), blocks, root)
+        direct.gather(ctx.for_tensor(t), t.contiguous().view(-1), blocks, root)
         return out
 
     return run
@@ -150,12 +151,16 @@ def scatter(
             return t.clone(memory_format=torch.contiguous_format)
         shape, dtype = calls[root].shape, dtype_from_name(calls[root].dtype)
         rows = bounds_even(shape[0], ctx.size)
-        out = torch.empty((rows[ctx.rank + 1] - rows[ctx.rank], *shape[1:]), dtype=dtype)
+        # where root's tensor is on a GPU, every rank's part lands on its own (the job's) GPU
+        device = t.device if t is not None else on_device(calls[root].dtype)
+        out = torch.empty(
+            (rows[ctx.rank + 1] - rows[ctx.rank], *shape[1:]), dtype=dtype, device=device
+        )
         blocks = []
         if t is not None:
             sizes = [rows[i + 1] - rows[i] for i in range(ctx.size)]
             blocks = [b.view(-1) for b in t.contiguous().split(sizes)]
-        direct.scatter(ctx, blocks, out.view(-1), root)
+        direct.scatter(ctx.for_tensor(out), blocks, out.view(-1), root)
         return out
 
     return run

@@ -20,6 +20,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from plait.comm.conn import Conn
 from plait.comm.matching import Matcher
@@ -43,6 +44,7 @@ class Links:
     def _connect(self, socks: dict[int, socket.socket]) -> None:
         """Take over the peers' sockets (peer rank -> socket): one Conn each, watched."""
         self._lock = threading.Lock()  # guards the connections' queues and the matching
+        self._failure_hooks: list[Callable[[PeerFailureError], None]] = []  # liveness.py
         self._conns: dict[int, Conn] = {}
         self._matcher: Matcher[Transfer] = Matcher()
         self._sel = selectors.DefaultSelector()

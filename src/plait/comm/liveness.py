@@ -14,12 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 from collections import deque
+from collections.abc import Callable
 
 from plait.comm.conn import Conn
 from plait.comm.links import Links
 from plait.comm.wire import FAIL, HEARTBEAT_FRAME, with_text
 from plait.errors import PeerFailureError
+
+
+def _call_hooks(hooks: list[Callable[[PeerFailureError], None]], err: PeerFailureError) -> None:
+    """Run the failure hooks off the engine's lock and threads (an abort may take a while)."""
+    if hooks:
+        run = lambda: [hook(err) for hook in list(hooks)]  # noqa: E731
+        threading.Thread(target=run, name="plait-on-failure", daemon=True).start()
 
 
 class Liveness(Links):
@@ -94,10 +103,21 @@ class Liveness(Links):
             for r in senders:
                 r.complete(err)
 
+    def on_failure(self, hook: Callable[[PeerFailureError], None]) -> None:
+        """Call `hook(error)` once, on a thread of its own, when the first failure is recorded
+        (at once if one already was): cuda.py aborts the NCCL communicators this way, so
+        that GPU work blocked on the failed peer returns."""
+        with self._lock:
+            self._failure_hooks.append(hook)
+            failed = self.error
+        if failed is not None:
+            _call_hooks([hook], failed)
+
     def _record(self, err: PeerFailureError, propagate: bool) -> None:
         """First failure wins: it is what every later wait on this engine raises."""
         if self.error is None:
             self.error = err
+            _call_hooks(self._failure_hooks, err)
             if propagate:  # tell the others, so everyone names the same rank quickly
                 note = f"{err.rank}:{err.reason}".encode()
                 for c in self._conns.values():

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from plait.comm import arguments, gathers, reductions
+from plait.comm.device_links import StagedLink
+from plait.comm.engine import Engine
 from plait.comm.request import Request
 from plait.comm.runner import Runner
 
@@ -40,7 +42,7 @@ def _p2p_args(runner: Runner, t: object, peer: object, tag: object, what: str) -
 def isend(runner: Runner, tensor: torch.Tensor, dst: int, tag: int = 0) -> Request[None]:
     """Start sending `tensor` to rank `dst`; don't modify it until `wait()`."""
     full = _p2p_args(runner, tensor, dst, tag, "send")
-    return runner.engine.isend(tensor.contiguous().view(-1), runner.ranks[dst], full)
+    return _link(tensor, runner).isend(tensor.contiguous().view(-1), runner.ranks[dst], full)
 
 
 def irecv(runner: Runner, tensor: torch.Tensor, src: int, tag: int = 0) -> Request[None]:
@@ -48,7 +50,17 @@ def irecv(runner: Runner, tensor: torch.Tensor, src: int, tag: int = 0) -> Reque
     full = _p2p_args(runner, tensor, src, tag, "recv")
     if not tensor.is_contiguous():
         raise ValueError("irecv needs a contiguous tensor (use recv, which copies for you)")
-    return runner.engine.irecv(tensor.view(-1), runner.ranks[src], full)
+    return _link(tensor, runner).irecv(tensor.view(-1), runner.ranks[src], full)
+
+
+def _link(tensor: torch.Tensor, runner: Runner) -> Engine | StagedLink:
+    """The engine for CPU tensors; for GPU tensors, staged through host memory over it.
+
+    Not NCCL: messages here are matched by tag (a pipeline receives micro-batch k's activation
+    by its tag), while NCCL matches point-to-point by order alone, and two ranks whose first
+    messages go to each other deadlock on NCCL unless both are launched as one batch.
+    """
+    return runner.engine if tensor.device.type == "cpu" else StagedLink(runner.engine)
 
 
 def send(runner: Runner, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:

@@ -1,4 +1,5 @@
-"""`algorithm="native"`: pass through to torch.distributed (gloo on CPU), with a watchdog.
+"""`algorithm="native"`: pass through to torch.distributed (gloo on CPU, NCCL on CUDA), with a
+watchdog.
 
 gloo on its own turns a killed peer into an opaque "Connection closed by peer" and a frozen
 one into a hang until its timeout (30 minutes by default). Here every native call runs
@@ -87,14 +88,32 @@ def reduce_scatter(
     return group.reduce_scatter([out], [parts], opts)
 
 
-def run(engine: Engine, what: str, start: Callable[[], dist.Work | None]) -> None:
-    """Start a gloo collective (it returns its Work) and wait for it under the watchdog."""
+def run(
+    engine: Engine, what: str, start: Callable[[], dist.Work | None], on_device: bool = False
+) -> None:
+    """Start a collective (it returns its Work) and wait for it (see `wait`)."""
     if engine.error is not None:
         raise engine.error
     work = start()
-    if work is None:
+    if work is not None:
+        wait(engine, what, work, on_device)
+
+
+def wait(engine: Engine, what: str, work: dist.Work, on_device: bool = False) -> None:
+    """Wait for a started collective or message under the engine's watchdog.
+
+    A gloo `work` is waited for in short slices, the failure detector consulted between
+    them. A NCCL one (`on_device`) is not waited for on the host: its wait() only makes the
+    current CUDA stream wait for it, as torch.distributed and DDP do. A dead or frozen peer
+    is then caught by the engine, which aborts the NCCL communicators (cuda.py) so that the
+    GPU work returns, and the next call raises its PeerFailureError.
+    """
+    if on_device:
+        if engine.error is not None:
+            raise engine.error
+        work.wait()
         return
-    finished, wait = _watch(work)
+    finished, outcome = _watch(work)
     deadline = time.monotonic() + engine.timeout
     while not finished.wait(_SLICE_S):
         if engine.error is not None:
@@ -105,7 +124,7 @@ def run(engine: Engine, what: str, start: Callable[[], dist.Work | None]) -> Non
                 "although every peer is alive (raise PLAIT_TIMEOUT if that is expected)"
             )
     try:
-        wait()
+        outcome()
     except RuntimeError as e:
         # gloo saw a connection drop; the engine sees the same drop and can name the peer
         deadline = time.monotonic() + engine.hb_timeout + 2.0
@@ -171,7 +190,7 @@ def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) 
     block = _block(b)
     if block is None:  # uneven blocks go round plait's ring
         return ctx.route("reduce_scatter", "ring")(ctx, buf, op, b)
-    out = torch.empty(block, dtype=buf.dtype)
+    out = buf.new_empty(block)
     parts = list(buf.split(block))
     ctx.native("reduce_scatter", lambda g: reduce_scatter(g, out, parts, op))
     return out

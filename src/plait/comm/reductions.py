@@ -33,7 +33,7 @@ def _in_place(
     if ctx.size == 1 or t.numel() == 0:
         return t
     buf = t if t.is_contiguous() else t.contiguous()
-    routes.ROUTES[collective, algorithm].run(ctx, buf.view(-1), arg)
+    ctx.run_row(collective, algorithm, buf.view(-1), arg)
     if after is not None:
         after(buf)
     if buf is not t:
@@ -52,7 +52,7 @@ def allreduce(
     base = "sum" if op == "avg" else op
 
     def run(ctx: Context) -> torch.Tensor:
-        name = ctx.exchange_resolved(call, t.nbytes, check=check)
+        name = ctx.exchange_resolved(call, t, check=check)
         mean = (lambda buf: finish_avg(buf, ctx.size)) if op == "avg" else None
         return _in_place(ctx, t, "allreduce", name, base, mean)
 
@@ -69,7 +69,7 @@ def broadcast(
     call = Call.of("broadcast", t, root=root, algorithm=algorithm)
 
     def run(ctx: Context) -> torch.Tensor:
-        name = ctx.exchange_resolved(call, t.nbytes, check=check)
+        name = ctx.exchange_resolved(call, t, check=check)
         return _in_place(ctx, t, "broadcast", name, root)
 
     return run
@@ -89,10 +89,10 @@ def reduce(
     base = "sum" if op == "avg" else op
 
     def run(ctx: Context) -> torch.Tensor | None:
-        name = ctx.exchange_resolved(call, t.nbytes)
+        name = ctx.exchange_resolved(call, t)
         buf = arguments.copy(t)  # the result on root; scratch elsewhere
         if ctx.size > 1 and t.numel():
-            routes.ROUTES["reduce", name].run(ctx, buf.view(-1), base, root)
+            ctx.run_row("reduce", name, buf.view(-1), base, root)
             if op == "avg" and ctx.rank == root:
                 finish_avg(buf, ctx.size)
         if ctx.rank != root:

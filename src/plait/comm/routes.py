@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from plait.comm import native, select, shm
+import torch
+
+from plait.comm import cuda, native, select, shm
 from plait.comm.algorithms import halving_doubling, hierarchical, ring, tree
 from plait.comm.topology import Topology
 
@@ -109,14 +111,24 @@ def usable(collective: str, topology: Topology) -> tuple[str, ...]:
     return tuple(a for a, r in ROWS[collective] if r.runs_on(topology))
 
 
-def choose(collective: str, nbytes: int, topology: Topology) -> str:
+def choose(
+    collective: str, nbytes: int, topology: Topology, device: torch.device | None = None
+) -> str:
     """What `algorithm="auto"` runs for `nbytes` on `topology`: the cost model's pick among
-    the usable rows."""
-    return select.AUTO[collective](nbytes, topology, usable(collective, topology))
+    the usable rows; for CUDA tensors over NCCL, NCCL's unless a CUDA calibration says
+    otherwise (staged CUDA tensors run the CPU rows, so they choose as CPU ones do)."""
+    rows = usable(collective, topology)
+    if device is not None and device.type != "cpu" and cuda.transport(device) == "nccl":
+        return select.on_cuda(collective, nbytes, topology, rows)
+    return select.AUTO[collective](nbytes, topology, rows)
 
 
-def get(collective: str, algorithm: str, nbytes: int, topology: Topology) -> Callable[..., Any]:
-    """The row that runs `collective` with `algorithm` (already checked), "auto" resolved."""
-    if algorithm == "auto":
-        algorithm = choose(collective, nbytes, topology)
-    return ROUTES[collective, algorithm].run
+def resolve(
+    collective: str, algorithm: str, nbytes: int, topology: Topology, device: torch.device
+) -> str:
+    """`algorithm` (already checked), "auto" resolved for a tensor on `device`."""
+    if algorithm != "auto":
+        return algorithm
+    if device.type == "cpu":
+        return choose(collective, nbytes, topology)
+    return choose(collective, nbytes, topology, device)

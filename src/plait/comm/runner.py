@@ -20,16 +20,18 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from plait.comm import native, routes, shm
+from plait import env
+from plait.comm import cuda, native, routes, shm
 from plait.comm.agreement import Call, agree, check_enabled, record_bytes
 from plait.comm.algorithms import direct
+from plait.comm.device_links import GroupLink, StagedLink
 from plait.comm.engine import Engine
-from plait.comm.request import Request, Transfer
+from plait.comm.request import Request
 from plait.comm.topology import Topology
 from plait.comm.worker import Worker
 from plait.errors import PlaitError
@@ -37,20 +39,34 @@ from plait.errors import PlaitError
 T = TypeVar("T")
 
 
+class Link(Protocol):
+    """What a Channel's messages go through: the engine, or a device link (device_links.py)."""
+
+    def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Request[None]: ...
+
+    def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Request[None]: ...
+
+
 class Channel:
     """One call's message stream among some ranks, renumbered 0.. (see comm/p2p.py)."""
 
-    __slots__ = ("_engine", "_ranks", "_tag", "rank", "size")
+    __slots__ = ("_link", "_ranks", "_tag", "rank", "size")
 
-    def __init__(self, engine: Engine, ranks: Sequence[int], rank: int, tag: int) -> None:
-        self._engine, self._ranks, self._tag = engine, ranks, tag
+    def __init__(self, link: Link, ranks: Sequence[int], rank: int, tag: int) -> None:
+        self._link, self._ranks, self._tag = link, ranks, tag
         self.rank, self.size = rank, len(ranks)
 
-    def isend(self, buf: torch.Tensor, peer: int) -> Transfer:
-        return self._engine.isend(buf, self._ranks[peer], self._tag)
+    def isend(self, buf: torch.Tensor, peer: int) -> Request[None]:
+        return self._link.isend(buf, self._ranks[peer], self._tag)
 
-    def irecv(self, buf: torch.Tensor, peer: int) -> Transfer:
-        return self._engine.irecv(buf, self._ranks[peer], self._tag)
+    def irecv(self, buf: torch.Tensor, peer: int) -> Request[None]:
+        return self._link.irecv(buf, self._ranks[peer], self._tag)
+
+    @property
+    def batches(self) -> bool:
+        """Requests posted between two waits are launched together, and a batch needs every
+        peer's earlier ones (NCCL): a schedule must not post the next step's receives ahead."""
+        return getattr(self._link, "batches", False)
 
 
 class Runner:
@@ -75,20 +91,32 @@ class Runner:
         self._seq_lock = threading.Lock()  # a lost update would desynchronise the ranks
         self.worker = Worker(f"plait-comm-{comm_id}")
         self.group = group  # gloo's; a sub-communicator makes its own on first native use
+        self.nccl: dict[torch.device, Any] = {}  # NCCL groups, per device (cuda.py)
         # shared-memory segments, made by the first call that needs one: "all" (every rank
         # on one host) and "local" (this host's ranks, for the hierarchical algorithms)
         self.arenas: dict[str, shm.Arena] = {}
 
-    def run(self, fn: Callable[[Context], T]) -> T:
-        """Run a call now (after the queued async ones); return its result."""
+    def run(self, fn: Callable[[Context], T], on: torch.Tensor | None = None) -> T:
+        """Run a call now (after the queued async ones); return its result. `on`: the
+        call's tensor, whose device decides how the call meets CUDA streams (cuda.py)."""
         call = self._issue(fn)
         if self.worker.idle:
-            return call()
-        return self.worker.submit(call).wait()
+            return call()  # on the caller's thread and current stream
+        if on is None or on.device.type == "cpu":
+            return self.worker.submit(call).wait()
+        return self._start_on_device(call, on).wait()
 
-    def start(self, fn: Callable[[Context], T]) -> Request[T]:
+    def start(self, fn: Callable[[Context], T], on: torch.Tensor | None = None) -> Request[T]:
         """Queue a call on the worker thread; `wait()` returns its result."""
-        return self.worker.submit(self._issue(fn))
+        call = self._issue(fn)
+        if on is None or on.device.type == "cpu":
+            return self.worker.submit(call)
+        return self._start_on_device(call, on)
+
+    def _start_on_device(self, call: Callable[[], T], tensor: torch.Tensor) -> Request[T]:
+        handoff = cuda.Handoff(tensor.device)
+        inner = self.worker.submit(lambda: handoff.run(call))
+        return cuda.DeviceRequest(inner, handoff, self.engine, (tensor,))
 
     def _issue(self, fn: Callable[[Context], T]) -> Callable[[], T]:
         """Give the call its sequence number now, on the issuing thread."""
@@ -115,24 +143,85 @@ class Runner:
             self.group = native.new_group(self.id, self.rank, self.size, self.engine.timeout)
         return self.group
 
+    def nccl_group(self, device: torch.device) -> Any:
+        """The NCCL group of `device`, made by the first call that needs it (every member
+        makes that call) or at construction where the job runs on CUDA."""
+        group = self.nccl.get(device)
+        if group is None:
+            group = cuda.new_group(self.id, self.rank, self.size, self.engine.timeout, device)
+            self.nccl[device] = group
+            # a dead or frozen peer (seen over the CPU sockets) aborts the NCCL groups
+            self.engine.on_failure(lambda err: cuda.abort_all(str(err)))
+        return group
+
 
 class Context(Channel):
-    """One call: the Channel of every rank (stream 1), and the call's other resources."""
+    """One call: the Channel of every rank (stream 1), and the call's other resources.
 
-    __slots__ = ("runner", "seq", "topology")
+    Its messages go through the engine, or, in a context made by `over` for CUDA tensors,
+    through NCCL point-to-point (`nccl_device` set) or staged copies (device_links.py).
+    """
 
-    def __init__(self, runner: Runner, seq: int) -> None:
-        super().__init__(runner.engine, runner.ranks, runner.rank, _tag(runner.id, seq, 1))
+    __slots__ = ("nccl_device", "runner", "seq", "topology")
+
+    def __init__(
+        self,
+        runner: Runner,
+        seq: int,
+        link: Link | None = None,
+        nccl_device: torch.device | None = None,
+    ) -> None:
+        tag = _tag(runner.id, seq, 1)
+        super().__init__(link or runner.engine, runner.ranks, runner.rank, tag)
         self.runner, self.seq, self.topology = runner, seq, runner.topology
+        self.nccl_device = nccl_device
+
+    # ------------------------------------------------------- tensors on other devices
+    def link_for(self, device: torch.device) -> str | None:
+        """How this call's messages for tensors on `device` travel: None (the engine), "nccl",
+        "group" (gloo point-to-point: PLAIT_TEST_LINK on CPU) or "staged"."""
+        if device.type == "cpu":
+            return env.get("PLAIT_TEST_LINK")  # None but in tests
+        return cuda.transport(device)
+
+    def over(self, link: str, device: torch.device) -> Context:
+        """This call's context with its messages over `link` (see link_for)."""
+        if link == "staged":
+            return Context(self.runner, self.seq, StagedLink(self._engine))
+        nccl = link == "nccl"
+        group = self.runner.nccl_group(device) if nccl else self.runner.native_group()
+        via = GroupLink(self._engine, group, self._ranks, batch=True)  # on gloo: emulated
+        return Context(self.runner, self.seq, via, device if nccl else None)
+
+    def for_tensor(self, t: torch.Tensor) -> Context:
+        """The context whose channels carry `t` (this one for CPU tensors)."""
+        link = self.link_for(t.device)
+        return self if link is None else self.over(link, t.device)
+
+    def run_row(self, collective: str, algorithm: str, buf: torch.Tensor, *args: Any) -> Any:
+        """Run the routing table's row on `buf` (1-D, contiguous) by the path its device
+        takes: on CUDA, NCCL's collective or plait's schedule over NCCL point-to-point, or
+        staged through host memory (cuda.py's table)."""
+        row = routes.ROUTES[collective, algorithm].run
+        link = self.link_for(buf.device)
+        if link is None:
+            return row(self, buf, *args)
+        if link in ("nccl", "group") and algorithm in cuda.ON_DEVICE:
+            return row(self.over(link, buf.device), buf, *args)
+        return cuda.staged(buf, lambda host: row(self, host, *args))
+
+    @property
+    def _engine(self) -> Engine:
+        return self.runner.engine
 
     def channel(self, sub: int, members: Sequence[int] | None = None) -> Channel:
         """Stream `sub` (< 8) over every rank, or over `members` (ranks, this one among
         them, renumbered 0.. in that order)."""
         tag = _tag(self.runner.id, self.seq, sub)
         if members is None:
-            return Channel(self._engine, self._ranks, self.rank, tag)
+            return Channel(self._link, self._ranks, self.rank, tag)
         ranks = [self._ranks[m] for m in members]
-        return Channel(self._engine, ranks, list(members).index(self.rank), tag)
+        return Channel(self._link, ranks, list(members).index(self.rank), tag)
 
     def exchange(self, call: Call, needed: bool = False, check: bool = True) -> list[Call] | None:
         """Share every rank's call; raise CollectiveMismatchError on disagreement.
@@ -150,7 +239,7 @@ class Context(Channel):
         agree(calls)
         return calls
 
-    def exchange_resolved(self, call: Call, nbytes: int, check: bool = True) -> str:
+    def exchange_resolved(self, call: Call, t: torch.Tensor, check: bool = True) -> str:
         """`exchange` with "auto" resolved first; returns the algorithm (row) to run.
 
         Each rank resolves "auto" with its own cost model, and the ranks must choose alike:
@@ -160,7 +249,7 @@ class Context(Channel):
         """
         algorithm = call.algorithm
         if algorithm == "auto" and self.size > 1:
-            algorithm = routes.choose(call.kind, nbytes, self.topology)
+            algorithm = routes.resolve(call.kind, "auto", t.nbytes, self.topology, t.device)
             if check and check_enabled():  # a record only where one is sent (not DP's buckets)
                 call = dataclasses.replace(call, algorithm=f"auto:{algorithm}")
         self.exchange(call, check=check)
@@ -213,9 +302,14 @@ class Context(Channel):
         return self.arena(nbytes, local), self.channel(3, cross), self.topology.hosts
 
     def native(self, what: str, start: Callable[[native.Group], dist.Work]) -> None:
-        """Run a gloo collective on this communicator's group, under the engine's watchdog."""
-        group = self.runner.native_group()
-        native.run(self._engine, what, lambda: start(group))
+        """Run torch.distributed's collective on this communicator's group, under the engine's
+        watchdog: gloo's, or NCCL's in a context over NCCL."""
+        if self.nccl_device is None:
+            group = self.runner.native_group()
+            native.run(self._engine, what, lambda: start(group))
+        else:
+            group = self.runner.nccl_group(self.nccl_device)
+            native.run(self._engine, what, lambda: start(group), on_device=True)
 
     def route(self, collective: str, algorithm: str) -> Callable[..., Any]:
         """The routing table's row (for algorithms built on others)."""

@@ -178,8 +178,10 @@ def load_calibration(reload: bool = False) -> dict[str, dict[str, dict[str, Poin
     return points
 
 
-def world_key(size: int, num_nodes: int) -> str:
-    return f"p{size}-n{num_nodes}"
+def world_key(size: int, num_nodes: int, device: str = "cpu") -> str:
+    """The calibration's key of a world: "p4-n1" for CPU tensors, "cuda-p4-n1" for CUDA ones."""
+    key = f"p{size}-n{num_nodes}"
+    return key if device == "cpu" else f"{device}-{key}"
 
 
 def interpolate(points: Points, n: float) -> float:
@@ -289,13 +291,35 @@ AUTO: dict[str, Callable[[int, Topology, tuple[str, ...]], str]] = {
 }
 
 
-def save_calibration(size: int, num_nodes: int, collective: str, points: dict[str, Points]) -> Path:
-    """Merge one world size's measurements into the calibration file (atomically)."""
+def on_cuda(collective: str, n: int, topology: Topology, usable: tuple[str, ...]) -> str:
+    """`auto` for CUDA tensors over NCCL: NCCL's own collective, unless a calibration taken on
+    CUDA at this world size (`plait bench collectives --device cuda --calibrate`) measured
+    every candidate and one beats NCCL by more than the switch margin. The cost model's
+    formulas describe CPU links, so without a calibration there is nothing to weigh."""
+    world = world_key(topology.size, topology.num_nodes, "cuda")
+    measured = load_calibration().get(world, {}).get(collective)
+    candidates = tuple(a for a in usable if a in ON_CUDA)
+    if not measured or "native" not in candidates or not all(measured.get(c) for c in candidates):
+        return "native"
+    cost = {c: interpolate(measured[c], n) for c in candidates}
+    best = min(candidates, key=cost.__getitem__)
+    return best if cost[best] <= SWITCH_MARGIN * cost["native"] else "native"
+
+
+#: The rows that run on the GPU over NCCL (the others are staged through host memory).
+ON_CUDA = ("native", "ring", "halving_doubling", "tree")
+
+
+def save_calibration(
+    size: int, num_nodes: int, collective: str, points: dict[str, Points], device: str = "cpu"
+) -> Path:
+    """Merge one world size's measurements (on `device`'s tensors) into the calibration file
+    (atomically)."""
 
     def change(data: dict[str, Any]) -> None:
         if not isinstance(data.get("points"), dict):
             data["points"] = {}
-        data["points"].setdefault(world_key(size, num_nodes), {})[collective] = {
+        data["points"].setdefault(world_key(size, num_nodes, device), {})[collective] = {
             a: sorted(p) for a, p in points.items()
         }
         data["note"] = (

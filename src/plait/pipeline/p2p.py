@@ -8,6 +8,9 @@ message per transfer; exchanging shapes once per step would save it, but micro-b
 an uneven ``torch.chunk`` differ in their first dimension, so per-message headers keep the
 code simple and always right.
 
+On GPUs the header stays on the CPU and the payload is a CUDA tensor, which the communicator
+stages through pinned host memory over its engine (comm/messaging.py says why not NCCL).
+
 Sends are non-blocking (`isend`): the caller keeps the returned requests (which keep the
 tensors alive) and waits on them at the end of the step, so a stage never stalls on a
 neighbour that is busy with other work of the schedule.
@@ -45,9 +48,12 @@ def send_tensor(comm: Communicator, t: torch.Tensor, peer: int, tag: int) -> lis
     return [comm.isend(header(payload), peer, tag), comm.isend(payload, peer, tag)]
 
 
-def recv_tensor(comm: Communicator, peer: int, tag: int) -> torch.Tensor:
-    """Receive a tensor sent by `send_tensor` from `peer` with `tag`; shape and dtype from it."""
+def recv_tensor(
+    comm: Communicator, peer: int, tag: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """Receive a tensor sent by `send_tensor` from `peer` with `tag` onto `device` (the CPU by
+    default); shape and dtype come from its header, which always travels on the CPU."""
     h = comm.recv(torch.empty(HEADER, dtype=torch.int64), peer, tag)
     code, ndim = int(h[0]), int(h[1])
     shape = [int(s) for s in h[2 : 2 + ndim]]
-    return comm.recv(torch.empty(shape, dtype=DTYPES[code]), peer, tag)
+    return comm.recv(torch.empty(shape, dtype=DTYPES[code], device=device), peer, tag)

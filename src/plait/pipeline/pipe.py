@@ -11,6 +11,7 @@ split is balance.py's; what a step measures is stats.py's.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from plait import devices
 from plait.comm.communicator import Communicator
 from plait.comm.mesh import Mesh
 from plait.comm.request import Request
@@ -46,7 +48,8 @@ class _StepState:
     ins: dict[int, torch.Tensor] = field(default_factory=dict)  # stage inputs, for backward
     outs: dict[int, torch.Tensor] = field(default_factory=dict)  # stage outputs, ditto
     kept: dict[int, Saved] = field(default_factory=dict)  # checkpointed: the input, counted
-    rng: dict[int, torch.Tensor] = field(default_factory=dict)  # checkpointed: RNG at forward
+    # checkpointed micro-batches: the RNG states (CPU, and the stage's GPU) at their forward
+    rng: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     pending: list[Request] = field(default_factory=list)  # sends, waited for at the end
     total: torch.Tensor | None = None  # the last stage's loss so far
@@ -113,6 +116,14 @@ class Pipeline:
         self.final_backward = max(i for i, a in enumerate(self.actions) if a.kind == "B")
         self.stats = PipeStats()
 
+    @property
+    def device(self) -> torch.device:
+        """Where this stage's parameters are (and its received activations go): the device
+        of its first parameter or buffer, else the job's (plait.device())."""
+        for t in itertools.chain(self.stage.parameters(), self.stage.buffers()):
+            return t.device
+        return devices.device()
+
     def _checkpointed(self, mb: int) -> bool:
         if self.checkpoint == "always":
             return True
@@ -168,14 +179,14 @@ class Pipeline:
         if run.x_mbs is not None:
             x = run.x_mbs[mb]
         else:
-            x = recv_tensor(self.comm, self.rank - 1, self._tag("F", mb))
+            x = recv_tensor(self.comm, self.rank - 1, self._tag("F", mb), self.device)
             if x.is_floating_point():
                 x.requires_grad_()
         start = time.perf_counter()
         before = stats.saved_live
         if self._checkpointed(mb):
             # keep only the input (counted) and the RNG state; backward runs it again
-            run.rng[mb] = torch.get_rng_state()
+            run.rng[mb] = _rng_state(self.device)
             with torch.no_grad():
                 y = self.stage(x)
             run.kept[mb] = Saved(x, stats)
@@ -199,14 +210,19 @@ class Pipeline:
         the one run outside `accumulate` (it may reduce gradients).
 
         Returns the (start, end) of its compute."""
-        grad = None if self.last else recv_tensor(self.comm, self.rank + 1, self._tag("B", mb))
+        grad = (
+            None
+            if self.last
+            else recv_tensor(self.comm, self.rank + 1, self._tag("B", mb), self.device)
+        )
         start = time.perf_counter()
         x = run.ins.pop(mb)
         if mb in run.kept:
             # re-materialise: the input's bytes are autograd's again from here
             del run.kept[mb]
-            with torch.random.fork_rng(devices=[]):
-                torch.set_rng_state(run.rng.pop(mb))
+            on_gpu = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=on_gpu):
+                _set_rng_state(self.device, run.rng.pop(mb))
                 with run.stats.counting():
                     y = self.stage(x)
                     self._loss(mb, y, run)
@@ -245,7 +261,7 @@ class Pipeline:
                 raise ValueError("stage 0 needs inputs (got None)")
             x = inputs
         else:
-            x = recv_tensor(self.comm, self.rank - 1, self._tag("F", 0))
+            x = recv_tensor(self.comm, self.rank - 1, self._tag("F", 0), self.device)
         y = self.stage(x)
         if self.last:
             return y
@@ -260,3 +276,16 @@ class Pipeline:
             n = 0 if t.dim() == 0 else len(t)
             raise ValueError(f"{name} has batch size {n}, fewer than chunks={self.chunks}")
         return list(torch.chunk(t, self.chunks))
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The RNG states a re-run forward needs: the CPU's, and `device`'s if a GPU."""
+    gpu = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), gpu
+
+
+def _set_rng_state(device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    cpu, gpu = state
+    torch.set_rng_state(cpu)
+    if gpu is not None:
+        torch.cuda.set_rng_state(gpu, device)

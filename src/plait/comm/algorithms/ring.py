@@ -181,7 +181,10 @@ def _ring(
     sends[first] = send_block((r - first - 1) % p)
     # With p = 2 the next step's receive target was sent in this very step, so posting early
     # would wait on that send before reducing anything; post it after the reductions instead.
-    early = p > 2
+    # Over NCCL (a channel that batches, device_links.py) a receive posted ahead would join
+    # this step's group, which then needs the peers' next step: a deadlock on the GPU. There
+    # each step's sends and receives are launched as one batch, at the wait on its receive.
+    early = p > 2 and not getattr(ch, "batches", False)
     for k in range(first, stop):
         last = k + 1 == stop
         nxt = post_recvs(k + 1) if early and not last else []

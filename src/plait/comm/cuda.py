@@ -1,0 +1,183 @@
+"""CUDA tensors in the communicator: NCCL groups, which path a row takes, and the stream
+hand-off of asynchronous calls.
+
+A tensor's device decides the path (the job's device only decides where NCCL groups are made
+up front). For a CUDA tensor, with transport "nccl" (NCCL usable, PLAIT_CUDA_TRANSPORT not
+"staged"):
+    native                      NCCL's own collective on the communicator's NCCL group
+    ring, halving_doubling,     plait's schedule over NCCL point-to-point (device_links.py)
+    tree, direct
+    shm, hierarchical           staged: the buffer copied to pinned host memory, the CPU row
+                                run on it, the result copied back (shared memory is host memory)
+With transport "staged" every row is staged that way (plait's engine, gloo for native).
+
+Asynchronous calls on CUDA (DDP's behaviour): at issue, an event on the caller's current
+stream marks when the tensor is ready; the worker thread runs the call on the
+communicator's own stream after waiting for that event, then records `done`. `wait()`
+makes the caller's current stream wait for `done` without blocking the host;
+`synchronize()` blocks the host until `done`, under the engine's watchdog. The request keeps
+the call's tensors referenced until `wait()`, so the caching allocator cannot hand their
+memory out while the communication stream may still use it.
+
+When a peer dies or freezes, the engine (over its CPU sockets) sees it within the heartbeat
+bound and calls `abort_all`: every NCCL communicator of the process is aborted, so blocked
+NCCL kernels return, and the next call raises the engine's PeerFailureError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from plait import devices, env
+from plait.comm import select
+from plait.comm.request import Request
+from plait.errors import CommTimeoutError
+
+if TYPE_CHECKING:
+    from plait.comm.engine import Engine
+
+T = TypeVar("T")
+
+#: Rows that run on the device over NCCL: NCCL's own collectives, and the schedules written
+#: against a Channel. The others (shm, hierarchical) are staged through host memory.
+ON_DEVICE = frozenset(select.ON_CUDA)
+
+_groups: weakref.WeakSet[Any] = weakref.WeakSet()  # every NCCL group of the process
+_groups_lock = threading.Lock()
+_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def transport(device: torch.device) -> str:
+    """How CUDA tensors on `device` travel: "nccl" or "staged" (PLAIT_CUDA_TRANSPORT)."""
+    asked = env.get("PLAIT_CUDA_TRANSPORT")
+    if asked not in ("auto", "nccl", "staged"):
+        raise ValueError(f"PLAIT_CUDA_TRANSPORT must be auto, nccl or staged; got {asked!r}")
+    usable = devices.nccl_usable()
+    if asked == "nccl" and not usable:
+        raise devices.DeviceError(
+            "PLAIT_CUDA_TRANSPORT=nccl, but NCCL is not usable here (torch.distributed."
+            f"is_nccl_available() is {dist.is_nccl_available()}, CUDA available: "
+            f"{torch.cuda.is_available()})"
+        )
+    return "nccl" if usable and asked != "staged" else "staged"
+
+
+def new_group(comm_id: int, rank: int, size: int, timeout: float, device: torch.device) -> Any:
+    """A NCCL group of one communicator's members, ranked in the communicator's order and
+    connected now (every member calls this in the same call, as for gloo's, native.py)."""
+    # plait reports and aborts; torch's own handling would kill the process first
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    store = dist.PrefixStore(f"plait/nccl/{comm_id}/", dist.distributed_c10d._get_default_store())
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timedelta(seconds=timeout)
+    options.is_high_priority_stream = False
+    backend = dist.ProcessGroupNCCL(store, rank, size, options)
+    group = dist.ProcessGroup(store, rank, size)
+    group._set_default_backend(dist.ProcessGroup.BackendType.NCCL)
+    group._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, backend)
+    group.bound_device_id = device
+    backend.eager_connect_single_device(device)  # all members now, not at a first send
+    with _groups_lock:
+        _groups.add(group)
+    return group
+
+
+def abort_all(reason: str) -> None:
+    """Abort every NCCL communicator of this process, so that blocked GPU work returns.
+    The engine calls it (on its own thread) when it records a peer's failure."""
+    with _groups_lock:
+        groups = list(_groups)
+    for group in groups:
+        with contextlib.suppress(Exception):  # aborted or destroyed: nothing left to unblock
+            group.abort()
+
+
+def stream(device: torch.device) -> torch.cuda.Stream:
+    """The communication stream of `device` (one per device, shared by communicators)."""
+    s = _streams.get(device)
+    if s is None:
+        s = _streams.setdefault(device, torch.cuda.Stream(device=device))
+    return s
+
+
+class Handoff:
+    """The events around one asynchronous call on `device` (see the module's docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.ready = torch.cuda.Event()
+        self.ready.record(torch.cuda.current_stream(device))
+        self.done = torch.cuda.Event()
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the communication stream once the caller's work is done (worker side)."""
+        s = stream(self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(s):
+            s.wait_event(self.ready)
+            try:
+                return fn()
+            finally:
+                self.done.record(s)
+
+
+class DeviceRequest(Request[T]):
+    """An asynchronous call on CUDA tensors: `wait()` orders the caller's stream after it."""
+
+    def __init__(
+        self, inner: Request[T], handoff: Handoff, engine: Engine, keep: tuple[Any, ...]
+    ) -> None:
+        self._inner, self._handoff, self._engine = inner, handoff, engine
+        self._keep: tuple[Any, ...] | None = keep  # the call's tensors, alive until wait()
+
+    def done(self) -> bool:
+        return self._inner.done() and self._handoff.done.query()
+
+    def wait(self) -> T:
+        """The result, once the call was issued on the communication stream; the caller's
+        current stream waits for it on the GPU (the host does not)."""
+        result = self._inner.wait()
+        self.started_at, self.finished_at = self._inner.started_at, self._inner.finished_at
+        current = torch.cuda.current_stream(self._handoff.device)
+        current.wait_event(self._handoff.done)
+        if isinstance(result, torch.Tensor) and result.is_cuda:
+            result.record_stream(current)  # made on the communication stream, used on this
+        self._keep = None
+        return result
+
+    def synchronize(self) -> T:
+        """`wait()`, then block the host until the GPU has finished the call (a dead peer
+        is raised within the heartbeat bound; a live one is waited for PLAIT_TIMEOUT)."""
+        result = self.wait()
+        deadline = time.monotonic() + self._engine.timeout
+        while not self._handoff.done.query():
+            if self._engine.error is not None:
+                raise self._engine.error
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(
+                    f"rank {self._engine.rank}: a collective on {self._handoff.device} did not "
+                    f"finish within {self._engine.timeout:.0f} s (raise PLAIT_TIMEOUT if expected)"
+                )
+            time.sleep(0.001)
+        return result
+
+
+def staged(
+    buf: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor | None]
+) -> torch.Tensor | None:
+    """Run `run` (a CPU row) on a host copy of `buf`, then copy the host buffer back into
+    `buf`; a tensor `run` returns comes back on `buf`'s device."""
+    host = torch.empty(buf.shape, dtype=buf.dtype, pin_memory=torch.cuda.is_available())
+    host.copy_(buf)
+    out = run(host)
+    buf.copy_(host)
+    return None if out is None else out.to(buf.device)

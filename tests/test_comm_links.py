@@ -1,0 +1,190 @@
+"""The paths CUDA tensors take, checked on CPU tensors where no GPU is needed.
+
+A CUDA tensor's collective runs plait's schedules over point-to-point on a process group
+(NCCL's, device_links.GroupLink) or staged through host memory over the engine
+(cuda.staged, device_links.StagedLink). PLAIT_TEST_LINK sends CPU tensors down the same
+code: "group" over the gloo group's point-to-point, "staged" through host copies. Every
+collective must then give what one process computes, and the structure must show the data
+really took that path (the engine carried none of a group-link allreduce's bytes). The
+NCCL calls themselves and the CUDA streams run only on a GPU (tests/test_comm_cuda.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from plait import devices
+from plait.comm import cuda, routes, select
+from plait.comm.agreement import Call, agree
+from plait.comm.dtypes import dtype_from_name, on_device, record_name
+from plait.comm.topology import Topology
+from plait.errors import CollectiveMismatchError, PeerFailureError
+from world import run_world
+
+
+def _inputs(rank: int, n: int = 1000) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7 + rank)
+    return torch.randint(-2, 3, (n,), generator=g).to(torch.float32)
+
+
+def _every_collective(comm: object) -> dict[str, object]:
+    """Each collective and algorithm on small-integer inputs, against the one-process result;
+    and how many engine messages a group-link ring allreduce cost."""
+    import plait.comm.cuda as cuda_module
+
+    staged = []
+    real = cuda_module.staged
+    cuda_module.staged = lambda buf, run: staged.append(buf.numel()) or real(buf, run)
+    p, r = comm.size, comm.rank
+    xs = [_inputs(k) for k in range(p)]
+    total = torch.stack(xs).sum(0)
+    rows = torch.stack(xs)  # (p, n): rank k's rows
+
+    def algorithms(collective: str) -> tuple[str, ...]:  # every row that runs on one host
+        return ("auto", *routes.usable(collective, comm.topology))
+
+    for algorithm in algorithms("allreduce"):
+        assert torch.equal(comm.allreduce(xs[r], algorithm=algorithm), total), algorithm
+        got = comm.allreduce(xs[r], "max", algorithm=algorithm)
+        assert torch.equal(got, rows.amax(0)), algorithm
+    for algorithm in algorithms("broadcast"):
+        assert torch.equal(comm.broadcast(xs[r], 1, algorithm=algorithm), xs[1]), algorithm
+    for algorithm in algorithms("reduce"):
+        reduced = comm.reduce(xs[r], 2 % p, algorithm=algorithm)
+        assert (reduced is None) == (r != 2 % p)
+        assert reduced is None or torch.equal(reduced, total), algorithm
+    for algorithm in algorithms("allgather"):
+        got = comm.allgather(xs[r].view(10, -1), algorithm)
+        assert torch.equal(got, rows.view(-1, 100)), algorithm
+    for algorithm in algorithms("reduce_scatter"):
+        part = comm.reduce_scatter(total.new_ones(p * 6, 5) * (r + 1), algorithm=algorithm)
+        assert torch.equal(part, torch.full((6, 5), float(sum(range(1, p + 1))))), algorithm
+    assert torch.equal(comm.allreduce_async(xs[r]).wait(), total)
+    uneven = torch.arange(r + 1, dtype=torch.float32)  # allgather of unequal blocks
+    expect = torch.cat([torch.arange(k + 1, dtype=torch.float32) for k in range(p)])
+    assert torch.equal(comm.allgather(uneven), expect)
+    sent = torch.arange(p * 2, dtype=torch.float32) + 100 * r  # alltoall: 2 rows to each
+    got = comm.alltoall(sent)
+    assert torch.equal(
+        got, torch.cat([torch.arange(2 * r, 2 * r + 2) + 100.0 * k for k in range(p)])
+    )
+    gathered = comm.gather(uneven, root=0)
+    assert (gathered is None) == (r != 0) and (gathered is None or torch.equal(gathered, expect))
+    part = comm.scatter(torch.arange(p * 3.0) if r == 1 else None, root=1)
+    assert torch.equal(part, torch.arange(3.0 * r, 3.0 * r + 3))
+    comm.barrier()
+    # structure: the engine carries none of a group-link ring allreduce's data (check=False
+    # leaves the mismatch check's records out too); the engine path sends 2(p-1) messages
+    before = sum(s for s, _ in comm.engine.counts().values())
+    comm.allreduce(torch.ones(1 << 16), algorithm="ring", check=False)
+    engine_messages = sum(s for s, _ in comm.engine.counts().values()) - before
+    comm.barrier()
+    cuda_module.staged = real
+    return {"engine_messages": engine_messages, "staged": len(staged)}
+
+
+@pytest.mark.parametrize("link", ["group", "staged"])
+def test_every_collective_over_the_links_cuda_tensors_take(link):
+    results = run_world(3, _every_collective, env={"PLAIT_TEST_LINK": link}, timeout=120)
+    for got in results:
+        if link == "group":  # plait's schedules over gloo's point-to-point: not the engine
+            assert got["engine_messages"] == 0, got
+            # the rows a GPU cannot run over NCCL (none here but auto's shm) are staged
+        else:  # every row staged through a host copy, then plait's engine
+            assert got["engine_messages"] >= 2 * (3 - 1), got
+            assert got["staged"] > 0, got
+
+
+def test_without_a_test_link_nothing_is_staged():
+    results = run_world(2, _every_collective, timeout=120)
+    assert all(r["staged"] == 0 and r["engine_messages"] >= 2 for r in results)
+
+
+def test_records_name_the_device_so_cpu_and_gpu_ranks_disagree():
+    meta = torch.empty(4, device="meta")
+    assert record_name(torch.empty(4)) == "float32"
+    assert record_name(meta) == "float32@meta"
+    assert dtype_from_name("float32@cuda") is torch.float32
+    assert on_device("float32") == torch.device("cpu")
+    cpu = Call.of("allreduce", torch.empty(4), op="sum", algorithm="ring")
+    gpu = Call("allreduce", "float32@cuda", (4,), op="sum", algorithm="ring")
+    with pytest.raises(CollectiveMismatchError, match="float32@cuda"):
+        agree([cpu, gpu])
+    assert Call.decode(gpu.encode(2)) == gpu
+
+
+def test_transport_without_a_gpu(monkeypatch):
+    gpu = torch.device("cuda", 0)
+    assert cuda.transport(gpu) == "staged"  # no NCCL here: staged through host memory
+    monkeypatch.setenv("PLAIT_CUDA_TRANSPORT", "nccl")
+    with pytest.raises(devices.DeviceError, match="NCCL is not usable here"):
+        cuda.transport(gpu)
+    monkeypatch.setenv("PLAIT_CUDA_TRANSPORT", "fast")
+    with pytest.raises(ValueError, match="auto, nccl or staged; got 'fast'"):
+        cuda.transport(gpu)
+
+
+def test_auto_on_cuda_takes_nccl_unless_a_cuda_calibration_says_otherwise(monkeypatch, tmp_path):
+    monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(cuda, "transport", lambda device: "nccl")
+    topology = Topology(["a"] * 4, 0)
+    gpu = torch.device("cuda", 0)
+    assert routes.choose("allreduce", 1 << 20, topology, gpu) == "native"
+    assert routes.choose("allreduce", 1 << 20, topology) == "shm"  # CPU tensors: unchanged
+    # a calibration taken on CUDA in which the ring is twice as fast as NCCL at every size
+    sizes = [1 << 10, 1 << 24]
+    points = {
+        a: [[n, n * 1e-9 * (2 if a == "native" else 1)] for n in sizes] for a in select.ON_CUDA
+    }
+    select.save_calibration(4, 1, "allreduce", points, device="cuda")
+    select.load_calibration(reload=True)
+    assert routes.choose("allreduce", 1 << 20, topology, gpu) in (
+        "ring",
+        "halving_doubling",
+        "tree",
+    )
+    assert routes.choose("allreduce", 1 << 20, topology) == "shm"  # the CPU key is untouched
+    # staged CUDA tensors run the CPU rows, so they choose as CPU tensors do
+    monkeypatch.setattr(cuda, "transport", lambda device: "staged")
+    assert routes.choose("allreduce", 1 << 20, topology, gpu) == "shm"
+
+
+def _hook_sees_the_death(comm: object) -> dict[str, object]:
+    seen: list[tuple[float, int]] = []
+    comm.engine.on_failure(lambda err: seen.append((time.monotonic(), err.rank)))
+    if comm.rank == 1:
+        time.sleep(0.5)
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        comm.allreduce(torch.ones(4), algorithm="ring")
+    except PeerFailureError as e:
+        raised = e.rank
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    late: list[int] = []
+    comm.engine.on_failure(lambda err: late.append(err.rank))  # after the failure: at once
+    while not late and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {
+        "raised": raised,
+        "hook": seen and seen[0][1],
+        "after": seen and seen[0][0] - start,
+        "late": late,
+    }
+
+
+def test_a_failure_runs_the_hooks_that_abort_nccl():
+    results = run_world(
+        2, _hook_sees_the_death, tolerate=[1], timeout=60, env={"PLAIT_HEARTBEAT_TIMEOUT": "2"}
+    )
+    got = results[0]
+    assert got["raised"] == 1 and got["hook"] == 1 and got["late"] == [1], got
+    assert got["after"] < 5, got
