@@ -30,56 +30,66 @@ def _inputs(rank: int, n: int = 1000) -> torch.Tensor:
     return torch.randint(-2, 3, (n,), generator=g).to(torch.float32)
 
 
-def _every_collective(comm: object) -> dict[str, object]:
-    """Each collective and algorithm on small-integer inputs, against the one-process result;
-    and how many engine messages a group-link ring allreduce cost."""
+def every_collective(comm: object, device: str = "cpu") -> dict[str, object]:
+    """Each collective and algorithm on small-integer inputs on `device`, against the
+    one-process result; and how many engine messages a ring allreduce cost, how many rows
+    were staged. Also run on CUDA tensors by tests/test_comm_cuda.py."""
     import plait.comm.cuda as cuda_module
 
     staged = []
     real = cuda_module.staged
     cuda_module.staged = lambda buf, run: staged.append(buf.numel()) or real(buf, run)
     p, r = comm.size, comm.rank
-    xs = [_inputs(k) for k in range(p)]
-    total = torch.stack(xs).sum(0)
-    rows = torch.stack(xs)  # (p, n): rank k's rows
+    on = torch.device(device)
+
+    def same(got: torch.Tensor, want: torch.Tensor) -> bool:  # equal, and on `device`
+        return got.device.type == on.type and torch.equal(got.cpu(), want.cpu())
+
+    rows = torch.stack([_inputs(k) for k in range(p)])  # (p, n): rank k's inputs
+    total, mine = rows.sum(0), rows[r].to(on)
 
     def algorithms(collective: str) -> tuple[str, ...]:  # every row that runs on one host
         return ("auto", *routes.usable(collective, comm.topology))
 
     for algorithm in algorithms("allreduce"):
-        assert torch.equal(comm.allreduce(xs[r], algorithm=algorithm), total), algorithm
-        got = comm.allreduce(xs[r], "max", algorithm=algorithm)
-        assert torch.equal(got, rows.amax(0)), algorithm
+        assert same(comm.allreduce(mine, algorithm=algorithm), total), algorithm
+        assert same(comm.allreduce(mine, "max", algorithm=algorithm), rows.amax(0)), algorithm
     for algorithm in algorithms("broadcast"):
-        assert torch.equal(comm.broadcast(xs[r], 1, algorithm=algorithm), xs[1]), algorithm
+        assert same(comm.broadcast(mine, 1, algorithm=algorithm), rows[1]), algorithm
     for algorithm in algorithms("reduce"):
-        reduced = comm.reduce(xs[r], 2 % p, algorithm=algorithm)
+        reduced = comm.reduce(mine, 2 % p, algorithm=algorithm)
         assert (reduced is None) == (r != 2 % p)
-        assert reduced is None or torch.equal(reduced, total), algorithm
+        assert reduced is None or same(reduced, total), algorithm
     for algorithm in algorithms("allgather"):
-        got = comm.allgather(xs[r].view(10, -1), algorithm)
-        assert torch.equal(got, rows.view(-1, 100)), algorithm
+        assert same(comm.allgather(mine.view(10, -1), algorithm), rows.view(-1, 100)), algorithm
     for algorithm in algorithms("reduce_scatter"):
-        part = comm.reduce_scatter(total.new_ones(p * 6, 5) * (r + 1), algorithm=algorithm)
-        assert torch.equal(part, torch.full((6, 5), float(sum(range(1, p + 1))))), algorithm
-    assert torch.equal(comm.allreduce_async(xs[r]).wait(), total)
-    uneven = torch.arange(r + 1, dtype=torch.float32)  # allgather of unequal blocks
+        part = comm.reduce_scatter(torch.ones(p * 6, 5, device=on) * (r + 1), algorithm=algorithm)
+        assert same(part, torch.full((6, 5), float(sum(range(1, p + 1))))), algorithm
+    request = comm.allreduce_async(mine)
+    assert same(request.wait(), total) and same(request.synchronize(), total)
+    uneven = torch.arange(r + 1, dtype=torch.float32, device=on)  # unequal blocks
     expect = torch.cat([torch.arange(k + 1, dtype=torch.float32) for k in range(p)])
-    assert torch.equal(comm.allgather(uneven), expect)
-    sent = torch.arange(p * 2, dtype=torch.float32) + 100 * r  # alltoall: 2 rows to each
-    got = comm.alltoall(sent)
-    assert torch.equal(
-        got, torch.cat([torch.arange(2 * r, 2 * r + 2) + 100.0 * k for k in range(p)])
+    assert same(comm.allgather(uneven), expect)
+    sent = torch.arange(p * 2, dtype=torch.float32, device=on) + 100 * r  # 2 rows to each
+    assert same(
+        comm.alltoall(sent),
+        torch.cat([torch.arange(2 * r, 2 * r + 2) + 100.0 * k for k in range(p)]),
     )
     gathered = comm.gather(uneven, root=0)
-    assert (gathered is None) == (r != 0) and (gathered is None or torch.equal(gathered, expect))
-    part = comm.scatter(torch.arange(p * 3.0) if r == 1 else None, root=1)
-    assert torch.equal(part, torch.arange(3.0 * r, 3.0 * r + 3))
+    assert (gathered is None) == (r != 0) and (gathered is None or same(gathered, expect))
+    part = comm.scatter(torch.arange(p * 3.0, device=on) if r == 1 else None, root=1)
+    assert same(part, torch.arange(3.0 * r, 3.0 * r + 3))
     comm.barrier()
-    # structure: the engine carries none of a group-link ring allreduce's data (check=False
-    # leaves the mismatch check's records out too); the engine path sends 2(p-1) messages
+    if p > 1:  # point to point (on GPUs staged over the engine, tags kept)
+        got = comm.recv(torch.empty(3, device=on), (r - 1) % p, tag=5) if r % 2 else None
+        comm.send(torch.full((3,), float(r), device=on), (r + 1) % p, tag=5)
+        if r % 2 == 0:
+            got = comm.recv(torch.empty(3, device=on), (r - 1) % p, tag=5)
+        assert same(got, torch.full((3,), float((r - 1) % p)))
+    # structure: a ring allreduce's data messages through the engine (check=False leaves
+    # the mismatch check's records out): none over a group link, 2(p-1) or more otherwise
     before = sum(s for s, _ in comm.engine.counts().values())
-    comm.allreduce(torch.ones(1 << 16), algorithm="ring", check=False)
+    comm.allreduce(torch.ones(1 << 16, device=on), algorithm="ring", check=False)
     engine_messages = sum(s for s, _ in comm.engine.counts().values()) - before
     comm.barrier()
     cuda_module.staged = real
@@ -88,7 +98,7 @@ def _every_collective(comm: object) -> dict[str, object]:
 
 @pytest.mark.parametrize("link", ["group", "staged"])
 def test_every_collective_over_the_links_cuda_tensors_take(link):
-    results = run_world(3, _every_collective, env={"PLAIT_TEST_LINK": link}, timeout=120)
+    results = run_world(3, every_collective, env={"PLAIT_TEST_LINK": link}, timeout=120)
     for got in results:
         if link == "group":  # plait's schedules over gloo's point-to-point: not the engine
             assert got["engine_messages"] == 0, got
@@ -99,7 +109,7 @@ def test_every_collective_over_the_links_cuda_tensors_take(link):
 
 
 def test_without_a_test_link_nothing_is_staged():
-    results = run_world(2, _every_collective, timeout=120)
+    results = run_world(2, every_collective, timeout=120)
     assert all(r["staged"] == 0 and r["engine_messages"] >= 2 for r in results)
 
 

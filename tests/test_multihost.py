@@ -74,6 +74,7 @@ def test_plait_run_two_hosts_two_ranks_each(hosts: Hosts) -> None:
     outs = _run_on_hosts(hosts, argv, timeout=90)
     _check_outputs(outs, nproc=2)
     assert all("hierarchical structure ok" in out for out in outs)
+    assert all("hierarchical over point-to-point ok" in out for out in outs)
     assert all("hierarchical reduce_scatter and allgather ok" in out for out in outs)
     # each host's launcher prefixes its ranks' lines with their global ranks
     assert "[rank 2] OK rank=2" in outs[1] and "[rank 0]" not in outs[1]

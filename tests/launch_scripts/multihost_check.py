@@ -47,6 +47,14 @@ if two_level:
     peers = {r for r in range(comm.size) if r % comm.local_size == comm.local_rank} - {comm.rank}
     assert talked == peers, (talked, peers)
     print("hierarchical structure ok", flush=True)
+    # as on GPUs: both levels over batched point-to-point (here gloo's, NCCL's order kept)
+    os.environ["PLAIT_TEST_LINK"] = "group"
+    x = torch.arange(1001, dtype=torch.float64) + comm.rank
+    total = comm.allreduce(x, algorithm="hierarchical")
+    del os.environ["PLAIT_TEST_LINK"]
+    expected = comm.size * torch.arange(1001, dtype=torch.float64) + comm.size * (comm.size - 1) / 2
+    torch.testing.assert_close(total, expected, rtol=0, atol=0)
+    print("hierarchical over point-to-point ok", flush=True)
     # the two halves on their own, uneven blocks, against the flat ring's exact answers
     for rows in (5, 40_001):  # 40_001 x 3 float64 exceeds a 1 MB slot: windows
         x = torch.arange(rows * 3, dtype=torch.float64).view(rows, 3) + comm.rank

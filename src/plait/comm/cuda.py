@@ -6,9 +6,10 @@ up front). For a CUDA tensor, with transport "nccl" (NCCL usable, PLAIT_CUDA_TRA
 "staged"):
     native                      NCCL's own collective on the communicator's NCCL group
     ring, halving_doubling,     plait's schedule over NCCL point-to-point (device_links.py)
-    tree, direct
+    tree, direct, hierarchical
+    allreduce
     shm, hierarchical           staged: the buffer copied to pinned host memory, the CPU row
-                                run on it, the result copied back (shared memory is host memory)
+    allgather/reduce_scatter    run on it, the result copied back (shared memory is host memory)
 With transport "staged" every row is staged that way (plait's engine, gloo for native).
 
 Asynchronous calls on CUDA (DDP's behaviour): at issue, an event on the caller's current
@@ -48,9 +49,14 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: Rows that run on the device over NCCL: NCCL's own collectives, and the schedules written
-#: against a Channel. The others (shm, hierarchical) are staged through host memory.
-ON_DEVICE = frozenset(select.ON_CUDA)
+
+def on_device(collective: str, algorithm: str) -> bool:
+    """Whether the row runs on the GPU over NCCL: NCCL's own collectives, the schedules written
+    against a Channel, and the two-level allreduce (both levels over NCCL point-to-point).
+    The others (shm; hierarchical allgather and reduce_scatter) are staged through host
+    memory."""
+    return algorithm in select.ON_CUDA or (collective, algorithm) == ("allreduce", "hierarchical")
+
 
 _groups: weakref.WeakSet[Any] = weakref.WeakSet()  # every NCCL group of the process
 _groups_lock = threading.Lock()

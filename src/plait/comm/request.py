@@ -49,6 +49,12 @@ class Request(Generic[T]):
         """
         raise NotImplementedError
 
+    def synchronize(self) -> T:
+        """`wait()`, and for a call on CUDA tensors block the host until the GPU has finished
+        it too (`wait()` there only orders the caller's current stream after it, the way
+        torch.distributed's NCCL works do). The same as `wait()` for CPU tensors."""
+        return self.wait()
+
 
 class Driver(Protocol):
     """What moves a Transfer's bytes: the engine (engine.py)."""

@@ -13,6 +13,7 @@ Stream numbers of one call (3 bits of the tag):
     1  the algorithm (the Context itself)
     2  creating a shared-memory arena
     3  the hierarchical algorithms' network level
+    4  the hierarchical allreduce's host level where it is not shared memory (on GPUs)
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ class Context(Channel):
         link = self.link_for(buf.device)
         if link is None:
             return row(self, buf, *args)
-        if link in ("nccl", "group") and algorithm in cuda.ON_DEVICE:
+        if link in ("nccl", "group") and cuda.on_device(collective, algorithm):
             return row(self.over(link, buf.device), buf, *args)
         return cuda.staged(buf, lambda host: row(self, host, *args))
 

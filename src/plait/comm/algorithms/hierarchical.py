@@ -136,7 +136,27 @@ def runs_on(topology: Topology) -> bool:
     return topology.levels is not None and shm.allowed()
 
 
+def allreduce_over_channels(
+    local: Channel, cross: Channel, buf: torch.Tensor, op: str, across: CrossAllreduce
+) -> None:
+    """The same three steps with the host's level over a channel instead of shared memory:
+    on a GPU, both levels are NCCL point-to-point (ring reduce-scatter and all-gather among
+    the host's ranks, `across` between hosts)."""
+    b = bounds_even(buf.numel(), local.size)
+    ring.reduce_scatter(local, buf, op, b)
+    block = buf[b[local.rank] : b[local.rank + 1]]
+    if block.numel():
+        across(cross, block, op)
+    ring.allgather(local, buf, b)
+
+
 def _allreduce_row(ctx: Context, buf: torch.Tensor, op: str) -> None:
+    if ctx.nccl_device is not None or ctx.batches:  # over NCCL (or its CPU emulation)
+        local_ranks, cross_ranks = ctx.topology.levels or ((), ())
+        name = select.cross_allreduce(buf.nbytes // len(local_ranks), len(cross_ranks))
+        local, cross = ctx.channel(4, local_ranks), ctx.channel(3, cross_ranks)
+        allreduce_over_channels(local, cross, buf, op, ctx.route("allreduce", name))
+        return
     arena, cross, hosts = ctx.two_levels(buf.nbytes)
     part_bytes = min(buf.nbytes, arena.slot_bytes)  # what one round moves
     name = select.cross_allreduce(part_bytes // len(hosts[0]), len(hosts))

@@ -1,0 +1,158 @@
+"""The communicator on CUDA tensors: what one GPU can show (scripts/gpu-check.sh runs these).
+
+Several ranks share the one GPU (PLAIT_SHARE_GPU=1). Staged transport (through pinned host
+memory over plait's engine and gloo) runs with any number of ranks per GPU. NCCL refuses
+two ranks on one GPU ("Duplicate GPU detected") before NCCL 2.30, which allows it with
+NCCL_MULTI_RANK_GPU_ENABLE=1; the NCCL tests skip with that reason where it is older. The
+failure tests kill or freeze a rank while the other is blocked in a NCCL collective and need
+PeerFailureError naming it within the 15 s bound, as on CPU (tests/test_failures.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from plait.errors import PeerFailureError
+from test_comm_links import every_collective
+from world import run_world
+
+pytestmark = pytest.mark.cuda
+
+SHARE = {"PLAIT_SHARE_GPU": "1", "PLAIT_DEVICE": "cuda"}
+NCCL_MULTI_RANK = (2, 30, 0)  # the first NCCL that lets ranks share a GPU
+
+
+def _nccl_shares_a_gpu() -> str | None:
+    """Why two ranks cannot run NCCL on one GPU here, or None where they can."""
+    if not torch.distributed.is_nccl_available():
+        return "this torch has no NCCL"
+    version = tuple(torch.cuda.nccl.version())
+    if torch.cuda.device_count() >= 2:
+        return None
+    if version < NCCL_MULTI_RANK:
+        return (
+            f"NCCL {'.'.join(map(str, version))} refuses two ranks on one GPU (Duplicate GPU "
+            "detected); NCCL 2.30 allows it with NCCL_MULTI_RANK_GPU_ENABLE=1"
+        )
+    return None
+
+
+NCCL_ENV = {**SHARE, "PLAIT_CUDA_TRANSPORT": "nccl", "NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+
+
+def _devices(comm: object) -> tuple[str, str]:
+    import plait
+
+    return str(plait.device()), str(torch.cuda.current_device())
+
+
+def test_init_selects_cuda_local_rank_and_shares_one_gpu_when_asked():
+    got = run_world(2, _devices, env=SHARE)
+    count = torch.cuda.device_count()
+    assert got == [(f"cuda:{r % count}", str(r % count)) for r in range(2)]
+
+
+def _single_rank_nccl(comm: object) -> list[float]:
+    from plait.comm import native
+
+    device = torch.device("cuda", 0)
+    group = comm._runner.nccl_group(device)
+    t = torch.arange(4.0, device=device)
+    native.allreduce(group, t, "sum").wait()
+    torch.cuda.synchronize()
+    return t.tolist()
+
+
+def test_single_rank_nccl():
+    assert run_world(1, _single_rank_nccl, env={"PLAIT_DEVICE": "cuda"}) == [[0.0, 1.0, 2.0, 3.0]]
+
+
+def test_every_collective_on_cuda_tensors_staged_through_the_host():
+    env = {**SHARE, "PLAIT_CUDA_TRANSPORT": "staged"}
+    for got in run_world(2, every_collective, "cuda", env=env, timeout=180):
+        assert got["staged"] > 0 and got["engine_messages"] >= 2, got
+
+
+def test_every_collective_on_cuda_tensors_over_nccl():
+    reason = _nccl_shares_a_gpu()
+    if reason:
+        pytest.skip(reason)
+    for got in run_world(2, every_collective, "cuda", env=NCCL_ENV, timeout=180):
+        assert got["engine_messages"] == 0, got  # the ring's data went over NCCL
+
+
+def _async_on_the_communication_stream(comm: object) -> dict[str, object]:
+    """allreduce_async returns before the GPU has done it; wait() orders the caller's stream
+    after it without blocking the host; the result is right once that stream has run."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    x = torch.full((1 << 20,), float(comm.rank + 1), device=device)
+    x = x * 1  # a kernel on the caller's stream the collective must wait for
+    request = comm.allreduce_async_(x)
+    total = request.wait()
+    y = total + 0  # queued after the collective on the caller's stream
+    torch.cuda.synchronize()
+    request.synchronize()
+    return {"value": float(y[0]), "same": total.data_ptr() == x.data_ptr()}
+
+
+@pytest.mark.parametrize("transport", ["staged", "nccl"])
+def test_async_collectives_hand_off_to_the_communication_stream(transport):
+    env = {**SHARE, "PLAIT_CUDA_TRANSPORT": transport, "NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    if transport == "nccl" and (reason := _nccl_shares_a_gpu()):
+        pytest.skip(reason)
+    for got in run_world(2, _async_on_the_communication_stream, env=env, timeout=120):
+        assert got == {"value": 3.0, "same": True}
+
+
+def _nested_splits(comm: object) -> list[float]:
+    """Sub-communicators of sub-communicators each get their NCCL group (made by their members
+    only), without the deadlock new_group has when not every rank calls it."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    half = comm.split(color=comm.rank % 2)
+    single = half.split(ranks=[0])
+    if single is not None:
+        assert single.size == 1
+    x = torch.ones(8, device=device)
+    return [
+        float(comm.allreduce(x, algorithm="native")[0]),
+        float(half.allreduce(x, algorithm="native")[0]),
+    ]
+
+
+def test_nested_splits_get_their_own_nccl_groups():
+    if reason := _nccl_shares_a_gpu():
+        pytest.skip(reason)
+    assert run_world(4, _nested_splits, env=NCCL_ENV, timeout=180) == [[4.0, 2.0]] * 4
+
+
+def _blocked_in_nccl(comm: object, how: str) -> tuple[str, int | None, float]:
+    device = torch.device("cuda", torch.cuda.current_device())
+    x = torch.ones(1 << 22, device=device)
+    comm.allreduce(x, algorithm="native")  # both ranks have NCCL going
+    torch.cuda.synchronize()
+    if comm.rank == 1:
+        time.sleep(1.0)
+        os.kill(os.getpid(), getattr(signal, how))
+        time.sleep(60)
+    start = time.monotonic()
+    try:
+        while True:  # rank 0 ends up blocked in a NCCL allreduce its peer never joins
+            comm.allreduce_async_(x, algorithm="native").synchronize()
+    except PeerFailureError as e:
+        return type(e).__name__, e.rank, time.monotonic() - start
+    return "no error", None, time.monotonic() - start
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_a_rank_killed_or_frozen_in_nccl_is_named_within_15s(how):
+    if reason := _nccl_shares_a_gpu():
+        pytest.skip(reason)
+    got = run_world(2, _blocked_in_nccl, how, env=NCCL_ENV, tolerate=[1], timeout=60)
+    kind, rank, seconds = got[0]
+    assert (kind, rank) == ("PeerFailureError", 1), got
+    assert seconds < 15, got
