@@ -75,9 +75,25 @@ def train_equivalence(
     comm: Communicator, opt_name: str, dtype: torch.dtype, bucket_mb: float, overlap: bool
 ) -> float:
     """Largest parameter difference to the reference after 5 steps."""
+    return equivalence_run(comm, opt_name, dtype, bucket_mb, overlap)[0]
+
+
+def equivalence_run(
+    comm: Communicator,
+    opt_name: str,
+    dtype: torch.dtype,
+    bucket_mb: float,
+    overlap: bool,
+    device: torch.device | None = None,
+) -> tuple[float, DataParallel]:
+    """5 steps of DataParallel and of the one-process reference, both on `device` (the CPU
+    by default; tests/test_train_cuda.py runs it on a GPU): the largest parameter
+    difference, and the DataParallel model."""
+    on = device or torch.device("cpu")
     # each rank starts from different weights: DataParallel must broadcast rank 0's
-    dp = DataParallel(make_model(comm.rank, dtype), comm, bucket_mb=bucket_mb, overlap=overlap)
-    ref = make_model(0, dtype)
+    model = make_model(comm.rank, dtype).to(on)
+    dp = DataParallel(model, comm, bucket_mb=bucket_mb, overlap=overlap)
+    ref = make_model(0, dtype).to(on)
 
     def optimizer(m: nn.Module) -> torch.optim.Optimizer:
         if opt_name == "sgd":
@@ -87,17 +103,15 @@ def train_equivalence(
     opt, ref_opt = optimizer(dp), optimizer(ref)
     loss_fn = nn.CrossEntropyLoss()
     for step in range(5):
-        x, y = global_batch(step, PER_RANK * comm.size, dtype)
+        x, y = (t.to(on) for t in global_batch(step, PER_RANK * comm.size, dtype))
         opt.zero_grad()
         loss_fn(dp(mine(x, comm)), mine(y, comm)).backward()
         opt.step()
         ref_opt.zero_grad()
         loss_fn(ref(x), y).backward()
         ref_opt.step()
-    return max(
-        (a - b).abs().max().item()
-        for a, b in zip(dp.module.parameters(), ref.parameters(), strict=True)
-    )
+    pairs = zip(dp.module.parameters(), ref.parameters(), strict=True)
+    return max((a - b).abs().max().item() for a, b in pairs), dp
 
 
 def no_sync_and_clipping(comm: Communicator) -> float:

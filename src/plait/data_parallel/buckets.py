@@ -4,6 +4,9 @@ Buckets follow reverse registration order because backward produces gradients ro
 that order (the last layer's first), so the first bucket fills while earlier layers are
 still differentiating, and its allreduce overlaps the rest of backward. Like torch DDP the
 first bucket is small (1 MiB): it starts communication as early as possible.
+
+A bucket's buffer lives on its parameters' device, so a model on a GPU reduces GPU buffers
+(the Communicator's CUDA collectives, on its own stream: see dp.py).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class Bucket:
         self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
         total = sum(self.numels)
         extra = len(params) if flags else 0
-        self.buffer = torch.zeros(total + extra, dtype=params[0].dtype)
+        self.buffer = torch.zeros(total + extra, dtype=params[0].dtype, device=params[0].device)
         self.flags = self.buffer[total:] if flags else None
         self.pending = len(params)
 
@@ -82,7 +85,7 @@ class Bucket:
                 region.zero_()
             else:
                 region.copy_(p.grad)
-        if self.flags is not None:  # one copy, not a tensor write per parameter
+        if self.flags is not None:  # one copy (host to device on a GPU), not one per parameter
             self.flags.copy_(torch.tensor([p.grad is not None for p in self.params]))
 
     def unpack(self) -> None:

@@ -11,6 +11,14 @@ How a step goes (the structure torch DDP made standard):
                        copy the averages back into .grad
     optimizer.step()   any torch optimizer; gradients are already averaged
 
+On a GPU the same steps hold, with streams: a bucket is packed on the stream backward runs
+on, its allreduce (a CUDA collective: NCCL, or plait's schedules over NCCL point-to-point)
+runs on the Communicator's stream after an event that marks the packed buffer ready, and at
+the end of backward `wait()` makes the caller's stream wait for it, so the unpack and the
+optimizer step queue behind the reduction without blocking the host. The buckets' buffers
+live on the parameters' device (buckets.py), so a module must sit on one device. The trace's
+times are then when the host issued each piece, not when the GPU ran it.
+
 Buckets launch strictly in bucket order, on every rank alike: plait's collectives are
 matched by the order they are issued in, so a rank whose bucket 1 happens to fill before
 bucket 0 holds it back until bucket 0 goes.
@@ -70,6 +78,7 @@ class DataParallel(nn.Module):
 
     Raises:
         ReplicaMismatchError: on every rank, if the ranks' parameters differ.
+        ValueError: the module's parameters are on more than one device.
     """
 
     def __init__(
@@ -98,6 +107,12 @@ class DataParallel(nn.Module):
         self.trace = StepTrace()
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        placed = sorted({str(p.device) for _, p in named})
+        if len(placed) > 1:  # a bucket is one flat tensor, on one device
+            raise ValueError(
+                f"DataParallel reduces a module on one device; its parameters are on "
+                f"{', '.join(placed)}: move it first, module.to(device)"
+            )
         replicas.check_same(comm, list(module.named_parameters()) + list(module.named_buffers()))
         replicas.broadcast_tensors(comm, [t for _, t in module.state_dict(keep_vars=True).items()])
 

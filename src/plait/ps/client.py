@@ -8,6 +8,10 @@ Every operation sends one request to every server (a server with no keys still g
 keeps the worker's clock). A pull writes the served values into the parameters in place,
 in `wait()`, on the calling thread. Until a push's handle is waited for, leave the
 gradients alone: slices of large tensors are sent straight from their memory.
+
+A model on a GPU works the same: its gradients are copied to pinned host buffers before a
+push returns, and pulled values are copied back to the GPU on the caller's stream
+(staging.py). The servers run on the CPU either way.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, 
 from plait.ps.errors import PSError
 from plait.ps.roles import Role
 from plait.ps.sharding import (
+    Key,
     ParamSpec,
     Plan,
     gather,
@@ -34,6 +39,7 @@ from plait.ps.sharding import (
     specs_from_json,
     specs_to_json,
 )
+from plait.ps.staging import Staging
 from plait.ps.transport import Transport
 from plait.ps.wire import DTYPES, Message
 
@@ -145,6 +151,10 @@ class Client:
         self.versions = {k.key: 0 for k in self.plan.keys}
         self.clock = 0
         self._final_stats: dict[str, Any] | None = None
+        # a model on a GPU goes through pinned host copies; one on the CPU as it is
+        on_gpu = any(p.device.type == "cuda" for p in self.params)
+        self._staging = Staging(self.params) if on_gpu else None
+        self._last_push: ServerRequest | None = None  # what last sent the staged gradients
         endpoints = [store.get(store_server_key(s)).decode() for s in range(role.num_servers)]
         # worker 0 hosts the store under `plait run`: it must not finish (and take the store
         # down) before the slowest worker has read it
@@ -160,7 +170,7 @@ class Client:
         )
         if role.rank == 0:
             with torch.no_grad():
-                values = [p.detach() for p in self.params]
+                values = self._host_values()
                 self._submit(
                     "init",
                     lambda s: [gather(self.plan, k, values) for k in self._keys[s]],
@@ -266,14 +276,25 @@ class Client:
         self, op: str, grads: Iterable[torch.Tensor] | None, lr: float | None
     ) -> ServerRequest:
         flat = self._grads(grads)
+        if self._staging is not None:
+            last = self._last_push
+            flat = self._staging.grads(flat, reuse=last is None or last.done())
         self.clock += 1
-        return self._submit(
+        handle = self._submit(
             op,
             lambda s: [gather(self.plan, k, flat) for k in self._keys[s]],
             writes=op == "push_pull",
             lr=None if lr is None else float(lr),
             with_versions=True,
         )
+        self._last_push = handle
+        return handle
+
+    def _host_values(self) -> list[torch.Tensor]:
+        """The parameters' values in host memory (the model's own tensors on the CPU)."""
+        if self._staging is not None:
+            return self._staging.targets()  # copied from the GPU when the staging was made
+        return [p.detach() for p in self.params]
 
     def _grads(self, grads: Iterable[torch.Tensor] | None) -> list[torch.Tensor]:
         if grads is None:
@@ -302,6 +323,8 @@ class Client:
 
     def _write(self, server: int, reply: Message) -> None:
         mine = {k.key: k for k in self._keys[server]}
+        targets = self.params if self._staging is None else self._staging.targets()
+        written: list[Key] = []
         with torch.no_grad():
             for i, (k, t) in enumerate(zip(reply.keys, reply.tensors, strict=True)):
                 key = mine.get(k)
@@ -310,9 +333,12 @@ class Client:
                         f"server {server} answered key {k} with {t.dtype} "
                         f"{list(t.shape)}; this worker's plan disagrees"
                     )
-                scatter(key, t, self.params)
+                scatter(key, t, targets)
+                written.append(key)
                 if reply.versions:
                     self.versions[k] = reply.versions[i]
+        if self._staging is not None:
+            self._staging.upload(written)  # to the GPU, queued on the caller's stream
 
 
 def _check_same(mine: list[ParamSpec], theirs: list[ParamSpec], rank: int) -> None:

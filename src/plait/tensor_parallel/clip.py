@@ -8,7 +8,8 @@ pipelining each pp rank holds other layers. The global squared norm is therefore
 
 which is two scalar allreduces. Data-parallel replicas hold equal (averaged) gradients, so
 dp needs none. Every rank then scales by the same factor, as `torch.nn.utils.
-clip_grad_norm_` would on the unsplit model.
+clip_grad_norm_` would on the unsplit model. The squares are summed on the gradients'
+device (a GPU's, for a model there), so only the norm itself comes back to the host.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ def clip_grad_norm_(module: nn.Module, max_norm: float, mesh: Mesh) -> torch.Ten
     clipping (float64 scalar), the same on every rank.
     """
     sharded = {id(p) for p in sharded_parameters(module)}
-    squares = torch.zeros(2, dtype=torch.float64)  # [sharded, replicated]
     grads = [(id(p), p.grad) for p in module.parameters() if p.grad is not None]
+    device = grads[0][1].device if grads else torch.device("cpu")
+    squares = torch.zeros(2, dtype=torch.float64, device=device)  # [sharded, replicated]
     for key, g in grads:
         squares[0 if key in sharded else 1] += g.double().pow(2).sum()
     # replicated squares are equal on every tp rank: divide so the tp sum counts them once

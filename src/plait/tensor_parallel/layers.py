@@ -6,7 +6,8 @@ Y = sum_i X_i A_i, summed by an allreduce. A column layer followed by a row laye
 or attention's q/k/v then out) needs one allreduce forward and one backward.
 
 Every layer can be cut from a full one (`from_linear`, `from_embedding`), so that tests and
-`parallelize` give each rank exactly its slice of the unsharded model's weights.
+`parallelize` give each rank exactly its slice of the unsharded model's weights, on the full
+layer's device and in its dtype.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class ColumnParallelLinear(nn.Module):
             layer.weight.copy_(linear.weight.chunk(comm.size, dim=0)[comm.rank])
             if linear.bias is not None and layer.bias is not None:
                 layer.bias.copy_(linear.bias.chunk(comm.size)[comm.rank])
-        return layer.to(linear.weight.dtype)
+        return layer.to(linear.weight.device, linear.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(copy_to_tp(x, self.comm), self.weight, self.bias)  # (..., out / tp)
@@ -99,7 +100,7 @@ class RowParallelLinear(nn.Module):
             layer.weight.copy_(linear.weight.chunk(comm.size, dim=1)[comm.rank])
             if linear.bias is not None and layer.bias is not None:
                 layer.bias.copy_(linear.bias)
-        return layer.to(linear.weight.dtype)
+        return layer.to(linear.weight.device, linear.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
@@ -129,7 +130,7 @@ class VocabParallelEmbedding(nn.Module):
         layer = cls(emb.num_embeddings, emb.embedding_dim, comm)
         with torch.no_grad():
             layer.weight.copy_(emb.weight.chunk(comm.size, dim=0)[comm.rank])
-        return layer.to(emb.weight.dtype)
+        return layer.to(emb.weight.device, emb.weight.dtype)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         outside = (ids < self.start) | (ids >= self.start + self.local)

@@ -19,6 +19,7 @@ from plait.train import strategies
 from plait.train.errors import ConfigError
 from plait.train.parts import (
     CheckpointConfig,
+    DeviceConfig,
     LogConfig,
     MeshConfig,
     OptimConfig,
@@ -37,6 +38,7 @@ DEFAULT_SERVERS = 2
 __all__ = [
     "RECIPES",
     "CheckpointConfig",
+    "DeviceConfig",
     "LogConfig",
     "MeshConfig",
     "OptimConfig",
@@ -74,6 +76,7 @@ class TrainConfig:
     ps: PSConfig | None = field(
         default=None, metadata=group("parameter server (--strategy ps)", only=PS_OPTIONS)
     )
+    device: DeviceConfig = field(default_factory=DeviceConfig, metadata=group("devices"))
     checkpoint: CheckpointConfig = field(
         default_factory=CheckpointConfig, metadata=group("checkpoints")
     )
@@ -85,6 +88,7 @@ class TrainConfig:
         self.optim = self.optim.filled(self.recipe)
         self._check_ps()
         self.mesh = self.mesh.filled(self.workers)
+        self.device = self.device.filled()
         self._check_batch()
         self._check_mesh()
         self._check_checkpoints()

@@ -2,7 +2,8 @@
 
 The metric gives (sum, count) per batch (workload.Metric), so shards add up exactly: the
 held-out set is the same for every number of ranks, and so is the figure (up to float
-rounding).
+rounding). Batches go to the model's device; the (sum, count) pairs stay on the CPU (the
+metric returns Python floats), and so do the collectives that add them.
 """
 
 from __future__ import annotations
@@ -24,26 +25,26 @@ CHUNK = 64  # held-out samples per forward pass
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, work: Workload, comm: Communicator) -> float:
+def evaluate(model: nn.Module, work: Workload, comm: Communicator, device: torch.device) -> float:
     """The metric over the held-out set: each rank scores a contiguous share with the plain
-    (unwrapped) model, and one allreduce sums (score, count)."""
-    total = comm.allreduce(score_shard(model, work, comm.rank, comm.size), op="sum")
+    (unwrapped) model on `device`, and one allreduce sums (score, count)."""
+    total = comm.allreduce(score_shard(model, work, comm.rank, comm.size, device), op="sum")
     return float(total[0] / total[1])
 
 
 @torch.no_grad()
-def evaluate_alone(model: nn.Module, work: Workload) -> float:
+def evaluate_alone(model: nn.Module, work: Workload, device: torch.device) -> float:
     """The same figure as `evaluate`, computed by one process on the whole held-out set."""
-    total = score_shard(model, work, 0, 1)
+    total = score_shard(model, work, 0, 1, device)
     return float(total[0] / total[1])
 
 
 @torch.no_grad()
-def evaluate_mesh(model: MeshModel, work: Workload) -> float:
+def evaluate_mesh(model: MeshModel, work: Workload, device: torch.device) -> float:
     """`evaluate` for a model on a mesh: each dp replica scores its share through the
     pipeline, whose last stage holds the outputs; one rank per stage-replica (tp 0) counts."""
     mesh = model.mesh
-    score = score_shard(model.module, work, mesh.coords["dp"], mesh.shape["dp"],
+    score = score_shard(model.module, work, mesh.coords["dp"], mesh.shape["dp"], device,
                         forward=model.forward)  # fmt: skip
     if not (model.last and mesh.coords["tp"] == 0):
         score.zero_()
@@ -57,10 +58,12 @@ def score_shard(
     work: Workload,
     rank: int,
     world: int,
+    device: torch.device,
     forward: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """(metric sum, count) over rank `rank`'s share of the held-out data, float64.
+    """(metric sum, count) over rank `rank`'s share of the held-out data, float64, CPU.
 
+    device: where the inputs go (the model's).
     forward: what computes the output (default `model`); a None output (a pipeline stage
         other than the last) scores nothing.
     """
@@ -70,11 +73,12 @@ def score_shard(
     data = work.data
     for chunk in eval_shard(data.num_val, rank, world).split(CHUNK):
         x, y = data.val_batch(chunk)
+        x, y = x.to(device), y.to(device)
         out = (forward or model)(x)
         if out is None:
             continue
         value, count = work.metric.score(out, y)
-        score[0] += value
-        score[1] += count
+        score[0] += float(value)  # a metric's own may hand back a (CUDA) tensor
+        score[1] += float(count)
     model.train(was_training)
     return score

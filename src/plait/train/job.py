@@ -2,13 +2,14 @@
 
 Everything the command line does lives here, so tests can call it: `run(options)` takes
 the options the user gave (field name -> value), fills in the rest from TrainConfig,
-checks what can be checked before starting anything (option values, the optional
-dependency of the data, a --workload that resolves to a model and enough data, a writable
---out, a checkpoint to resume), and then
+checks what can be checked before starting anything (option values, a device the machine
+has (device.py), the optional dependency of the data, a --workload that resolves to a model
+and enough data, a writable --out, a checkpoint to resume), and then
 
 - launches `workers` local processes running `python -m plait.train.worker` with the local
   launcher (the machinery of `plait run`: torchrun's environment, prefixed output,
-  teardown when a rank fails), rendering rank 0's progress here; or
+  teardown when a rank fails; PLAIT_DEVICE set from --device), rendering rank 0's
+  progress here; or
 - when this process is already a rank of a job (RANK and WORLD_SIZE are set: started by
   torchrun or `plait run`), trains as that rank directly, with the job's world size as
   the number of workers.
@@ -31,7 +32,7 @@ from typing import Any, TextIO, cast
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
 from plait.train import data as datasets
-from plait.train import outdir
+from plait.train import device, outdir
 from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
 
@@ -46,8 +47,9 @@ def configure(options: dict[str, Any]) -> TrainConfig:
     checked as far as possible without workers.
 
     Raises:
-        ConfigError: a bad option value, --workers that contradicts the launcher's job, or
-            a --workload that does not resolve, build a model, or hold a global batch.
+        ConfigError: a bad option value, --workers that contradicts the launcher's job, a
+            --device this machine cannot give every worker (devices.DeviceError), or a
+            --workload that does not resolve, build a model, or hold a global batch.
         MissingExtraError: the data needs an optional dependency that is not installed.
         CheckpointError: --out or --json is not writable, or --resume finds no checkpoint.
     """
@@ -93,7 +95,10 @@ def _configure_ps_rank(options: dict[str, Any], world: int) -> TrainConfig:
 
 
 def _check(config: TrainConfig) -> TrainConfig:
-    """Check what a config needs from this machine: the data's extra, the workload, files."""
+    """Check what a config needs from this machine: the device, the data's extra, the
+    workload, files."""
+    assert config.device.name is not None, "filled in on creation"
+    device.check(config.device.name, *device.local_place(config.workers, under_launcher()))
     if config.workload.data is not None:
         datasets.require(config.workload.data)
     if config.workload.path is not None:
@@ -145,7 +150,8 @@ def run(options: dict[str, Any], *, stdout: TextIO | None = None) -> int:
     mode = config.ps.mode if config.ps is not None else None
     also = f" and {servers} parameter servers ({mode})" if servers else ""
     renderer.text(f"plait train: starting {config.workers} workers{also}")
-    children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0))
+    children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0),
+                    PLAIT_DEVICE=str(config.device.name))  # fmt: skip
     cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(config.to_dict())]
     stream = report.RankZeroStream(renderer)
     # async/ssp: the servers go on without a dead worker; worker 0 reports, so it must live

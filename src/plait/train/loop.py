@@ -175,6 +175,7 @@ class _Run:
         """Gradients of part `part` of global step `step` (1-based); keep its loss."""
         indices = self.sampler.shard(step - 1, part, self.step.replicas)
         x, y = self.work.data.train_batch(indices)
+        x, y = x.to(self.step.device), y.to(self.step.device)  # the same tensors on the CPU
         loss_fn = _poisoned(self.work.loss) if step == self.nan_at else self.work.loss
         loss = self.step.forward_backward(x, y, loss_fn)
         clip = self.config.recipe.grad_clip
@@ -239,14 +240,15 @@ class _Run:
             "num_train": d.num_train, "num_val": d.num_val, "unit": self.unit,
             "workers": self.step.world_size, "global_batch": self.batch, "steps": self.steps,
             "peak_lr": c.peak_lr, "first_step": self.first, "resumed_from": resumed,
-            **self.step.describe(),
+            "device": self.step.device.type, **self.step.describe(),
         })  # fmt: skip
 
     def flush(self, step: int, log: bool) -> None:
         """The run's losses of the buffered steps (Step.average); stop on a bad one."""
         if not self.pending:
             return
-        values = self.step.average(torch.stack(self.pending))
+        # one device-to-host copy per flush, not a synchronisation per step
+        values = self.step.average(torch.stack(self.pending).cpu())
         self.pending.clear()
         for i, value in enumerate(values):
             if not math.isfinite(value):
@@ -309,5 +311,5 @@ class _Run:
             samples_per_s=trained * self.batch / max(train_s, 1e-9) if trained else 0.0,
             wall_s=time.time() - self.t0, model=self.work.name, data=self.work.data.name,
             eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
-            extra=self.step.figures(),
+            device=self.step.device.type, extra=self.step.figures(),
         )  # fmt: skip

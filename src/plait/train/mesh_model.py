@@ -7,7 +7,8 @@ start from), then keeps its part:
    column/row-parallel ones holding this rank's slice (Megatron-LM's split);
 2. the layers (`GPT.layers()`, or an `nn.Sequential`'s children: workload.stages) are
    cut into pp contiguous stages by `plait.pipeline.Pipeline`, which keeps this rank's
-   stage and runs `chunks` micro-batches through the schedule;
+   stage and runs `chunks` micro-batches through the schedule; only that stage moves to
+   the rank's device (on a GPU, the rest of the model never leaves host memory);
 3. dp > 1: `plait.DataParallel` wraps the stage over the dp axis. Every backward but the
    stage's last in a step runs under `no_sync`, so gradients are averaged once per step,
    overlapped with that last backward.
@@ -37,7 +38,15 @@ from plait.train.workload import LossFn, stages
 class MeshModel:
     """This rank's part of `model` on `mesh`, trained by `step` like a whole model."""
 
-    def __init__(self, model: nn.Module, mesh: Mesh, *, chunks: int, schedule: str) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        mesh: Mesh,
+        *,
+        chunks: int,
+        schedule: str,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.mesh = mesh
         try:
             if mesh.tp.size > 1:
@@ -45,7 +54,7 @@ class MeshModel:
             self.pipe = Pipeline(stages(model), mesh, chunks=chunks, schedule=schedule)
         except ValueError as e:  # ConfigError (stages) is one too
             raise ConfigError(str(e)) from None
-        self.module = self.pipe.stage  # this rank's parameters
+        self.module = self.pipe.stage.to(device)  # this rank's parameters
         self.dp: DataParallel | None = None
         if mesh.dp.size > 1:
             self.dp = DataParallel(self.module, comm=mesh.dp)

@@ -1,5 +1,6 @@
 """The components of `TrainConfig`, one per concern: what trains, how the optimizer runs,
-the mesh, checkpoints, logging. (The parameter server's is `plait.ps.PSConfig` itself.)
+the mesh, the device, checkpoints, logging. (The parameter server's is `plait.ps.PSConfig`
+itself.)
 
 Each checks its own fields in `__post_init__`; a field left None is filled in by
 `TrainConfig`, which knows the recipe and the other components (`filled` returns the
@@ -12,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
+from plait import env
 from plait.options import option
 from plait.train import data as datasets
 from plait.train.errors import ConfigError
@@ -20,6 +22,7 @@ from plait.train.recipes import CUSTOM, MODEL_TASK, MODELS, RECIPES, TASK_NAMES,
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # plait.pipeline.SCHEDULES (not imported: no torch)
 LR_SCALINGS = ("none", "linear")
 LR_DECAYS = ("cosine", "none")
+DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
 IMPORT_PATH = re.compile(r"^[^:]+:[A-Za-z_][\w.]*$")  # module.path:function or file.py:function
 
 
@@ -238,6 +241,42 @@ class MeshConfig:
                 f"dp({dp}) * pp({pp}) * tp({tp}) = {dp * pp * tp} != workers {workers}"
             )
         return replace(self, dp=dp)
+
+
+@dataclass(kw_only=True)
+class DeviceConfig:
+    """Where every worker computes, and how exactly: its device, and TF32 on CUDA."""
+
+    name: str | None = field(
+        default=None,
+        metadata=option(
+            "where each worker computes: auto (a GPU per worker where torch sees GPUs, else "
+            "the CPU), cpu, or cuda (an error where there is no GPU)",
+            choices=DEVICES,
+            default_text="PLAIT_DEVICE, which defaults to auto",
+            name="device",
+        ),
+    )
+    tf32: bool = field(
+        default=False,
+        metadata=option(
+            "on CUDA, let float32 matmuls and convolutions use TF32 (faster on Ampere and "
+            "later, ~1e-3 relative error); off: exact float32, as on the CPU"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            one_of("device", self.name, DEVICES)
+
+    def filled(self) -> DeviceConfig:
+        """With the device PLAIT_DEVICE names (auto when unset) where none was given."""
+        if self.name is not None:
+            return self
+        named = env.get("PLAIT_DEVICE")
+        if named not in DEVICES:
+            raise ConfigError(f"PLAIT_DEVICE {named!r} is not one of {', '.join(DEVICES)}")
+        return replace(self, name=named)
 
 
 @dataclass(kw_only=True)

@@ -54,7 +54,7 @@ def header(rec: Record) -> list[str]:
         f"({rec['num_train']:,} train / {rec['num_val']:,} held-out {rec['unit']}s), "
         f"{split} x {rec['global_batch'] // replicas} = global batch "
         f"{rec['global_batch']}, {rec['steps']} steps, strategy {rec['strategy']}, "
-        f"{rec['optimizer']} peak lr {rec['peak_lr']:g}"
+        f"{rec['optimizer']} peak lr {rec['peak_lr']:g}, on {rec.get('device', 'cpu')}"
     ]
     if rec.get("mesh"):
         lines.append(f"mesh: {rec['mesh']} over {rec['workers']} workers")

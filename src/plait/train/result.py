@@ -30,6 +30,7 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)  # steps 1..steps, global-batch means
     evals: list[list[float]] = field(default_factory=list)  # [step, value]
     stopped_at: int | None = None  # set when stop_after ended the run early
+    device: str = "cpu"  # the workers' kind of device: cpu or cuda
     extra: dict[str, Any] = field(default_factory=dict)  # the strategy's (Step.figures)
 
     def figures(self) -> dict[str, Any]:

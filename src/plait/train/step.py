@@ -36,14 +36,16 @@ class Step(Protocol):
     replicas: int  # the parts each global batch is split into
     reports: bool  # whether this rank keeps the run's losses and evaluations
     parameters: int  # the whole model's, before any split
+    device: torch.device  # where this rank's model computes (train/device.py); batches go there
 
     def slices(self, first: int, steps: int) -> Iterator[tuple[int, int]]:
         """(global step (1-based), part) of each slice this rank trains after step `first`."""
         ...
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
-        """Gradients of the slice (x, y) from zero; returns what this rank adds to the
-        run's loss (a 0-dim tensor), which `average` turns into the global-batch loss."""
+        """Gradients of the slice (x, y) (on `device`) from zero; returns what this rank adds
+        to the run's loss (a 0-dim tensor on `device`), which `average` turns into the
+        global-batch loss."""
         ...
 
     def clip(self, max_norm: float) -> None:
@@ -55,7 +57,8 @@ class Step(Protocol):
         ...
 
     def average(self, losses: torch.Tensor) -> list[float]:
-        """The run's losses of the steps whose values this rank holds in `losses` (steps,)."""
+        """The run's losses of the steps whose values this rank holds in `losses` (steps,),
+        a CPU tensor (as are all the figures reduced across ranks: losses, metrics)."""
         ...
 
     def evaluate(self) -> float:

@@ -132,7 +132,10 @@ class Workload:
         Raises:
             ConfigError: the builder returned something that is not an nn.Module.
         """
-        with torch.random.fork_rng():
+        # fork the CPU's generator and the current GPU's only: torch's default forks every
+        # visible GPU's, which makes a CUDA context on each of them in every rank
+        gpus = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=gpus):
             torch.manual_seed(seed)
             model = self.model()
         if not isinstance(model, nn.Module):

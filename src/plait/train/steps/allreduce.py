@@ -4,6 +4,7 @@ optimizer, their losses averaged over the ranks."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +39,8 @@ class AllreduceStep(Step):
 
     @staticmethod
     def join(config: TrainConfig) -> Communicator:
+        """`plait.init()`, which takes this rank's device from PLAIT_DEVICE: --device's."""
+        os.environ["PLAIT_DEVICE"] = str(config.device.name)
         return plait.init()
 
     def slices(self, first: int, steps: int) -> Iterator[tuple[int, int]]:
@@ -49,7 +52,8 @@ class AllreduceStep(Step):
         self.optimizer.step()
 
     def average(self, losses: torch.Tensor) -> list[float]:
-        """The mean over the ranks of each step's loss: one allreduce for many steps."""
+        """The mean over the ranks of each step's loss: one allreduce (of a CPU tensor) for
+        many steps."""
         averaged: list[float] = self.comm.allreduce(losses, op="avg").tolist()
         return averaged
 

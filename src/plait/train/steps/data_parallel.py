@@ -17,6 +17,7 @@ from torch import nn
 
 from plait.comm.communicator import Communicator
 from plait.data_parallel import DataParallel
+from plait.train import device
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate
 from plait.train.models import count_parameters
@@ -31,9 +32,10 @@ class DataParallelStep(AllreduceStep):
         self.config, self.comm, self.work = config, comm, work
         self.rank, self.world_size, self.replicas = comm.rank, comm.size, comm.size
         self.part = comm.rank
-        self.model = work.build_model(config.workload.seed)
+        self.device = device.of(config)
+        self.model = work.build_model(config.workload.seed).to(self.device)
         self.parameters = count_parameters(self.model)
-        self.wrapped = DataParallel(self.model, comm=comm)
+        self.wrapped = DataParallel(self.model, comm=comm)  # buckets on the model's device
         self.optimizer = make_optimizer(self.model, config)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
@@ -46,7 +48,7 @@ class DataParallelStep(AllreduceStep):
         nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def evaluate(self) -> float:
-        return evaluate(self.model, self.work, self.comm)
+        return evaluate(self.model, self.work, self.comm, self.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

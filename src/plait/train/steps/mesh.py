@@ -14,6 +14,7 @@ import torch
 
 from plait.comm.communicator import Communicator
 from plait.comm.mesh import Mesh, MeshError
+from plait.train import device
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.evaluate import evaluate_mesh
@@ -45,11 +46,12 @@ class MeshStep(AllreduceStep):
         self.rank, self.world_size = comm.rank, comm.size
         self.replicas = mesh.shape["dp"]  # the dp replicas split the batch; pp and tp share
         self.part = mesh.coords["dp"]
-        model = work.build_model(config.workload.seed)
+        self.device = device.of(config)
+        model = work.build_model(config.workload.seed)  # on the CPU: this rank keeps a part
         self.parameters = count_parameters(model)  # before tp shards it
         assert config.mesh.chunks is not None
         self.model = MeshModel(model, mesh, chunks=config.mesh.chunks,
-                               schedule=config.mesh.schedule)  # fmt: skip
+                               schedule=config.mesh.schedule, device=self.device)  # fmt: skip
         self.optimizer = make_optimizer(self.model.module, config)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
@@ -59,14 +61,14 @@ class MeshStep(AllreduceStep):
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.model.step(x, y, loss_fn)
         if loss is None:
-            return torch.zeros(())
+            return torch.zeros((), device=self.device)
         return loss.detach() * self.model.mesh.pp.size
 
     def clip(self, max_norm: float) -> None:
         self.model.clip(max_norm)
 
     def evaluate(self) -> float:
-        return evaluate_mesh(self.model, self.work)
+        return evaluate_mesh(self.model, self.work, self.device)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "mesh": self.model.describe()}

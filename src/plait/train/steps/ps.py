@@ -20,6 +20,12 @@ Worker 0 reports: its own losses (nothing averages losses across workers, which 
 them together), evaluations of the parameters it holds, and, once every live worker has
 finished (`finish`), a final pull, the held-out evaluation, and the servers' statistics.
 
+Devices: the servers run on the CPU (plait.ps holds and updates the parameters in host
+memory). A worker joins without `plait.init()`, so it takes its device itself
+(`devices.select`, from PLAIT_DEVICE and its place among its host's workers); with the model
+on a GPU, the Client passes gradients and parameters through pinned host copies
+(plait/ps/staging.py).
+
 Test hook: PLAIT_TRAIN_KILL_AT="RANK:N" makes worker RANK kill itself (SIGKILL) after its
 N-th push, as a crash would.
 """
@@ -37,6 +43,7 @@ from torch import nn
 
 from plait import env
 from plait.comm.store import barrier
+from plait.train import device
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate_alone
 from plait.train.models import count_parameters
@@ -55,10 +62,14 @@ class ParameterServerStep(Step):
 
     @staticmethod
     def join(config: TrainConfig) -> Role:
-        """Join the job as a worker; on a server rank, serve and exit (never returns)."""
-        from plait import ps
+        """Join the job as a worker, on --device's device; on a server rank, serve and exit
+        (never returns)."""
+        from plait import devices, ps
 
-        return ps.init(servers=config.servers)
+        role = ps.init(servers=config.servers)
+        os.environ["PLAIT_DEVICE"] = str(config.device.name)
+        devices.select(*device.local_place(role.num_workers, launched=True))
+        return role
 
     def __init__(self, config: TrainConfig, role: Role, work: Workload) -> None:
         from plait.ps import Client
@@ -68,7 +79,8 @@ class ParameterServerStep(Step):
         self.rank, self.world_size = int(role.rank), int(role.num_workers)
         self.replicas = self.world_size
         self.reports = self.rank == 0  # nothing averages across workers: worker 0 speaks
-        self.model: nn.Module = work.build_model(config.workload.seed)
+        self.device = device.of(config)
+        self.model: nn.Module = work.build_model(config.workload.seed).to(self.device)
         self.parameters = count_parameters(self.model)
         self.client = Client(self.model.named_parameters(), self.ps, role)
         self.store = role.store
@@ -115,7 +127,7 @@ class ParameterServerStep(Step):
         return own
 
     def evaluate(self) -> float:
-        return evaluate_alone(self.model, self.work)
+        return evaluate_alone(self.model, self.work, self.device)
 
     def describe(self) -> dict[str, Any]:
         mode = self.ps.mode if self.ps.mode != "ssp" else f"ssp tau={self.ps.staleness}"

@@ -1,0 +1,210 @@
+"""Training on GPUs: DataParallel, the meshes and the parameter server with CUDA tensors.
+
+Every test here needs a CUDA GPU (`@pytest.mark.cuda`; conftest.py skips them where none is
+visible) and is written for a machine with just one: two ranks share it (PLAIT_SHARE_GPU=1),
+and since NCCL refuses two ranks on one GPU, their CUDA tensors then travel through pinned
+host memory over plait's engine (PLAIT_CUDA_TRANSPORT=staged); with two GPUs or more, each
+rank has its own and NCCL carries them.
+
+The checks mirror the CPU ones: DataParallel against a one-process reference on the same
+GPU (tests/test_data_parallel.py), meshes against one process (tests/test_train_mesh.py),
+and `plait train --device cuda` for every strategy and mesh shape, whose losses must be
+finite and follow the CPU run's (the same initial weights and data; float32 on either side,
+TF32 off, so they differ by rounding only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import plait
+from plait import Communicator, DataParallel
+from plait.train.config import TrainConfig
+from plait.train.loop import train
+from test_data_parallel import Branchy, equivalence_run
+from world import run_world
+
+pytestmark = pytest.mark.cuda
+
+
+def gpu_env() -> dict[str, str]:
+    """Two or more ranks on this machine's GPUs, sharing one where there is only one."""
+    env = {"PLAIT_TIMEOUT": "120", "PLAIT_DEVICE": "cuda", "PLAIT_SHARE_GPU": "1"}
+    if torch.cuda.device_count() < 2:  # NCCL: "duplicate GPU" for two ranks on one
+        env["PLAIT_CUDA_TRANSPORT"] = "staged"
+    return env
+
+
+# ------------------------------------------------------------ DataParallel on the GPU
+def dp_equivalence(comm: Communicator, opt_name: str, dtype: torch.dtype, bucket_mb: float,
+                   overlap: bool) -> dict[str, Any]:  # fmt: skip
+    """Largest parameter difference to the reference on the same GPU after 5 steps; where
+    the gradients and parameters ended up."""
+    torch.backends.cuda.matmul.allow_tf32 = False  # exact float32, as the reference's
+    diff, dp = equivalence_run(comm, opt_name, dtype, bucket_mb, overlap, plait.device())
+    return {
+        "diff": diff,
+        "params": sorted({str(p.device) for p in dp.module.parameters()}),
+        "grads": sorted({str(p.grad.device) for p in dp.module.parameters() if p.grad is not None}),
+    }
+
+
+def dp_unused_and_buffers(comm: Communicator) -> dict[str, Any]:
+    """find_unused_parameters' flags and BatchNorm's buffer broadcast, on the GPU."""
+    gpu = plait.device()
+    x = torch.ones(3, 4, dtype=torch.float64, device=gpu)
+    dp = DataParallel(Branchy().to(gpu), comm, find_unused_parameters=True)
+    dp(x, branch=comm.rank == 0).sum().backward()  # `sometimes` used on rank 0 only
+    out: dict[str, Any] = {
+        "sometimes": dp.module.sometimes.bias.grad.tolist(),
+        "used": dp.module.used.bias.grad.tolist(),
+    }
+    torch.manual_seed(0)
+    bn = DataParallel(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)).to(gpu), comm)
+    bn(torch.randn(8, 3, device=gpu) * (comm.rank + 1))  # statistics differ across ranks
+    bn.eval()
+    out["buffers"] = bn(torch.ones(2, 3, device=gpu)).flatten().tolist()  # rank 0's again
+    return out
+
+
+GPT = {"model": "gpt", "data": "synthetic", "steps": 4, "batch_size": 8, "eval_every": 0,
+       "log_every": 4, "device": "cuda"}  # fmt: skip
+SHAPES = [{"dp": 2}, {"pp": 2, "chunks": 2}, {"tp": 2}]  # dp 2 alone is DataParallelStep
+
+
+def _train(comm: Communicator, options: dict[str, Any]) -> Any:
+    return train(TrainConfig.from_options({**options, "workers": comm.size}), comm).figures()
+
+
+def battery(comm: Communicator) -> dict[str, Any]:
+    alone = comm.split(ranks=[0])  # the other rank waits for rank 0 in its next collective
+    return {
+        "device": str(plait.device()),
+        "sgd-f64": dp_equivalence(comm, "sgd", torch.float64, 0.0005, True),
+        "adam-f64-after-backward": dp_equivalence(comm, "adam", torch.float64, 0.0005, False),
+        "sgd-f32-one-bucket": dp_equivalence(comm, "sgd", torch.float32, 25, True),
+        "unused+buffers": dp_unused_and_buffers(comm),
+        "one": _train(alone, GPT) if alone is not None else None,
+        "meshes": [_train(comm, {**GPT, **shape}) for shape in SHAPES],
+    }
+
+
+@pytest.fixture(scope="module")
+def two_ranks_on_gpu() -> list[dict[str, Any]]:
+    return run_world(2, battery, timeout=400, env=gpu_env())
+
+
+@pytest.mark.timeout(480)
+def test_data_parallel_on_the_gpu_matches_one_process(
+    two_ranks_on_gpu: list[dict[str, Any]],
+) -> None:
+    for r in two_ranks_on_gpu:
+        assert r["device"].startswith("cuda:")
+        for key in ("sgd-f64", "adam-f64-after-backward"):
+            assert r[key]["diff"] < 1e-12, (key, r[key])
+        assert r["sgd-f32-one-bucket"]["diff"] < 1e-5, r["sgd-f32-one-bucket"]
+        for key in ("sgd-f64", "adam-f64-after-backward", "sgd-f32-one-bucket"):
+            assert r[key]["params"] == r[key]["grads"] == [r["device"]], (key, r[key])
+        extra = r["unused+buffers"]
+        assert extra["sometimes"] == pytest.approx([3 / 2] * 2)  # rank 0's 3, averaged with 0
+        assert extra["used"] == pytest.approx([3.0] * 2)
+    assert two_ranks_on_gpu[0]["unused+buffers"]["buffers"] == pytest.approx(
+        two_ranks_on_gpu[1]["unused+buffers"]["buffers"]
+    )
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("index", range(len(SHAPES)))
+def test_each_shape_on_the_gpu_trains_like_one_process(
+    two_ranks_on_gpu: list[dict[str, Any]], index: int
+) -> None:
+    one = two_ranks_on_gpu[0]["one"]
+    got = [r["meshes"][index] for r in two_ranks_on_gpu]
+    print(f"{SHAPES[index]}\n  one process: {one['losses']}\n  2 ranks: {got[0]['losses']}")
+    assert one["device"] == got[0]["device"] == "cuda"
+    torch.testing.assert_close(got[0]["losses"], one["losses"], rtol=1e-4, atol=1e-5)
+    assert got[1]["losses"] == got[0]["losses"]
+    assert all(math.isfinite(v) for v in got[0]["losses"])
+
+
+# ------------------------------------------------ the parameter server's pinned copies
+def test_ps_staging_goes_through_pinned_host_memory() -> None:
+    from plait.ps.sharding import ParamSpec, gather, make_plan, scatter
+    from plait.ps.staging import Staging
+
+    gpu = torch.device("cuda", 0)
+    params = [torch.randn(5, 3, device=gpu), torch.randn(7, device=gpu), torch.randn(4)]
+    staging = Staging(params)  # the last parameter stays on the CPU: used as it is
+    host = staging.targets()
+    assert host[0].is_pinned() and host[1].is_pinned()
+    assert host[2].data_ptr() == params[2].data_ptr()
+    assert torch.equal(host[0], params[0].cpu())  # the first copy, made at once
+
+    grads = [torch.randn_like(p) for p in params]
+    staged = staging.grads(grads, reuse=True)
+    assert [g.device.type for g in staged] == ["cpu"] * 3 and staged[0].is_pinned()
+    assert all(torch.equal(s, g.cpu()) for s, g in zip(staged, grads, strict=True))
+    again = staging.grads(grads, reuse=False)  # the last push not answered: fresh buffers
+    assert again[0].data_ptr() != staged[0].data_ptr()
+
+    # a pull: the servers' values (keys of at most 8 floats, so parameters are cut and
+    # packed) land in the host copies, then on the GPU
+    specs = [ParamSpec(str(i), tuple(p.shape), p.dtype) for i, p in enumerate(params)]
+    plan = make_plan(specs, 2, slice_bytes=32)
+    served = [torch.randn(p.shape) for p in params]
+    for key in plan.keys:
+        scatter(key, gather(plan, key, served), staging.targets())
+        staging.upload([key])
+    torch.cuda.synchronize()
+    assert all(torch.equal(p.cpu(), s) for p, s in zip(params, served, strict=True))
+
+
+# ----------------------------------------------------------- plait train --device cuda
+CASES: dict[str, list[str]] = {
+    "dp-mlp": ["--workers", "2", "--model", "mlp", "--data", "synthetic", "--steps", "6",
+               "--batch-size", "16"],
+    "dp-cnn": ["--workers", "2", "--model", "cnn", "--data", "synthetic", "--steps", "4",
+               "--batch-size", "16"],
+    "ps": ["--workers", "2", "--strategy", "ps", "--servers", "1", "--model", "mlp",
+           "--data", "synthetic", "--steps", "6", "--batch-size", "16"],
+    "pp": ["--workers", "2", "--pp", "2", "--model", "gpt", "--data", "synthetic",
+           "--steps", "4", "--batch-size", "8"],
+    "tp": ["--workers", "2", "--tp", "2", "--model", "gpt", "--data", "synthetic",
+           "--steps", "4", "--batch-size", "8"],
+}  # fmt: skip
+
+
+def plait_train(tmp_path: Path, device: str, args: list[str]) -> dict[str, Any]:
+    figures = tmp_path / f"{device}.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--device", device, "--json", str(figures),
+         *args],
+        capture_output=True, text=True, timeout=280, env={**os.environ, **gpu_env()},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f", on {device}" in res.stdout
+    figures_read: dict[str, Any] = json.loads(figures.read_text())
+    return figures_read
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", list(CASES))
+def test_plait_train_device_cuda(tmp_path: Path, name: str) -> None:
+    on_gpu = plait_train(tmp_path, "cuda", CASES[name])
+    on_cpu = plait_train(tmp_path, "cpu", CASES[name])
+    print(f"{name}\n  cuda: {on_gpu['losses']}\n  cpu:  {on_cpu['losses']}")
+    assert on_gpu["device"] == "cuda" and on_cpu["device"] == "cpu"
+    assert len(on_gpu["losses"]) == on_gpu["steps"]
+    assert all(math.isfinite(v) for v in on_gpu["losses"])
+    assert math.isfinite(on_gpu["eval_value"])
+    torch.testing.assert_close(on_gpu["losses"], on_cpu["losses"], rtol=1e-3, atol=1e-4)
