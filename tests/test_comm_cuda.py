@@ -17,6 +17,7 @@ import time
 import pytest
 import torch
 
+from plait import devices
 from plait.errors import PeerFailureError
 from test_comm_links import every_collective
 from world import run_world
@@ -24,22 +25,11 @@ from world import run_world
 pytestmark = pytest.mark.cuda
 
 SHARE = {"PLAIT_SHARE_GPU": "1", "PLAIT_DEVICE": "cuda"}
-NCCL_MULTI_RANK = (2, 30, 0)  # the first NCCL that lets ranks share a GPU
 
 
 def _nccl_shares_a_gpu() -> str | None:
-    """Why two ranks cannot run NCCL on one GPU here, or None where they can."""
-    if not torch.distributed.is_nccl_available():
-        return "this torch has no NCCL"
-    version = tuple(torch.cuda.nccl.version())
-    if torch.cuda.device_count() >= 2:
-        return None
-    if version < NCCL_MULTI_RANK:
-        return (
-            f"NCCL {'.'.join(map(str, version))} refuses two ranks on one GPU (Duplicate GPU "
-            "detected); NCCL 2.30 allows it with NCCL_MULTI_RANK_GPU_ENABLE=1"
-        )
-    return None
+    """Why two ranks cannot run NCCL on this machine's GPUs, or None where they can."""
+    return devices.nccl_problem(2)
 
 
 NCCL_ENV = {**SHARE, "PLAIT_CUDA_TRANSPORT": "nccl", "NCCL_MULTI_RANK_GPU_ENABLE": "1"}

@@ -102,7 +102,9 @@ def check_collectives(hvd: Any, ck: Checks) -> None:
     ck.equal("cross (one node)", (hvd.cross_rank(), hvd.cross_size()), (0, 1))
     ck.true("flags", hvd.gloo_built() and hvd.gloo_enabled() and not hvd.mpi_enabled())
     ck.true("homogeneous", hvd.is_homogeneous() and hvd.is_initialized())
-    ck.equal("nccl_built", hvd.nccl_built(), 0)
+    # build facts, as Horovod's: this torch's NCCL (a version code, 0 without), CUDA or not
+    ck.equal("nccl_built", bool(hvd.nccl_built()), torch.distributed.is_nccl_available())
+    ck.equal("cuda_built", hvd.cuda_built(), torch.version.cuda is not None)
 
     # every op, both dtypes, with and without scaling (Horovod: pre before, post after)
     for dtype in (torch.float32, torch.int64):
@@ -697,14 +699,26 @@ def check_join(hvd: Any, ck: Checks) -> None:
         last = hvd.join()
     ck.equal("join after errors", last, n - 1)
 
-    # training with uneven data: rank r has 1 + r batches, then joins
-    model = torch.nn.Linear(6, 3).double()
+    join_in_training(hvd, ck, n, r)
+
+    # join learns from plait's call check: without it, join refuses at once (no hang)
+    os.environ["PLAIT_CHECK"] = "0"
+    try:
+        ck.raises("join without the call check", RuntimeError, hvd.join, "PLAIT_CHECK")
+    finally:
+        del os.environ["PLAIT_CHECK"]
+
+
+def join_in_training(hvd: Any, ck: Checks, n: int, r: int, device: str = "cpu") -> None:
+    """Training with uneven data on `device`: rank r has 1 + r batches, then joins; the
+    result against the one-process reference (also run on GPUs by test_horovod_cuda.py)."""
+    model = torch.nn.Linear(6, 3).double().to(device)
     torch.nn.init.zeros_(model.weight)
     torch.nn.init.zeros_(model.bias)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     b = 4
     for step in range(1 + r):
-        x, y = _batch(step, n, b)
+        x, y = (t.to(device) for t in _batch(step, n, b))
         opt.zero_grad()
         _loss(model, x[r * b : (r + 1) * b], y[r * b : (r + 1) * b]).backward()
         opt.step()
@@ -723,14 +737,7 @@ def check_join(hvd: Any, ck: Checks) -> None:
         with torch.no_grad():
             for i, p in enumerate(ref.parameters()):
                 p -= 0.1 * sum(g[i] for g in grads) / n
-    _same_params(ck, "join in training", model, ref)
-
-    # join learns from plait's call check: without it, join refuses at once (no hang)
-    os.environ["PLAIT_CHECK"] = "0"
-    try:
-        ck.raises("join without the call check", RuntimeError, hvd.join, "PLAIT_CHECK")
-    finally:
-        del os.environ["PLAIT_CHECK"]
+    _same_params(ck, "join in training", model.cpu(), ref)
 
 
 # ------------------------------------------------------------------------------ tests

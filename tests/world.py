@@ -89,7 +89,9 @@ def run_world(
     """
     tolerate = set(tolerate)
     port = free_port()
-    world_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    # CPU unless a test asks for a GPU: on a GPU machine `auto` would give each rank one,
+    # and more ranks than GPUs is an error there (tests/test_*_cuda.py set PLAIT_DEVICE)
+    world_env = {**os.environ, "OMP_NUM_THREADS": "1", "PLAIT_DEVICE": "cpu", **(env or {})}
     out = _CTX.Queue()
     procs = [
         _CTX.Process(target=_child, args=(r, size, port, world_env, fn, args, out), daemon=True)

@@ -38,6 +38,34 @@ def nccl_usable() -> bool:
     return cuda_usable() and dist.is_nccl_available()
 
 
+#: Before NCCL 2.30 a communicator with two ranks on one GPU fails ("Duplicate GPU
+#: detected"); from 2.30 NCCL_MULTI_RANK_GPU_ENABLE=1 allows it (older NCCLs ignore it).
+SHARED_GPU_NCCL = (2, 30)
+
+
+def nccl_version() -> tuple[int, int, int] | None:
+    """The NCCL this torch was built with, or None without NCCL."""
+    if not dist.is_nccl_available():
+        return None
+    major, minor, patch = (int(v) for v in torch.cuda.nccl.version()[:3])
+    return major, minor, patch
+
+
+def nccl_problem(local_ranks: int) -> str | None:
+    """Why NCCL cannot join `local_ranks` ranks of one host on its GPUs, or None if it can."""
+    version = nccl_version()
+    if version is None:
+        return "this torch has no NCCL"
+    gpus = torch.cuda.device_count()
+    if local_ranks <= gpus or version >= SHARED_GPU_NCCL:
+        return None
+    return (
+        f"{local_ranks} ranks share {gpus} GPU(s), which NCCL "
+        f"{'.'.join(map(str, version))} refuses (NCCL >= 2.30 allows it with "
+        "NCCL_MULTI_RANK_GPU_ENABLE=1)"
+    )
+
+
 def _why_no_gpu() -> str:
     if torch.version.cuda is None:
         return f"this torch ({torch.__version__}) is a CPU-only build"

@@ -16,6 +16,14 @@ The bound inside a host is memory bandwidth, so the run also measures it: rank 0
 (the others wait) copies a buffer of the largest size (at least 16 MB, out of cache) with
 one thread, and reports bytes copied per second; each algorithm's bandwidth is shown as a
 fraction of that.
+
+With --device cuda the buffers are on each rank's GPU and the parent launches the workers
+once per transport (the extra argument, also set as PLAIT_CUDA_TRANSPORT): "nccl" times
+torch (NCCL's allreduce on a torch NCCL group), native and plait's algorithms over NCCL
+point-to-point, and calibrates; "staged" times plait's rows staged through host memory,
+beside torch again so that its ratios pair within one launch. `shm` is left out on CUDA
+(shared memory is host memory: it is staged even under "nccl"), and so is the memory-copy
+line. Every timing waits for the GPU at both ends.
 """
 
 from __future__ import annotations
@@ -31,29 +39,34 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plait.bench import worker_io
+from plait import devices
+from plait.bench import gpu, worker_io
 from plait.bench.configs import CollectivesConfig
 from plait.bench.units import format_size, parse_sizes
 
 CALIBRATION_SIZES = "4K,64K,512K,2M,8M,32M,64M"
+#: The rows a "staged" launch times (--device cuda): plait's CPU rows on host copies
+STAGED = ("torch", "native", "ring", "halving_doubling", "tree")
 
 
-def _one(comm: Any, algorithm: str, buf: torch.Tensor) -> None:
+def _one(comm: Any, algorithm: str, buf: torch.Tensor, peer: Any = None) -> None:
     if algorithm == "torch":
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=peer)
     else:
         comm.allreduce_(buf, algorithm=algorithm)
 
 
-def _time(comm: Any, algorithm: str, buf: torch.Tensor, iters: int, world: Any = None) -> float:
+def _time(
+    comm: Any, algorithm: str, buf: torch.Tensor, iters: int, world: Any = None, peer: Any = None
+) -> float:
     """Seconds per call, the slowest rank's (of `world`, whose ranks all start together,
     when `comm` is one of several sub-communicators timed at once)."""
     world = comm if world is None else world
     world.barrier()
-    start = time.perf_counter()
+    start = gpu.clock(buf.device)
     for _ in range(iters):
-        _one(comm, algorithm, buf)
-    mine = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+        _one(comm, algorithm, buf, peer)
+    mine = torch.tensor([(gpu.clock(buf.device) - start) / iters], dtype=torch.float64)
     return float(world.allreduce(mine, op="max", algorithm="tree").item())
 
 
@@ -64,25 +77,29 @@ def measure(
     repeats: int,
     budget_s: float,
     world: Any = None,
+    device: torch.device | None = None,
+    peer: Any = None,
 ) -> dict[str, dict[str, list[float]]]:
     """{size: {algorithm: [seconds per call, one per repeat]}} for float32 allreduces.
 
     world: the communicator that keeps every rank in step when `comm` is one of several
         sub-communicators measured at once (default: `comm`).
+    device: where the buffers are (default: the CPU).
+    peer: the torch.distributed group of the "torch" row (default: the job's, gloo).
     """
     world = comm if world is None else world
     results: dict[str, dict[str, list[float]]] = {}
     for size in sizes:
         n = size // 4
-        buf = torch.ones(n)
+        buf = torch.ones(n, device=device)
         # Check each algorithm once (a benchmark of a wrong answer means nothing) and warm up.
         for algorithm in algorithms:
             buf.fill_(comm.rank + 1)
-            _one(comm, algorithm, buf)
+            _one(comm, algorithm, buf, peer)
             expected = comm.size * (comm.size + 1) / 2
             if not bool((buf == expected).all()):
                 raise RuntimeError(f"{algorithm} gave a wrong allreduce at {format_size(size)}")
-        probe = max(_time(comm, a, buf, 1, world) for a in algorithms)
+        probe = max(_time(comm, a, buf, 1, world, peer) for a in algorithms)
         # enough calls per timing to last ~budget_s / (repeats * algorithms) seconds
         iters = max(1, min(200, int(budget_s / (repeats * len(algorithms) * max(probe, 1e-6)))))
         row: dict[str, list[float]] = {a: [] for a in algorithms}
@@ -93,7 +110,7 @@ def measure(
             order = list(algorithms)
             random.Random(i).shuffle(order)
             for algorithm in order:
-                row[algorithm].append(_time(comm, algorithm, buf, iters, world))
+                row[algorithm].append(_time(comm, algorithm, buf, iters, world, peer))
         results[str(size)] = row
         if world.rank == 0:
             print(f"measured {format_size(size)} ({iters} calls x {repeats} repeats)", flush=True)
@@ -160,33 +177,64 @@ def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     return max(a, 0.0), max(b, 0.0)
 
 
-def worker(config: CollectivesConfig, path: Path) -> None:
-    """Measure as one rank of the job; rank 0 writes the results to `path`."""
+def _rows(config: CollectivesConfig, comm: Any, transport: str) -> list[str]:
+    """The algorithms this launch times: the config's, less those that cannot run here."""
+    from plait.comm import routes
+
+    usable = ["torch", "auto", *routes.usable("allreduce", comm.topology)]
+    why = f"it cannot run on {comm.topology}"
+    if transport == "nccl":  # shm on CUDA tensors is staged through host memory
+        usable = [a for a in usable if a != "shm"]
+        why = "on CUDA tensors it is staged through host memory (see the staged rows)"
+    if transport == "staged":
+        usable = [a for a in usable if a in STAGED]
+        why = "the staged launch times plait's flat rows only"
+        if devices.nccl_problem(comm.local_size) is not None:  # torch's peer is NCCL's allreduce
+            usable = [a for a in usable if a != "torch"]
+            why = "the staged launch times plait's flat rows only, and NCCL cannot run here"
+    rows = []
+    for a in config.algorithm_list:
+        if a in usable:
+            rows.append(a)
+        elif comm.rank == 0:
+            print(f"leaving out {a}: {why}", flush=True)
+    return rows
+
+
+def worker(config: CollectivesConfig, path: Path, transport: str = "cpu") -> None:
+    """Measure as one rank of the job; rank 0 writes the results to `path`.
+
+    transport: "cpu", or for --device cuda how plait's rows carry CUDA tensors this launch:
+        "nccl" or "staged" (as PLAIT_CUDA_TRANSPORT, which the parent set to match).
+    """
     import plait
     from plait.comm import routes, select
 
     comm = plait.init()
+    device = plait.device() if transport != "cpu" else torch.device("cpu")
     sizes = config.size_list
-    algorithms = config.algorithm_list
-    # the routing table's rows that cannot run here are left out (shm needs one host,
-    # hierarchical several hosts of equal size)
-    usable = ("torch", "auto", *routes.usable("allreduce", comm.topology))
-    for a in [a for a in algorithms if a not in usable]:
-        algorithms.remove(a)
-        if comm.rank == 0:
-            print(f"leaving out {a}: it cannot run on {comm.topology}", flush=True)
+    algorithms = _rows(config, comm, transport)
+    # torch's peer on CUDA: NCCL's allreduce, on a group of its own (the job's is gloo)
+    peer = None
+    if device.type == "cuda" and "torch" in algorithms:
+        peer = dist.new_group(backend="nccl")
     out: dict[str, Any] = {"world_size": comm.size, "num_nodes": comm.num_nodes}
+    if device.type == "cuda":
+        out["device"] = gpu.facts(device)
+        out["transport"] = transport
     comm.barrier()
-    if comm.rank == 0:
+    if comm.rank == 0 and device.type == "cpu":
         out["memcpy_GBps"] = memcpy_bandwidth(min(max(sizes), 64 << 20))
     comm.barrier()
-    if config.calibrate:
+    if config.calibrate and transport != "staged":  # auto weighs the NCCL rows on CUDA
         fit_algs = ["native", "ring", "halving_doubling", "tree"]
         cal_sizes = parse_sizes(CALIBRATION_SIZES)
-        data = measure(comm, cal_sizes, fit_algs, config.repeats, config.budget)
+        data = measure(comm, cal_sizes, fit_algs, config.repeats, config.budget, device=device)
         points = {a: [[int(s), statistics.median(data[s][a])] for s in data] for a in fit_algs}
         if comm.rank == 0:
-            select.save_calibration(comm.size, comm.num_nodes, "allreduce", points)
+            select.save_calibration(
+                comm.size, comm.num_nodes, "allreduce", points, device=device.type
+            )
         comm.barrier()
         select.load_calibration(reload=True)
         if comm.topology.levels is not None:
@@ -196,18 +244,23 @@ def worker(config: CollectivesConfig, path: Path) -> None:
             a: dict(zip(("alpha", "beta"), fit_line([(int(n), t) for n, t in p]), strict=True))
             for a, p in points.items()
         }
-    out["results"] = measure(comm, sizes, algorithms, config.repeats, config.budget)
-    out["auto_choice"] = {str(s): routes.choose("allreduce", s, comm.topology) for s in sizes}
+    out["results"] = measure(
+        comm, sizes, algorithms, config.repeats, config.budget, device=device, peer=peer
+    )
+    if transport != "staged":
+        out["auto_choice"] = {
+            str(s): routes.choose("allreduce", s, comm.topology, device) for s in sizes
+        }
     if comm.rank == 0:
         worker_io.save(path, out)
     plait.shutdown()
 
 
 def main(argv: list[str]) -> None:
-    """`python -m plait.bench.collectives CONFIG_JSON OUT` (bench/worker_io.py)."""
-    config, path, _ = worker_io.read(CollectivesConfig, argv)
+    """`python -m plait.bench.collectives CONFIG_JSON OUT [TRANSPORT]` (bench/worker_io.py)."""
+    config, path, extra = worker_io.read(CollectivesConfig, argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    worker(config, path)
+    worker(config, path, *extra)
 
 
 if __name__ == "__main__":

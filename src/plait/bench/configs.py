@@ -17,6 +17,8 @@ from plait.pipeline.schedule import SCHEDULES
 from plait.train.recipes import MODELS
 
 SIZES = "4K,64K,1M,16M,64M"  # bytes per message, collectives and p2p alike
+#: Where a benchmark's tensors are: cpu, or cuda (rank i on cuda:LOCAL_RANK, NCCL between)
+DEVICES = ("cpu", "cuda")
 # bench ps: name -> the `plait train` options that make it; ratios are against BASELINE
 PS_CONFIGS: dict[str, list[str]] = {
     "allreduce": ["--strategy", "allreduce"],
@@ -38,6 +40,10 @@ def _markdown() -> bool:
     return field(default=False, metadata=option("print a compact Markdown table (for READMEs)"))
 
 
+def _device(what: str) -> str:
+    return field(default="cpu", metadata=option(what, choices=DEVICES))
+
+
 def _subset(name: str, text: str, known: tuple[str, ...] | list[str]) -> list[str]:
     """`text` split at commas, every item one of `known`."""
     items = text.split(",")
@@ -45,6 +51,11 @@ def _subset(name: str, text: str, known: tuple[str, ...] | list[str]) -> list[st
     if unknown:
         raise ConfigError(f"unknown {name} {unknown}; expected a subset of {', '.join(known)}")
     return items
+
+
+def _device_known(device: str) -> None:
+    if device not in DEVICES:
+        raise ConfigError(f"--device must be one of {', '.join(DEVICES)}; got {device!r}")
 
 
 def _ints(name: str, text: str) -> list[int]:
@@ -76,7 +87,10 @@ class CollectivesConfig:
     """allreduce: every plait algorithm vs torch.distributed, side by side.
 
     Time allreduce (float32) for every algorithm and torch.distributed's own, in one run;
-    report medians over repeats and the ratio to torch.
+    report medians over repeats and the ratio to torch. With --device cuda each rank's
+    tensors are on its GPU: torch is NCCL's allreduce, native plait's call of it, and plait's
+    algorithms run twice, over NCCL point-to-point and staged through host memory
+    (PLAIT_CUDA_TRANSPORT=nccl, then staged: one launch each).
     """
 
     nproc: int = field(default=4, metadata=option("ranks (per host with --hosts)", aliases=("-n",)))
@@ -99,6 +113,7 @@ class CollectivesConfig:
     )
     repeats: int = field(default=7, metadata=option("timed repeats per cell"))
     budget: float = field(default=4.0, metadata=option("seconds of timing per size"))
+    device: str = _device("where each rank's tensors are: cpu, or cuda (its GPU; NCCL)")
     calibrate: bool = field(
         default=False,
         metadata=option(
@@ -122,6 +137,12 @@ class CollectivesConfig:
             raise ConfigError(f"--hosts must be >= 1; got {self.hosts}")
         if self.link_rate and self.hosts == 1:
             raise ConfigError("--link-rate limits the links between hosts: add --hosts H (H >= 2)")
+        _device_known(self.device)
+        if self.device == "cuda" and self.hosts > 1:
+            raise ConfigError(
+                "--device cuda runs on this host's GPUs; --hosts simulates hosts with network "
+                "namespaces, which share them: drop --hosts"
+            )
         _at_least_1(repeats=self.repeats)
         _subset("algorithms", self.algorithms, ALGORITHMS)
         _sizes(self.sizes)
@@ -171,7 +192,8 @@ class TrainBenchConfig:
 
     Train the same model with plait.DataParallel and torch DistributedDataParallel in one
     run (same world size, global batch and gloo backend), in turns, and report samples/s
-    of each and their ratio.
+    of each and their ratio. With --device cuda each rank trains on its GPU and DDP uses
+    NCCL.
     """
 
     workloads: str = field(
@@ -185,12 +207,14 @@ class TrainBenchConfig:
         default=3, metadata=option("untimed steps of each before timing", cli=False)
     )
     bucket_mb: float = field(default=25.0, metadata=option("bucket size in MB, both"))
+    device: str = _device("where each rank trains: cpu, or cuda (its GPU; DDP over NCCL)")
     json: str | None = _json()
     markdown: bool = _markdown()
 
     def __post_init__(self) -> None:
         sizes = _ints("nproc", self.nproc)
         _subset("workloads", self.workloads, MODELS)
+        _device_known(self.device)
         for n in sizes:
             if self.global_batch % n:
                 raise ConfigError(

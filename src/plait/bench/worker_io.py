@@ -9,6 +9,7 @@ which the parent reads back. This module imports no torch.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -21,6 +22,11 @@ from plait.errors import PlaitError
 from plait.launch import launch
 
 T = TypeVar("T")
+
+#: What the workers' environment adds where a benchmark's tensors are on the CPU: the job's
+#: device too, even where GPUs are visible (plait.init()'s default, auto, would take them,
+#: and refuse more ranks than GPUs). --device cuda benchmarks pass their own (bench/gpu.py).
+ON_CPU = {"PLAIT_DEVICE": "cpu"}
 
 
 class BenchFailed(PlaitError):
@@ -55,22 +61,27 @@ def load(path: str | Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def with_env(extra: dict[str, str]) -> Callable[[list[str], int], int]:
+    """The local launcher (a `start` for run_workers), with `extra` in the ranks' environment."""
+    return lambda cmd, nproc: launch(cmd, nproc, env={**os.environ, **extra})
+
+
 def run_workers(
     module: str,
     config: Any,
     nproc: int,
     *extra: str,
-    start: Callable[[list[str], int], int] = launch,
+    start: Callable[[list[str], int], int] | None = None,
 ) -> dict[str, Any]:
     """Run `nproc` ranks of `module` (with `start(cmd, nproc)`, which returns the job's exit
-    status: the local launcher unless told otherwise); return what rank 0 wrote.
+    status: by default the local launcher, with ON_CPU); return what rank 0 wrote.
 
     Raises:
         BenchFailed: the job exited non-zero (the ranks' output already says why).
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        code = start(command(module, config, out, *extra), nproc)
+        code = (start or with_env(ON_CPU))(command(module, config, out, *extra), nproc)
         if code != 0:
             raise BenchFailed(code)
         data: dict[str, Any] = load(out)

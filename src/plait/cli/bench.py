@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     job = importlib.import_module(f"plait.bench.jobs.{name}")
     try:
         code: int = job.run(config)
+    except ConfigError as e:  # found before launching: --device cuda without a GPU, ...
+        print(f"plait bench {name}: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except BenchFailed as e:
         if str(e):
             print(f"plait bench {name}: {e}", file=sys.stderr)

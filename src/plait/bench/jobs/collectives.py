@@ -2,7 +2,9 @@
 
 The workers (plait.bench.collectives) write every timing; this module turns them into one
 row per (size, algorithm): the median time, the bandwidths, and speed ratios against
-torch and native paired by repeat (bench/report.py).
+torch and native paired by repeat (bench/report.py). With --device cuda it launches the
+workers once per transport and merges the launches: the staged launch's rows are named
+`ring/staged`, ..., and compared with that launch's own torch and native.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from typing import Any
 
 from rich.console import Console
 
-from plait.bench import report, worker_io
+from plait.bench import gpu, report, worker_io
 from plait.bench.configs import CollectivesConfig
 from plait.bench.units import format_size
 from plait.bench.worker_io import BenchFailed
-from plait.launch import launch
+from plait.errors import ConfigError
 from plait.launch.hosts import HostsError, launch_on_hosts
 
 WORKER = "plait.bench.collectives"
@@ -46,7 +48,10 @@ def measure(config: CollectivesConfig) -> dict[str, Any]:
 
     Raises:
         BenchFailed: the workers failed, or the simulated hosts could not be made.
+        ConfigError: --device cuda where it cannot run (plait.devices.DeviceError says why).
     """
+    if config.device == "cuda":
+        return _measure_cuda(config)
 
     def on_hosts(cmd: list[str], nproc: int) -> int:
         try:  # `plait run -m MODULE ARGS` inside each host: the command less `python -m`
@@ -54,8 +59,51 @@ def measure(config: CollectivesConfig) -> dict[str, Any]:
         except HostsError as e:
             raise BenchFailed(2, str(e)) from None
 
-    start = on_hosts if config.hosts > 1 else launch
+    start = on_hosts if config.hosts > 1 else None  # None: the local launcher, on the CPU
     return worker_io.run_workers(WORKER, config, config.nproc, start=start)
+
+
+def _measure_cuda(config: CollectivesConfig) -> dict[str, Any]:
+    """One launch per CUDA transport (nccl, then staged; staged alone where NCCL cannot run
+    here), merged into one report."""
+    env, problem = gpu.prepare(config.nproc)
+    if problem is not None:
+        if config.calibrate:
+            raise ConfigError(
+                "--calibrate --device cuda measures the NCCL rows, which cannot run here: "
+                + problem
+            )
+        print(f"leaving out the NCCL rows: {problem}", flush=True)
+    runs = {}
+    for t in ["staged"] if problem else ["nccl", "staged"]:
+        start = worker_io.with_env({**env, "PLAIT_CUDA_TRANSPORT": t})
+        runs[t] = worker_io.run_workers(WORKER, config, config.nproc, t, start=start)
+    return merge(runs)
+
+
+def merge(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The launches of each transport as one: the rows of transport T other than nccl get
+    the suffix "/T"; the rest (world, device, auto's choices) comes from the first launch."""
+    data: dict[str, Any] = {}
+    for transport, run in runs.items():
+        suffix = "" if transport == "nccl" else f"/{transport}"
+        for key, value in run.items():
+            if key == "results":
+                for size, cells in value.items():
+                    row = data.setdefault("results", {}).setdefault(size, {})
+                    row.update({a + suffix: ts for a, ts in cells.items()})
+            elif key != "transport":
+                data.setdefault(key, value)
+    data["transports"] = list(runs)
+    return data
+
+
+def _vs(cells: dict[str, list[float]], peer: str, algorithm: str) -> float | None:
+    """`algorithm`'s speed relative to `peer` ("torch", "native") of the same launch: the
+    staged launch's rows ("ring/staged") against its own ("torch/staged"); None if absent."""
+    launch = algorithm[algorithm.find("/") :] if "/" in algorithm else ""
+    times = cells.get(peer + launch)
+    return None if times is None else report.paired_ratio(times, cells[algorithm])
 
 
 def summarize(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -74,14 +122,8 @@ def summarize(data: dict[str, Any]) -> list[dict[str, Any]]:
                     "time_us": t * 1e6,
                     "algbw_GBps": algbw,
                     "busbw_GBps": algbw * 2 * (p - 1) / p,  # nccl-tests' allreduce factor
-                    "vs_torch": report.paired_ratio(cells["torch"], cells[algorithm])
-                    if "torch" in med
-                    else None,
-                    "vs_native": (
-                        report.paired_ratio(cells["native"], cells[algorithm])
-                        if "native" in med
-                        else None
-                    ),
+                    "vs_torch": _vs(cells, "torch", algorithm),
+                    "vs_native": _vs(cells, "native", algorithm),
                     "auto_choice": data.get("auto_choice", {}).get(size_s),
                     "of_memcpy": algbw / data["memcpy_GBps"] if data.get("memcpy_GBps") else None,
                 }
@@ -96,6 +138,8 @@ COLUMNS = ("size", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "vs
 def render(data: dict[str, Any], console: Console) -> None:
     p, hosts = data["world_size"], data.get("num_nodes", 1)
     where = f"{p} ranks" if hosts == 1 else f"{p} ranks on {hosts} hosts"
+    if "device" in data:
+        where += ", CUDA tensors"
     title = (f"allreduce, float32, {where}: median time over repeats; speed ratio "
              "(median of per-repeat ratios) > 1 means faster")  # fmt: skip
     table = report.table(title, COLUMNS, left="algorithm")
@@ -103,6 +147,17 @@ def render(data: dict[str, Any], console: Console) -> None:
     console.print(table)
     if data.get("memcpy_GBps"):
         console.print(_memcpy_line(data))
+    if "device" in data:
+        console.print(_device_lines(data))
+
+
+def _device_lines(data: dict[str, Any]) -> str:
+    return (
+        f"{gpu.describe(data['device'], data['world_size'])}\n"
+        "torch: torch.distributed's all_reduce over NCCL; native: plait's call of it; ring, "
+        "halving_doubling, tree: plait's schedules over NCCL point-to-point; '/staged': "
+        "through pinned host memory over plait's engine (gloo for native)"
+    )
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
@@ -136,4 +191,6 @@ def markdown(data: dict[str, Any]) -> str:
         line += [report.ratio(auto.get(key)) for key in ("vs_native", "vs_torch")]
         lines.append(line)
     text = report.markdown(head, lines)
+    if "device" in data:
+        text += "\n\n" + _device_lines(data)
     return text + "\n\n" + _memcpy_line(data) if data.get("memcpy_GBps") else text

@@ -75,7 +75,7 @@ def train_once(config: PsBenchConfig, name: str, where: Path) -> dict[str, Any]:
     for flag, value in (("--steps", config.steps), ("--batch-size", config.batch_size)):
         if value is not None:
             cmd += [flag, str(value)]
-    env = dict(os.environ)
+    env = {**os.environ, **worker_io.ON_CPU}  # the servers and workers train on the CPU
     if config.straggler > 1.0:
         env["PLAIT_TRAIN_STRAGGLER"] = f"{config.workers - 1}:{config.straggler}"
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -1,4 +1,8 @@
-"""`plait bench train`, the parent side: one job per world size, then plait vs DDP per row."""
+"""`plait bench train`, the parent side: one job per world size, then plait vs DDP per row.
+
+With --device cuda the ranks train on their GPUs (PLAIT_DEVICE=cuda) and DDP uses NCCL; the
+GPUs are checked before anything is launched (plait.devices says what is missing).
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,34 @@ from typing import Any
 
 from rich.console import Console
 
-from plait.bench import report, worker_io
+from plait.bench import gpu, report, worker_io
 from plait.bench.configs import TrainBenchConfig
+from plait.errors import ConfigError
 
 WORKER = "plait.bench.train"
 
 
 def run(config: TrainBenchConfig) -> int:
-    """Measure at every world size and print; return the exit status."""
-    runs = [worker_io.run_workers(WORKER, config, n) for n in config.world_sizes]
+    """Measure at every world size and print; return the exit status.
+
+    Raises:
+        ConfigError: --device cuda where it cannot run (no GPU, too few, NCCL refuses).
+    """
+    env = worker_io.ON_CPU
+    if config.device == "cuda":
+        env, problem = gpu.prepare(max(config.world_sizes))
+        if problem is not None:
+            raise ConfigError(
+                f"--device cuda compares with DDP over NCCL, which cannot run here: {problem}"
+            )
+    runs = [
+        worker_io.run_workers(WORKER, config, n, start=worker_io.with_env(env))
+        for n in config.world_sizes
+    ]
     rows = summarize(runs)
     render(rows, report.console(100))
+    if "device" in runs[0]:
+        print(gpu.describe(runs[0]["device"], max(config.world_sizes)))
     if config.markdown:
         print(markdown(rows))
     if config.json:
@@ -36,6 +57,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 {
                     "workload": name,
                     "world_size": data["world_size"],
+                    "device": "cuda" if "device" in data else "cpu",
                     "parameters": w["parameters"],
                     "global_batch": w["global_batch"],
                     "plait_samples_per_s": statistics.median(sps["plait"]),
@@ -50,7 +72,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def render(rows: list[dict[str, Any]], console: Console) -> None:
-    title = ("training throughput, plait DataParallel vs torch DDP (gloo): medians over "
+    ddp = "NCCL, on GPUs" if rows and rows[0].get("device") == "cuda" else "gloo"
+    title = (f"training throughput, plait DataParallel vs torch DDP ({ddp}): medians over "
              "repeats; ratio > 1 means plait is faster")  # fmt: skip
     columns = ("workload", "ranks", "params", "global batch", "plait (samples/s)",
                "DDP (samples/s)", "plait / DDP", "range")  # fmt: skip

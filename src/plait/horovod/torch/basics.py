@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 import plait
 from plait.comm.communicator import Communicator
@@ -248,7 +249,17 @@ def gloo_built() -> bool:
 
 
 def nccl_built() -> int:
-    return 0
+    """NCCL_VERSION_CODE of the NCCL this torch was built with (Horovod's meaning), 0 if none.
+
+    A build fact, true with or without a visible GPU: CUDA tensors in the collectives go
+    over NCCL where it is built and a GPU is visible, else through host memory (plait's
+    PLAIT_CUDA_TRANSPORT).
+    """
+    if not dist.is_nccl_available():
+        return 0
+    major, minor, patch = (int(v) for v in torch.cuda.nccl.version()[:3])
+    # nccl.h's NCCL_VERSION(X, Y, Z): X*1000 + Y*100 + Z up to 2.8, X*10000 + Y*100 + Z since
+    return major * (1000 if major <= 2 and minor <= 8 else 10000) + minor * 100 + patch
 
 
 def ddl_built() -> bool:
@@ -260,7 +271,9 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """Whether this torch was built with CUDA (Horovod: "compiled with CUDA support"); a build
+    fact, whether or not a GPU is visible (torch.cuda.is_available() says that)."""
+    return torch.version.cuda is not None
 
 
 def rocm_built() -> bool:

@@ -5,13 +5,21 @@ Every hvd collective becomes one or more `Op`s (one communicator call each) that
 Communicator matches calls by order, so async calls from gradient hooks and blocking calls
 from the script must reach it in one sequence. A blocking call made while nothing is queued
 runs inline (no thread hop). The dispatcher is also where hvd.join() lives: see join.py.
+
+CUDA tensors: what the script queued on its current stream before a call must come first,
+as in Horovod (which records a ready event on it). An op list that goes to the worker thread
+runs there on the caller's current stream (and device), captured at submission, and its
+handle's `wait()` makes the waiting thread's current stream wait for an event recorded
+after it, so results are used in order without blocking the host. A job that never
+initialised CUDA takes none of these steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -41,6 +49,7 @@ class Op(Generic[T]):
     op: str = "-"  # allreduce's reduction
     root: int = -1  # broadcast's root
     shape: tuple[int, ...] = ()  # compared across ranks in join mode
+    device: str = "cpu"  # the tensor's device type: joined ranks serve on the same kind
 
 
 class Dispatcher:
@@ -59,31 +68,53 @@ class Dispatcher:
         with self._order:
             if self._worker.idle:
                 return self._execute(ops)
-            handle = self._worker.submit(lambda: self._execute(ops))
+            handle = self._queue(ops)
         return handle.wait()
 
     def submit(self, ops: Sequence[Op[Any]]) -> Request[list[Any]]:
         """Queue `ops` (kept together, in order); the handle's result is their results."""
         with self._order:
-            return self._worker.submit(lambda: self._execute(ops))
+            return self._queue(ops)
 
     def run_other(self, kind: str, fn: Callable[[Communicator], T]) -> T:
         """Run a call that joined ranks cannot take part in (objects, alltoall, split...)."""
         return self.run([Op(kind, lambda comm, flat: fn(comm))])[0]
 
-    def join(self) -> int:
-        """hvd.join(): serve the other ranks' collectives until every rank has joined."""
+    def join(self, device: torch.device | None = None) -> int:
+        """hvd.join(): serve the other ranks' collectives until every rank has joined.
+
+        device: the GPU of the stand-in tensors when the others' collectives are on CUDA
+            tensors (default: the current CUDA device of the calling thread).
+        """
         if not self._joinable:
             raise ValueError("hvd.join() works on the global process set only")
         if self.comm.size == 1:
             return 0
         joining.require_check()
-        return self.run([Op("join", lambda comm, flat: self._serve_until_all_joined())])[0]
+        serve = Op("join", lambda comm, flat: self._serve_until_all_joined(device))
+        return self.run([serve])[0]
 
     def close(self) -> None:
         self._worker.stop()
 
     # ----------------------------------------------------------------- internals
+    def _queue(self, ops: Sequence[Op[Any]]) -> Request[list[Any]]:
+        """Hand `ops` to the worker thread (the caller holds `_order`), on the caller's CUDA
+        stream where CUDA is in use (see the module's docstring)."""
+        if not torch.cuda.is_initialized():  # a CPU job: never touch CUDA
+            return self._worker.submit(lambda: self._execute(ops))
+        stream = torch.cuda.current_stream()
+        after = torch.cuda.Event()
+
+        def run() -> list[Any]:
+            with _on(stream):
+                try:
+                    return self._execute(ops)
+                finally:
+                    after.record(stream)
+
+        return _StreamOrdered(self._worker.submit(run), stream, after)
+
     def _execute(self, ops: Sequence[Op[Any]]) -> list[Any]:
         try:
             with torch.no_grad():  # grad mode is per thread; the worker needs it too
@@ -111,7 +142,7 @@ class Dispatcher:
         self._rounds += 1
         return out
 
-    def _serve_until_all_joined(self) -> int:
+    def _serve_until_all_joined(self, device: torch.device | None) -> int:
         mine = joining.joined_row(self._rounds)
         while True:
             try:
@@ -124,8 +155,31 @@ class Dispatcher:
                 self._join_mode = False
                 return plan.last
             self._join_mode = True
-            joining.serve(self.comm, plan)
+            joining.serve(self.comm, plan, device)
             self._rounds += 1
+
+
+@contextlib.contextmanager
+def _on(stream: torch.cuda.Stream) -> Iterator[None]:
+    """Make `stream` (and its device) current in this thread."""
+    with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+        yield
+
+
+class _StreamOrdered(Request[T]):
+    """A worker-run op list whose CUDA work was issued on `stream`: `wait()` makes the waiting
+    thread's current stream wait for `after`, recorded once the list was issued."""
+
+    def __init__(self, inner: Request[T], stream: torch.cuda.Stream, after: torch.cuda.Event):
+        self._inner, self._stream, self._after = inner, stream, after
+
+    def done(self) -> bool:
+        return self._inner.done()
+
+    def wait(self) -> T:
+        result = self._inner.wait()
+        torch.cuda.current_stream(self._stream.device).wait_event(self._after)
+        return result
 
 
 # ------------------------------------------------------------------------ autograd

@@ -31,6 +31,7 @@ def _broadcast_tensors(tensors: list[Tensor], root: int, ps: ProcessSet) -> None
             p.flat.numel(),
             root=root,
             shape=(p.flat.numel(),),
+            device=p.flat.device.type,
         )
         for p in packs
     ]
@@ -70,8 +71,10 @@ def broadcast_optimizer_state(
 
     Unlike Horovod, ranks need no state of their own first (Horovod takes a zero-gradient step
     to create it, which moves parameters under weight decay): the root sends the layout of its
-    state (names, shapes, dtypes, scalars, options) as an object, every rank allocates what it
-    lacks, then the tensors travel in one broadcast per dtype.
+    state (names, shapes, dtypes, device types, scalars, options) as an object, every rank
+    allocates what it lacks, then the tensors travel in one broadcast per dtype and device.
+    State the root keeps on a GPU (Adam's moments beside CUDA parameters) is allocated on the
+    GPU of the parameter it belongs to; state it keeps on the CPU (Adam's `step`) on the CPU.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
@@ -84,7 +87,7 @@ def broadcast_optimizer_state(
             "groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
             "state": {
                 pid: {
-                    k: ("tensor", tuple(v.shape), v.dtype)
+                    k: ("tensor", tuple(v.shape), v.dtype, v.device.type)
                     if isinstance(v, torch.Tensor)
                     else ("value", v)
                     for k, v in entries.items()
@@ -98,6 +101,7 @@ def broadcast_optimizer_state(
             f"rank {root} has {len(layout['groups'])} parameter groups, rank {me} has "
             f"{len(sd['param_groups'])}: the optimizers must be built alike"
         )
+    param_of = _parameters_by_id(optimizer, sd)
     state: dict[Any, dict[str, Any]] = {}
     tensors: list[Tensor] = []
     for pid, entries in layout["state"].items():
@@ -107,10 +111,13 @@ def broadcast_optimizer_state(
             if what == "value":
                 state[pid][k] = spec[0]
                 continue
-            shape, dtype = spec
+            shape, dtype, kind = spec
             t = mine.get(k)
-            if not (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype):
-                t = torch.empty(shape, dtype=dtype)
+            if not (
+                isinstance(t, torch.Tensor)
+                and (tuple(t.shape), t.dtype, t.device.type) == (shape, dtype, kind)
+            ):
+                t = torch.empty(shape, dtype=dtype, device=_home(kind, param_of.get(pid)))
             state[pid][k] = t
             tensors.append(t)
     if tensors:
@@ -120,6 +127,22 @@ def broadcast_optimizer_state(
     pairs = zip(layout["groups"], sd["param_groups"], strict=True)
     groups = [{**opts, "params": g["params"]} for opts, g in pairs]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _parameters_by_id(optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> dict[Any, Tensor]:
+    """The ids of `optimizer.state_dict()` -> this rank's parameters (ids number them in
+    group order)."""
+    pairs = zip(sd["param_groups"], optimizer.param_groups, strict=True)
+    return {pid: p for ids, g in pairs for pid, p in zip(ids["params"], g["params"], strict=True)}
+
+
+def _home(kind: str, param: Tensor | None) -> torch.device:
+    """Where a state tensor the root keeps on a `kind` device goes on this rank."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    if param is not None and param.device.type == kind:
+        return param.device
+    return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
 
 
 def broadcast_object(

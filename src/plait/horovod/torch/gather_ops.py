@@ -39,7 +39,7 @@ def _allgather_op(tensor: Tensor) -> Op[Tensor]:
         rows: Tensor = comm.allgather(t.reshape(t.shape[0], row))  # joined ranks add no rows
         return rows.reshape(rows.shape[0], *tail)
 
-    return Op("allgather", run, t.dtype, row, shape=tail)
+    return Op("allgather", run, t.dtype, row, shape=tail, device=t.device.type)
 
 
 def allgather_async(
@@ -106,8 +106,9 @@ def _broadcast_ops(tensor: Tensor, root: int) -> list[Op[Any]]:
         comm.broadcast_(buf.view(-1) if flat else buf, root)
         return buf
 
+    shape, device = tuple(buf.shape), buf.device.type
     ops: list[Op[Any]] = [
-        Op("broadcast", run, buf.dtype, buf.numel(), root=root, shape=tuple(buf.shape))
+        Op("broadcast", run, buf.dtype, buf.numel(), root=root, shape=shape, device=device)
     ]
     if buf is not target:
         ops.append(Op("local", lambda comm, flat: target.copy_(buf)))
@@ -193,8 +194,11 @@ def _alltoall_op(tensor: Tensor, splits: Any, with_splits: bool) -> Op[Any]:
             return out, None
         if sizes is None:  # what plait sent: dim 0 split as torch.tensor_split does
             sizes = [len(part) for part in torch.arange(t.shape[0]).tensor_split(comm.size)]
-        # what each rank sent here: one more small alltoall of the split sizes
-        got = comm.alltoall(torch.tensor(sizes, dtype=torch.int32))
+        # what each rank sent here: one more small alltoall of the split sizes (metadata, on
+        # the CPU path), returned where Horovod returns it: on `splits`' device, else the CPU
+        got: Tensor = comm.alltoall(torch.tensor(sizes, dtype=torch.int32))
+        if isinstance(splits, torch.Tensor) and splits.device != got.device:
+            got = got.to(splits.device)
         return out, got
 
     return Op("alltoall", run)
@@ -244,6 +248,13 @@ def barrier(process_set: ProcessSet = _global) -> None:
 
 def join(device: int = -1) -> int:
     """This rank has run out of data: take part (with zeros) in the others' allreduces until
-    every rank has joined. Returns the rank that joined last, the same on every rank."""
+    every rank has joined. Returns the rank that joined last, the same on every rank.
+
+    device: Horovod's id of the device for the stand-in tensors. Here they follow the others'
+        tensors: on the CPU for CPU tensors; for CUDA tensors on GPU `device`, or with -1 (the
+        default) on the current CUDA device.
+    """
     state()
-    return dispatcher(None).join()
+    if isinstance(device, bool) or not isinstance(device, int) or device < -1:
+        raise ValueError(f"device must be a GPU index or -1; got {device!r}")
+    return dispatcher(None).join(None if device == -1 else torch.device("cuda", device))

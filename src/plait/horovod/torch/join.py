@@ -14,6 +14,11 @@ make; joined ranks say "joined"), then all make the call, joined ranks with stan
     allgather   zero rows          broadcast   a scratch buffer (the root must not have joined)
     barrier     a barrier          anything else: an error on every rank, never a hang
 
+Stand-ins are made on the kind of device the others' tensors are on (the row says which):
+the communicator routes a call by its tensor's device, so a CPU stand-in would not meet
+CUDA tensors on the other ranks. On CUDA they go on hvd.join(device)'s GPU, or the current
+one. The rows themselves are CPU tensors: metadata that only travels between ranks.
+
 When every row says "joined", join() returns on every rank the rank that joined last (the
 latest in the sequence of collectives; ties go to the highest rank), and join mode ends.
 Ordinary collectives pay nothing for this: join mode starts only after a rank joined.
@@ -35,7 +40,7 @@ if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
     from plait.horovod.torch.dispatch import Op
 
-_ROW = 8  # kind, dtype, op, root, numel, shape crc, rounds at join, unused
+_ROW = 8  # kind, dtype, op, root, numel, shape crc, rounds at join, device
 _KINDS = (
     "joined",
     "allreduce",
@@ -52,6 +57,8 @@ _KINDS = (
 )
 _SERVED = ("allreduce", "allgather", "broadcast", "barrier")
 _OPS = ("-", "sum", "avg", "min", "max", "prod")
+_DEVICES = ("cpu", "cuda")  # the device types the communicator carries; cpu's code is 0
+_SAME = (0, 1, 2, 3, 4, 5, 7)  # the fields every rank that has not joined must agree on
 
 # What the call check shows for a joined rank's call (plait formats it; we only compare)
 _SIGNAL = str(Call.of("allgather", torch.empty((1, _ROW), dtype=torch.int64), algorithm="ring"))
@@ -81,6 +88,7 @@ class Plan:
     op: str = "-"
     root: int = -1
     numel: int = 0
+    device: str = "cpu"
 
 
 def _crc(shape: tuple[int, ...]) -> int:
@@ -92,7 +100,8 @@ def describe(op: Op[Any], rounds: int) -> torch.Tensor:
     kind = op.kind if op.kind in _KINDS else "other"
     dtype = CODES[op.dtype] + 1 if op.dtype in CODES else 0
     fields = [_KINDS.index(kind), dtype, _OPS.index(op.op), op.root, op.numel, _crc(op.shape)]
-    return torch.tensor([[*fields, rounds, 0]], dtype=torch.int64)
+    device = _DEVICES.index(op.device) if op.device in _DEVICES else 0
+    return torch.tensor([[*fields, rounds, device]], dtype=torch.int64)
 
 
 def joined_row(rounds: int) -> torch.Tensor:
@@ -108,7 +117,8 @@ def _text(row: list[int]) -> str:
     dtype = NAMES[DTYPES[row[1] - 1]] if row[1] else "-"
     extra = {"allreduce": f", op={_OPS[row[2]]}", "broadcast": f", root_rank={row[3]}"}
     size = "elements per row" if kind == "allgather" else "elements"
-    return f"{kind}(dtype={dtype}, {size}={row[4]}{extra.get(kind, '')})"
+    where = f", device={_DEVICES[row[7]]}" if row[7] else ""
+    return f"{kind}(dtype={dtype}, {size}={row[4]}{extra.get(kind, '')}{where})"
 
 
 def agree(comm: Communicator, mine: torch.Tensor) -> Plan:
@@ -120,7 +130,7 @@ def agree(comm: Communicator, mine: torch.Tensor) -> Plan:
         last = max(range(len(rows)), key=lambda r: (rows[r][6], r))
         return Plan(all_joined=True, last=last)
     calls = [_text(row) for row in rows]
-    if len({tuple(rows[r][:6]) for r in active}) > 1:
+    if len({tuple(rows[r][i] for i in _SAME) for r in active}) > 1:
         raise CollectiveMismatchError(
             calls, f"different calls from the ranks that have not joined (joined: {joined})"
         )
@@ -138,31 +148,41 @@ def agree(comm: Communicator, mine: torch.Tensor) -> Plan:
             "a joined rank cannot be the root"
         )
     dtype = DTYPES[row[1] - 1] if row[1] else torch.float32
-    return Plan(False, -1, kind, dtype, _OPS[row[2]], row[3], row[4])
+    return Plan(False, -1, kind, dtype, _OPS[row[2]], row[3], row[4], _DEVICES[row[7]])
 
 
-def _identity(plan: Plan) -> torch.Tensor:
+def _identity(plan: Plan, where: torch.device) -> torch.Tensor:
     """What a joined rank contributes to an allreduce."""
+    n, dtype = plan.numel, plan.dtype
     if plan.op in ("sum", "avg"):
-        return torch.zeros(plan.numel, dtype=plan.dtype)
+        return torch.zeros(n, dtype=dtype, device=where)
     if plan.op == "prod":
-        return torch.ones(plan.numel, dtype=plan.dtype)
+        return torch.ones(n, dtype=dtype, device=where)
     big = plan.op == "min"  # min's identity is the largest value, max's the smallest
-    if plan.dtype == torch.bool:
-        return torch.full((plan.numel,), big, dtype=torch.bool)
-    if plan.dtype.is_floating_point:
-        return torch.full((plan.numel,), float("inf") if big else float("-inf"), dtype=plan.dtype)
-    info = torch.iinfo(plan.dtype)
-    return torch.full((plan.numel,), info.max if big else info.min, dtype=plan.dtype)
+    if dtype == torch.bool:
+        return torch.full((n,), big, dtype=torch.bool, device=where)
+    if dtype.is_floating_point:
+        return torch.full((n,), float("inf") if big else float("-inf"), dtype=dtype, device=where)
+    info = torch.iinfo(dtype)
+    return torch.full((n,), info.max if big else info.min, dtype=dtype, device=where)
 
 
-def serve(comm: Communicator, plan: Plan) -> None:
-    """A joined rank's part in the round's collective (the flat form the others use)."""
+def _stand_in_device(plan: Plan, gpu: torch.device | None) -> torch.device:
+    """Where a joined rank's stand-ins go: the kind of device the others' tensors are on."""
+    if plan.device == "cpu":
+        return torch.device("cpu")
+    return gpu if gpu is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def serve(comm: Communicator, plan: Plan, gpu: torch.device | None = None) -> None:
+    """A joined rank's part in the round's collective (the flat form the others use);
+    `gpu` holds its stand-ins when the others' tensors are on CUDA (default: the current)."""
+    where = _stand_in_device(plan, gpu)
     if plan.kind == "allreduce":
-        comm.allreduce_(_identity(plan), plan.op)
+        comm.allreduce_(_identity(plan, where), plan.op)
     elif plan.kind == "allgather":
-        comm.allgather(torch.empty((0, plan.numel), dtype=plan.dtype))
+        comm.allgather(torch.empty((0, plan.numel), dtype=plan.dtype, device=where))
     elif plan.kind == "broadcast":
-        comm.broadcast_(torch.empty(plan.numel, dtype=plan.dtype), plan.root)
+        comm.broadcast_(torch.empty(plan.numel, dtype=plan.dtype, device=where), plan.root)
     else:
         comm.barrier()

@@ -172,13 +172,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
             if groups > 0:
                 chunks, rest = _split_list(params, groups), []
-        # the rest: size-capped buckets of one dtype, walking the parameters backwards
+        # the rest: size-capped buckets of one dtype and device, walking the parameters backwards
         cap = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _BUCKET_BYTES))
         current: list[Tensor] = []
         size = 0
         for p in reversed(rest):
             nbytes = p.numel() * p.element_size()
-            if current and (current[0].dtype != p.dtype or size + nbytes > cap):
+            kind = (current[0].dtype, current[0].device) if current else None
+            if current and (kind != (p.dtype, p.device) or size + nbytes > cap):
                 chunks.append(current)
                 current, size = [], 0
             current.append(p)

@@ -3,7 +3,8 @@
 Horovod's rules: `op` defaults to Average and `average=` is its deprecated spelling;
 `prescale_factor` multiplies each rank's input before the reduction and `postscale_factor`
 the result; `name` only labels Horovod's timeline and is ignored here. Grouped variants pack
-each dtype's tensors into one buffer, so a group costs one collective per dtype.
+each dtype's tensors into one buffer, so a group costs one collective per dtype (and device,
+where a group mixes CPU and CUDA tensors). Every result is on its input's device.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def allreduce_ops(buf: Tensor, op: str, pre: float, post: float) -> list[Op[Any]
         scale(buf, post)
         return buf
 
-    ops.append(Op("allreduce", run, buf.dtype, buf.numel(), op, shape=tuple(buf.shape)))
+    shape, device = tuple(buf.shape), buf.device.type
+    ops.append(Op("allreduce", run, buf.dtype, buf.numel(), op, shape=shape, device=device))
     return ops
 
 
@@ -174,7 +176,7 @@ def allreduce(
 # ------------------------------------------------------------------------ grouped
 @dataclass
 class Packed:
-    """Tensors of one dtype packed into one flat buffer."""
+    """Tensors of one dtype and device packed into one flat buffer (on that device)."""
 
     flat: Tensor
     members: list[tuple[int, int, int, torch.Size]] = field(default_factory=list)  # i, at, n, shape
@@ -185,14 +187,15 @@ class Packed:
 
 
 def pack(tensors: Sequence[Tensor]) -> list[Packed]:
-    """One flat copy per dtype, in order of first appearance (the same on every rank)."""
-    by_dtype: dict[torch.dtype, list[int]] = {}
+    """One flat copy per dtype and device, in order of first appearance (the same on every
+    rank when every rank puts its tensors on the same kinds of device)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tensors[{i}] must be a torch.Tensor; got {type(t).__name__}")
-        by_dtype.setdefault(t.dtype, []).append(i)
+        groups.setdefault((t.dtype, t.device), []).append(i)
     packs = []
-    for idx in by_dtype.values():
+    for idx in groups.values():
         flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
         p, at = Packed(flat), 0
         for i in idx:
