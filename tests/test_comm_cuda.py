@@ -19,7 +19,7 @@ import torch
 
 from plait import devices
 from plait.errors import PeerFailureError
-from test_comm_links import every_collective
+from test_comm_links import every_collective, ordered_messages
 from world import run_world
 
 pytestmark = pytest.mark.cuda
@@ -74,6 +74,15 @@ def test_every_collective_on_cuda_tensors_over_nccl():
         pytest.skip(reason)
     for got in run_world(2, every_collective, "cuda", env=NCCL_ENV, timeout=180):
         assert got["engine_messages"] == 0, got  # the ring's data went over NCCL
+
+
+def test_ordered_messages_over_nccl_lanes():
+    """The pipeline's payloads: both ways at once between neighbours, over NCCL, in order."""
+    if reason := devices.nccl_problem(3):
+        pytest.skip(reason)
+    for r, got in enumerate(run_world(3, ordered_messages, "cuda", env=NCCL_ENV, timeout=120)):
+        assert got["engine_messages"] == 0, got
+        assert got["got"] == {q: [10.0 * q + k for k in range(3)] for q in got["got"]}, (r, got)
 
 
 def _async_on_the_communication_stream(comm: object) -> dict[str, object]:

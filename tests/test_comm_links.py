@@ -113,6 +113,37 @@ def test_without_a_test_link_nothing_is_staged():
     assert all(r["staged"] == 0 and r["engine_messages"] >= 2 for r in results)
 
 
+def ordered_messages(comm: object, device: str = "cpu") -> dict[str, object]:
+    """Ordered messages (the pipeline's payloads) on `device` between neighbours, both ways at
+    once: received in sending order whatever their tags, and over the lanes, not the engine
+    (also run on CUDA tensors, over NCCL, by tests/test_comm_cuda.py)."""
+    r, p, on = comm.rank, comm.size, torch.device(device)
+    before = sum(s for s, _ in comm.engine.counts().values())
+    sends = []
+    for k in range(3):  # to both neighbours, tags counting down: the order is what matches
+        for peer in {(r + 1) % p, (r - 1) % p}:
+            t = torch.full((5,), 10.0 * r + k, device=on)
+            sends.append(comm.isend(t, peer, tag=9 - k, ordered=True))
+    got = {}
+    for peer in sorted({(r + 1) % p, (r - 1) % p}):
+        got[peer] = [
+            float(comm.recv(torch.empty(5, device=on), peer, tag=0, ordered=True)[0])
+            for _ in range(3)
+        ]
+    for s in sends:
+        s.wait()
+    engine_messages = sum(s for s, _ in comm.engine.counts().values()) - before
+    comm.barrier()
+    return {"got": got, "engine_messages": engine_messages}
+
+
+def test_ordered_messages_go_over_their_lanes_in_sending_order():
+    results = run_world(3, ordered_messages, env={"PLAIT_TEST_LINK": "group"}, timeout=60)
+    for r, res in enumerate(results):
+        assert res["engine_messages"] == 0, res
+        assert res["got"] == {q: [10.0 * q + k for k in range(3)] for q in res["got"]}, (r, res)
+
+
 def test_records_name_the_device_so_cpu_and_gpu_ranks_disagree():
     meta = torch.empty(4, device="meta")
     assert record_name(torch.empty(4)) == "float32"

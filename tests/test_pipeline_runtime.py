@@ -85,6 +85,11 @@ def _one(
 
 
 def _all(comm: Communicator) -> dict[str, Any]:
+    import plait.comm.messaging as messaging
+
+    lane_messages = []  # payloads sent or received over ordered lanes
+    real = messaging.LaneRequest
+    messaging.LaneRequest = lambda *a, **k: lane_messages.append(1) or real(*a, **k)
     p = comm.size
     out: dict[str, Any] = {}
     uneven = [1] * (p - 1) + [LAYERS - (p - 1)]
@@ -94,13 +99,19 @@ def _all(comm: Communicator) -> dict[str, Any]:
                 for use_mesh in (False, True) if chunks == 2 else (False,):
                     key = f"{schedule}/c{chunks}/{bal}/mesh={use_mesh}"
                     out[key] = _one(comm, schedule, chunks, bal, use_mesh)
+    messaging.LaneRequest = real
+    out["lane_messages"] = len(lane_messages)
     return out
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_pipeline_matches_unsplit_model(size: int) -> None:
-    results = run_world(size, _all, timeout=60)
+@pytest.mark.parametrize(("size", "link"), [(2, None), (4, None), (4, "group")])
+def test_pipeline_matches_unsplit_model(size: int, link: str | None) -> None:
+    # link "group": payloads over ordered lanes (gloo's), as CUDA tensors go over NCCL's
+    env = {"PLAIT_TEST_LINK": link} if link else None
+    results = run_world(size, _all, timeout=60, env=env)
     for stage, res in enumerate(results):
+        lane_messages = res.pop("lane_messages")
+        assert (lane_messages > 0) == (link == "group"), (stage, lane_messages)
         for key, r in res.items():
             schedule = key.split("/")[0]
             chunks = int(key.split("/")[1][1:])

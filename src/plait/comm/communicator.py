@@ -270,21 +270,35 @@ class Communicator:
         return self._runner.start(gathers.barrier())
 
     # --------------------------------------------- point to point, Python objects
-    def isend(self, tensor: Tensor, dst: int, tag: int = 0) -> Request[None]:
-        """Start sending `tensor` to rank `dst`; don't modify it until `wait()`."""
-        return messaging.isend(self._runner, tensor, dst, tag)
+    def isend(
+        self, tensor: Tensor, dst: int, tag: int = 0, *, ordered: bool = False
+    ) -> Request[None]:
+        """Start sending `tensor` to rank `dst`; don't modify it until `wait()`.
 
-    def irecv(self, tensor: Tensor, src: int, tag: int = 0) -> Request[None]:
-        """Start receiving into `tensor` (contiguous, exactly the sent size) from `src`."""
-        return messaging.irecv(self._runner, tensor, src, tag)
+        `ordered=True` promises that `dst` receives this rank's ordered messages in the order
+        they were sent, whatever their tags (and with `ordered=True` too): CUDA tensors then
+        go over NCCL, which matches by order alone, on a lane of their own per direction, so
+        that two ranks sending to each other cannot block each other (the pipeline's
+        activations and gradients). Without it, CUDA tensors are staged through host memory
+        and matched by tag. CPU tensors are unaffected.
+        """
+        return messaging.isend(self._runner, tensor, dst, tag, ordered)
 
-    def send(self, tensor: Tensor, dst: int, tag: int = 0) -> None:
-        """Send `tensor` to rank `dst`; returns once it is on its way."""
-        messaging.send(self._runner, tensor, dst, tag)
+    def irecv(
+        self, tensor: Tensor, src: int, tag: int = 0, *, ordered: bool = False
+    ) -> Request[None]:
+        """Start receiving into `tensor` (contiguous, exactly the sent size) from `src`
+        (`ordered`: see isend; the sender must have said the same)."""
+        return messaging.irecv(self._runner, tensor, src, tag, ordered)
 
-    def recv(self, tensor: Tensor, src: int, tag: int = 0) -> Tensor:
-        """Receive from rank `src` into `tensor` (same size as sent); return it."""
-        return messaging.recv(self._runner, tensor, src, tag)
+    def send(self, tensor: Tensor, dst: int, tag: int = 0, *, ordered: bool = False) -> None:
+        """Send `tensor` to rank `dst`; returns once it is on its way (`ordered`: see isend)."""
+        messaging.send(self._runner, tensor, dst, tag, ordered)
+
+    def recv(self, tensor: Tensor, src: int, tag: int = 0, *, ordered: bool = False) -> Tensor:
+        """Receive from rank `src` into `tensor` (same size as sent); return it (`ordered`:
+        see isend)."""
+        return messaging.recv(self._runner, tensor, src, tag, ordered)
 
     def broadcast_object(self, obj: Any = None, root: int = 0) -> Any:
         """Return root's picklable `obj` on every rank."""

@@ -81,9 +81,25 @@ def transport(device: torch.device) -> str:
 def new_group(comm_id: int, rank: int, size: int, timeout: float, device: torch.device) -> Any:
     """A NCCL group of one communicator's members, ranked in the communicator's order and
     connected now (every member calls this in the same call, as for gloo's, native.py)."""
+    group, backend = _nccl(f"plait/nccl/{comm_id}/", rank, size, timeout)
+    group.bound_device_id = device
+    backend.eager_connect_single_device(device)  # all members now, not at a first send
+    return group
+
+
+def new_lane(comm_id: int, lane: int, rank: int, size: int, timeout: float) -> Any:
+    """A NCCL group for ordered point-to-point messages in one direction (lane 0: to higher
+    ranks, 1: to lower ones). Not connected up front: each pair of ranks makes its NCCL
+    communicator at its first message, between the two of them, so a rank may make the
+    group whenever it first sends or receives, without the others."""
+    return _nccl(f"plait/nccl-lane{lane}/{comm_id}/", rank, size, timeout)[0]
+
+
+def _nccl(prefix: str, rank: int, size: int, timeout: float) -> tuple[Any, Any]:
+    """A ProcessGroup with a NCCL backend on the job's store under `prefix`, and the backend."""
     # plait reports and aborts; torch's own handling would kill the process first
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
-    store = dist.PrefixStore(f"plait/nccl/{comm_id}/", dist.distributed_c10d._get_default_store())
+    store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timedelta(seconds=timeout)
     options.is_high_priority_stream = False
@@ -91,11 +107,9 @@ def new_group(comm_id: int, rank: int, size: int, timeout: float, device: torch.
     group = dist.ProcessGroup(store, rank, size)
     group._set_default_backend(dist.ProcessGroup.BackendType.NCCL)
     group._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, backend)
-    group.bound_device_id = device
-    backend.eager_connect_single_device(device)  # all members now, not at a first send
     with _groups_lock:
         _groups.add(group)
-    return group
+    return group, backend
 
 
 def abort_all(reason: str) -> None:

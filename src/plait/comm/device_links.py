@@ -159,3 +159,25 @@ class StagedReceive(Request[None]):
         if not self._copied:
             self._buf.copy_(self._host, non_blocking=self._host.is_pinned())
             self._copied = True
+
+
+class LaneRequest(Request[None]):
+    """A send or receive started on a lane (runner.lane): ordered, unbatched point-to-point
+    on a group of its own per direction, so that two ranks sending to each other never share
+    a NCCL stream and cannot block each other's sends."""
+
+    __slots__ = ("_engine", "_waited", "on_device", "work")
+
+    def __init__(self, engine: Engine, group: Any, buf: torch.Tensor, peer: int, send: bool):
+        self._engine, self.on_device = engine, buf.device.type != "cpu"
+        data = [buf.view(torch.uint8)]
+        self.work = group.send(data, peer, 0) if send else group.recv(data, peer, 0)
+        self._waited = False
+
+    def done(self) -> bool:
+        return self._waited or self.work.is_completed()
+
+    def wait(self) -> None:
+        if not self._waited:
+            native.wait(self._engine, "ordered message", self.work, self.on_device)
+            self._waited = True

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from plait.comm import arguments, gathers, reductions
-from plait.comm.device_links import StagedLink
+from plait.comm.device_links import LaneRequest, StagedLink
 from plait.comm.engine import Engine
 from plait.comm.request import Request
 from plait.comm.runner import Runner
@@ -39,40 +39,56 @@ def _p2p_args(runner: Runner, t: object, peer: object, tag: object, what: str) -
     return _USER_TAG | (runner.id << 33) | tag
 
 
-def isend(runner: Runner, tensor: torch.Tensor, dst: int, tag: int = 0) -> Request[None]:
-    """Start sending `tensor` to rank `dst`; don't modify it until `wait()`."""
+def isend(
+    runner: Runner, tensor: torch.Tensor, dst: int, tag: int = 0, ordered: bool = False
+) -> Request[None]:
+    """Start sending `tensor` to rank `dst`; don't modify it until `wait()`. `ordered`: see
+    Communicator.isend."""
     full = _p2p_args(runner, tensor, dst, tag, "send")
-    return _link(tensor, runner).isend(tensor.contiguous().view(-1), runner.ranks[dst], full)
+    buf = tensor.contiguous().view(-1)
+    lane = runner.lane(buf.device, runner.rank, dst) if ordered else None
+    if lane is not None:
+        return LaneRequest(runner.engine, lane, buf, dst, send=True)
+    return _link(tensor, runner).isend(buf, runner.ranks[dst], full)
 
 
-def irecv(runner: Runner, tensor: torch.Tensor, src: int, tag: int = 0) -> Request[None]:
+def irecv(
+    runner: Runner, tensor: torch.Tensor, src: int, tag: int = 0, ordered: bool = False
+) -> Request[None]:
     """Start receiving into `tensor` (contiguous, the sent size) from rank `src`."""
     full = _p2p_args(runner, tensor, src, tag, "recv")
     if not tensor.is_contiguous():
         raise ValueError("irecv needs a contiguous tensor (use recv, which copies for you)")
+    lane = runner.lane(tensor.device, src, runner.rank) if ordered else None
+    if lane is not None:
+        return LaneRequest(runner.engine, lane, tensor.view(-1), src, send=False)
     return _link(tensor, runner).irecv(tensor.view(-1), runner.ranks[src], full)
 
 
 def _link(tensor: torch.Tensor, runner: Runner) -> Engine | StagedLink:
     """The engine for CPU tensors; for GPU tensors, staged through host memory over it.
 
-    Not NCCL: messages here are matched by tag (a pipeline receives micro-batch k's activation
-    by its tag), while NCCL matches point-to-point by order alone, and two ranks whose first
-    messages go to each other deadlock on NCCL unless both are launched as one batch.
+    Not NCCL: messages here are matched by tag, while NCCL matches point-to-point by order
+    alone. Callers that receive in sending order say so (`ordered=True`), and their CUDA
+    tensors go over NCCL lanes instead (runner.lane).
     """
     return runner.engine if tensor.device.type == "cpu" else StagedLink(runner.engine)
 
 
-def send(runner: Runner, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+def send(
+    runner: Runner, tensor: torch.Tensor, dst: int, tag: int = 0, ordered: bool = False
+) -> None:
     """Send `tensor` to rank `dst` and wait until it is on its way."""
-    isend(runner, tensor, dst, tag).wait()
+    isend(runner, tensor, dst, tag, ordered).wait()
 
 
-def recv(runner: Runner, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
+def recv(
+    runner: Runner, tensor: torch.Tensor, src: int, tag: int = 0, ordered: bool = False
+) -> torch.Tensor:
     """Receive from rank `src` into `tensor` (its shape and dtype must match); return it."""
     arguments.tensor(tensor, "recv's tensor")  # before its methods are called
     buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-    irecv(runner, buf, src, tag).wait()
+    irecv(runner, buf, src, tag, ordered).wait()
     if buf is not tensor:
         tensor.copy_(buf)
     return tensor

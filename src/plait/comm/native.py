@@ -41,16 +41,16 @@ _SLICE_S = 0.25
 Group: TypeAlias = Any
 
 
-def new_group(comm_id: int, rank: int, size: int, timeout: float) -> Group:
+def new_group(comm_id: int, rank: int, size: int, timeout: float, name: str = "native") -> Group:
     """A gloo group of one sub-communicator's members, ranked in the communicator's order.
 
     Not torch.distributed.new_group: it numbers members by global rank, and with
     use_local_synchronization=True its rendezvous name counts the groups each process made
     before, so members with different histories (nested or overlapping sub-communicators)
     never meet; without it, every rank of the job would have to call it. Only members
-    call this; they agree on `comm_id`.
+    call this; they agree on `comm_id`. `name` tells a communicator's groups apart.
     """
-    store = dist.PrefixStore(f"plait/native/{comm_id}/", dist.distributed_c10d._get_default_store())
+    store = dist.PrefixStore(f"plait/{name}/{comm_id}/", dist.distributed_c10d._get_default_store())
     return dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
 
 

@@ -93,6 +93,16 @@ class Runner:
         self.worker = Worker(f"plait-comm-{comm_id}")
         self.group = group  # gloo's; a sub-communicator makes its own on first native use
         self.nccl: dict[torch.device, Any] = {}  # NCCL groups, per device (cuda.py)
+        self.lanes: dict[tuple[torch.device, int], Any] = {}  # NCCL, per device and direction
+        self._watching_nccl = False
+        # ordered messages on CPU tensors over gloo, as CUDA ones go over NCCL (tests only;
+        # gloo groups connect every member, so they are made now, while every member is here)
+        self.test_lanes: list[Any] = []
+        if self.size > 1 and env.get("PLAIT_TEST_LINK") == "group":
+            self.test_lanes = [
+                native.new_group(comm_id, self.rank, self.size, engine.timeout, f"lane{d}")
+                for d in (0, 1)
+            ]
         # shared-memory segments, made by the first call that needs one: "all" (every rank
         # on one host) and "local" (this host's ranks, for the hierarchical algorithms)
         self.arenas: dict[str, shm.Arena] = {}
@@ -151,9 +161,30 @@ class Runner:
         if group is None:
             group = cuda.new_group(self.id, self.rank, self.size, self.engine.timeout, device)
             self.nccl[device] = group
-            # a dead or frozen peer (seen over the CPU sockets) aborts the NCCL groups
-            self.engine.on_failure(lambda err: cuda.abort_all(str(err)))
+            self._watch_nccl()
         return group
+
+    def lane(self, device: torch.device, src: int, dst: int) -> Any | None:
+        """The group that carries ordered messages from rank `src` to rank `dst` for tensors
+        on `device` (NCCL's, one per direction: cuda.new_lane), or None where they go
+        through the engine (CPU tensors; CUDA ones staged, without NCCL)."""
+        direction = 0 if dst > src else 1
+        if device.type == "cpu":
+            return self.test_lanes[direction] if self.test_lanes else None
+        if cuda.transport(device) != "nccl":
+            return None
+        group = self.lanes.get((device, direction))
+        if group is None:
+            group = cuda.new_lane(self.id, direction, self.rank, self.size, self.engine.timeout)
+            self.lanes[device, direction] = group
+            self._watch_nccl()
+        return group
+
+    def _watch_nccl(self) -> None:
+        """A dead or frozen peer (seen over the CPU sockets) aborts the NCCL groups."""
+        if not self._watching_nccl:
+            self._watching_nccl = True
+            self.engine.on_failure(lambda err: cuda.abort_all(str(err)))
 
 
 class Context(Channel):

@@ -8,8 +8,10 @@ message per transfer; exchanging shapes once per step would save it, but micro-b
 an uneven ``torch.chunk`` differ in their first dimension, so per-message headers keep the
 code simple and always right.
 
-On GPUs the header stays on the CPU and the payload is a CUDA tensor, which the communicator
-stages through pinned host memory over its engine (comm/messaging.py says why not NCCL).
+On GPUs the header stays on the CPU and the payload, a CUDA tensor, goes over NCCL: payloads
+between two stages are received in the order they were sent, so they travel as the
+communicator's ordered messages (`ordered=True`), which NCCL can carry (it matches by order,
+not tag), one lane per direction.
 
 Sends are non-blocking (`isend`): the caller keeps the returned requests (which keep the
 tensors alive) and waits on them at the end of the step, so a stage never stalls on a
@@ -45,7 +47,9 @@ def header(t: torch.Tensor) -> torch.Tensor:
 def send_tensor(comm: Communicator, t: torch.Tensor, peer: int, tag: int) -> list[Request]:
     """Start sending header and payload of `t` to `peer`; wait on the returned requests."""
     payload = t.detach().contiguous()
-    return [comm.isend(header(payload), peer, tag), comm.isend(payload, peer, tag)]
+    # the payloads between two stages arrive in sending order (each stage runs micro-batches
+    # in order): on GPUs they go over NCCL (Communicator.isend's `ordered`)
+    return [comm.isend(header(payload), peer, tag), comm.isend(payload, peer, tag, ordered=True)]
 
 
 def recv_tensor(
@@ -56,4 +60,5 @@ def recv_tensor(
     h = comm.recv(torch.empty(HEADER, dtype=torch.int64), peer, tag)
     code, ndim = int(h[0]), int(h[1])
     shape = [int(s) for s in h[2 : 2 + ndim]]
-    return comm.recv(torch.empty(shape, dtype=DTYPES[code], device=device), peer, tag)
+    out = torch.empty(shape, dtype=DTYPES[code], device=device)
+    return comm.recv(out, peer, tag, ordered=True)
