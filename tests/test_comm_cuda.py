@@ -42,7 +42,7 @@ def _devices(comm: object) -> tuple[str, str]:
 
 
 def test_init_selects_cuda_local_rank_and_shares_one_gpu_when_asked():
-    got = run_world(2, _devices, env=SHARE)
+    got = run_world(2, _devices, env=SHARE)  # no NCCL group is made until a CUDA collective
     count = torch.cuda.device_count()
     assert got == [(f"cuda:{r % count}", str(r % count)) for r in range(2)]
 
@@ -86,11 +86,13 @@ def test_ordered_messages_over_nccl_lanes():
 
 
 def _async_on_the_communication_stream(comm: object) -> dict[str, object]:
-    """allreduce_async returns before the GPU has done it; wait() orders the caller's stream
-    after it without blocking the host; the result is right once that stream has run."""
+    """allreduce_async waits on the GPU for what the caller queued before it (a fill behind a
+    long sleep: without the hand-off's ready event it would read zeros), and wait() orders
+    the caller's stream after it (the sum read back afterwards is right)."""
     device = torch.device("cuda", torch.cuda.current_device())
-    x = torch.full((1 << 20,), float(comm.rank + 1), device=device)
-    x = x * 1  # a kernel on the caller's stream the collective must wait for
+    x = torch.zeros(1 << 20, device=device)
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles on the caller's stream
+    x.fill_(float(comm.rank + 1))  # queued behind the sleep
     request = comm.allreduce_async_(x)
     total = request.wait()
     y = total + 0  # queued after the collective on the caller's stream
@@ -129,22 +131,25 @@ def test_nested_splits_get_their_own_nccl_groups():
     assert run_world(4, _nested_splits, env=NCCL_ENV, timeout=180) == [[4.0, 2.0]] * 4
 
 
-def _blocked_in_nccl(comm: object, how: str) -> tuple[str, int | None, float]:
+def _blocked_in_nccl(comm: object, how: str) -> tuple[str, int | None, float, float]:
+    """Both ranks run NCCL allreduces (check=False: no exchange over the engine first, so
+    the survivor really waits in NCCL) until rank 1 dies or freezes; rank 0 must raise
+    PeerFailureError naming it within the bound, and its GPU must come free (the abort)."""
     device = torch.device("cuda", torch.cuda.current_device())
     x = torch.ones(1 << 22, device=device)
-    comm.allreduce(x, algorithm="native")  # both ranks have NCCL going
-    torch.cuda.synchronize()
-    if comm.rank == 1:
-        time.sleep(1.0)
-        os.kill(os.getpid(), getattr(signal, how))
-        time.sleep(60)
     start = time.monotonic()
     try:
-        while True:  # rank 0 ends up blocked in a NCCL allreduce its peer never joins
-            comm.allreduce_async_(x, algorithm="native").synchronize()
+        while True:
+            if comm.rank == 1 and time.monotonic() - start > 1.0:
+                os.kill(os.getpid(), getattr(signal, how))
+                time.sleep(60)
+            began = time.monotonic()
+            comm.allreduce_async_(x, algorithm="native", check=False).synchronize()
     except PeerFailureError as e:
-        return type(e).__name__, e.rank, time.monotonic() - start
-    return "no error", None, time.monotonic() - start
+        seconds = time.monotonic() - began
+        freed = time.monotonic()
+        torch.cuda.synchronize()  # returns because plait aborted the NCCL communicator
+        return type(e).__name__, e.rank, seconds, time.monotonic() - freed
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
@@ -152,6 +157,6 @@ def test_a_rank_killed_or_frozen_in_nccl_is_named_within_15s(how):
     if reason := _nccl_shares_a_gpu():
         pytest.skip(reason)
     got = run_world(2, _blocked_in_nccl, how, env=NCCL_ENV, tolerate=[1], timeout=60)
-    kind, rank, seconds = got[0]
+    kind, rank, seconds, unblocked = got[0]
     assert (kind, rank) == ("PeerFailureError", 1), got
-    assert seconds < 15, got
+    assert seconds < 15 and unblocked < 5, got

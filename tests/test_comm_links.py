@@ -118,6 +118,7 @@ def ordered_messages(comm: object, device: str = "cpu") -> dict[str, object]:
     once: received in sending order whatever their tags, and over the lanes, not the engine
     (also run on CUDA tensors, over NCCL, by tests/test_comm_cuda.py)."""
     r, p, on = comm.rank, comm.size, torch.device(device)
+    comm.connect_lanes()  # every rank: the lanes' groups (NCCL's, or gloo's under the hook)
     before = sum(s for s, _ in comm.engine.counts().values())
     sends = []
     for k in range(3):  # to both neighbours, tags counting down: the order is what matches

@@ -132,7 +132,7 @@ def test_pipeline_matches_unsplit_model(size: int, link: str | None) -> None:
 
 
 def _fake(size: int, rank: int = 0) -> Any:
-    return types.SimpleNamespace(size=size, rank=rank)
+    return types.SimpleNamespace(size=size, rank=rank, connect_lanes=lambda: None)
 
 
 def test_bad_balance_is_a_clear_error() -> None:

@@ -12,6 +12,8 @@ through plait's engine, shared memory or gloo; a CUDA tensor through NCCL (comm/
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -22,6 +24,7 @@ from plait.errors import ConfigError
 CHOICES = ("auto", "cpu", "cuda")
 
 _job_device = torch.device("cpu")
+_local_ranks = 1
 
 
 class DeviceError(ConfigError):
@@ -97,12 +100,21 @@ def resolve(requested: str, local_rank: int = 0, local_size: int = 1) -> torch.d
 def select(local_rank: int, local_size: int) -> torch.device:
     """Resolve PLAIT_DEVICE for this rank, make it the current CUDA device, and remember it
     as the job's device (what `plait.device()` returns). Called by `plait.init()`."""
-    global _job_device
+    global _job_device, _local_ranks
     device = resolve(env.get("PLAIT_DEVICE"), local_rank, local_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    _job_device = device
+        version = nccl_version()
+        if local_size > torch.cuda.device_count() and version and version >= SHARED_GPU_NCCL:
+            # NCCL >= 2.30 lets ranks share a GPU when asked (PLAIT_SHARE_GPU=1 was)
+            os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+    _job_device, _local_ranks = device, local_size
     return device
+
+
+def local_ranks() -> int:
+    """How many ranks of the job run on this host (1 before plait.init())."""
+    return _local_ranks
 
 
 def device() -> torch.device:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from plait import devices
-from plait.comm import arguments, cuda, gathers, messaging, native, reductions, shm, split
+from plait.comm import arguments, gathers, messaging, native, reductions, shm, split
 from plait.comm.engine import Engine
 from plait.comm.request import Request
 from plait.comm.runner import Context, Runner
@@ -74,11 +74,6 @@ class Communicator:
         self.local_rank, self.local_size = t.local_rank, t.local_size
         self.node_rank, self.num_nodes = t.node_rank, t.num_nodes
         self._runner = Runner(engine, ranks, t, comm_id, pg)
-        device = devices.device()
-        if device.type == "cuda" and self.size > 1 and cuda.transport(device) == "nccl":
-            # now, while every member is here: a first use by a point-to-point message of two
-            # members could not make it (every member must join)
-            self._runner.nccl_group(device)
 
     def __repr__(self) -> str:
         return (
@@ -299,6 +294,13 @@ class Communicator:
         """Receive from rank `src` into `tensor` (same size as sent); return it (`ordered`:
         see isend)."""
         return messaging.recv(self._runner, tensor, src, tag, ordered)
+
+    def connect_lanes(self) -> None:
+        """Connect the NCCL groups that ordered messages (`isend(..., ordered=True)`) of CUDA
+        tensors on the job's GPU travel on. Every rank of the communicator calls it (the
+        Pipeline does, when it is made); until then, and without NCCL, ordered messages are
+        staged through host memory like the others."""
+        self._runner.connect_lanes(devices.device())
 
     def broadcast_object(self, obj: Any = None, root: int = 0) -> Any:
         """Return root's picklable `obj` on every rank."""

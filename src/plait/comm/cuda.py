@@ -60,39 +60,58 @@ def on_device(collective: str, algorithm: str) -> bool:
 
 _groups: weakref.WeakSet[Any] = weakref.WeakSet()  # every NCCL group of the process
 _groups_lock = threading.Lock()
-_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def transport(device: torch.device) -> str:
-    """How CUDA tensors on `device` travel: "nccl" or "staged" (PLAIT_CUDA_TRANSPORT)."""
+    """How CUDA tensors on `device` travel: "nccl" or "staged" (PLAIT_CUDA_TRANSPORT; auto
+    takes NCCL where it can join this host's ranks: not where they share a GPU and NCCL is
+    older than 2.30, which refuses that)."""
     asked = env.get("PLAIT_CUDA_TRANSPORT")
     if asked not in ("auto", "nccl", "staged"):
         raise ValueError(f"PLAIT_CUDA_TRANSPORT must be auto, nccl or staged; got {asked!r}")
-    usable = devices.nccl_usable()
-    if asked == "nccl" and not usable:
-        raise devices.DeviceError(
-            "PLAIT_CUDA_TRANSPORT=nccl, but NCCL is not usable here (torch.distributed."
-            f"is_nccl_available() is {dist.is_nccl_available()}, CUDA available: "
-            f"{torch.cuda.is_available()})"
+    if asked == "staged":
+        return "staged"
+    problem: str | None
+    if not devices.nccl_usable():
+        problem = (
+            f"NCCL is not usable here (torch.distributed.is_nccl_available() is "
+            f"{dist.is_nccl_available()}, CUDA available: {torch.cuda.is_available()})"
         )
-    return "nccl" if usable and asked != "staged" else "staged"
+    else:
+        problem = devices.nccl_problem(devices.local_ranks())
+    if problem is None:
+        return "nccl"
+    if asked == "nccl":
+        raise devices.DeviceError(f"PLAIT_CUDA_TRANSPORT=nccl, but {problem}")
+    return "staged"
 
 
-def new_group(comm_id: int, rank: int, size: int, timeout: float, device: torch.device) -> Any:
-    """A NCCL group of one communicator's members, ranked in the communicator's order and
-    connected now (every member calls this in the same call, as for gloo's, native.py)."""
-    group, backend = _nccl(f"plait/nccl/{comm_id}/", rank, size, timeout)
-    group.bound_device_id = device
-    backend.eager_connect_single_device(device)  # all members now, not at a first send
+#: The dtypes NCCL's own collectives take (ncclDataType_t); plait's point-to-point moves
+#: bytes, so its schedules carry every dtype, and `native` falls back to the ring for others.
+NCCL_DTYPES = frozenset(
+    {torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+     torch.float32, torch.float64}
+)  # fmt: skip
+
+
+def new_group(
+    comm_id: int, rank: int, size: int, timeout: float, device: torch.device, name: str = "nccl"
+) -> Any:
+    """A NCCL group of one communicator's members on `device`, ranked in the communicator's
+    order and connected now: every member calls this in the same call (a collective's, or
+    `connect_lanes`), as for gloo's (native.py). `name` tells a communicator's groups apart
+    (its collectives' "nccl", its lanes'). Raises DeviceError where NCCL cannot make it."""
+    prefix = f"plait/{name}/{comm_id}/{device.index}/"
+    try:
+        group, backend = _nccl(prefix, rank, size, timeout)
+        group.bound_device_id = device
+        backend.eager_connect_single_device(device)  # all members now, not at a first send
+    except RuntimeError as e:  # DistBackendError: "Duplicate GPU detected", ...
+        raise devices.DeviceError(
+            f"NCCL could not make a group of {size} ranks on {device}: {e}; set "
+            "PLAIT_CUDA_TRANSPORT=staged to carry CUDA tensors without NCCL"
+        ) from e
     return group
-
-
-def new_lane(comm_id: int, lane: int, rank: int, size: int, timeout: float) -> Any:
-    """A NCCL group for ordered point-to-point messages in one direction (lane 0: to higher
-    ranks, 1: to lower ones). Not connected up front: each pair of ranks makes its NCCL
-    communicator at its first message, between the two of them, so a rank may make the
-    group whenever it first sends or receives, without the others."""
-    return _nccl(f"plait/nccl-lane{lane}/{comm_id}/", rank, size, timeout)[0]
 
 
 def _nccl(prefix: str, rank: int, size: int, timeout: float) -> tuple[Any, Any]:
@@ -122,26 +141,31 @@ def abort_all(reason: str) -> None:
             group.abort()
 
 
-def stream(device: torch.device) -> torch.cuda.Stream:
-    """The communication stream of `device` (one per device, shared by communicators)."""
-    s = _streams.get(device)
-    if s is None:
-        s = _streams.setdefault(device, torch.cuda.Stream(device=device))
-    return s
+def shutdown_all() -> None:
+    """Shut every NCCL group of this process down (plait.shutdown): they are not torch's
+    (its destroy_process_group does not know them), and left to the interpreter's exit they
+    would be torn down after CUDA."""
+    with _groups_lock:
+        groups = list(_groups)
+        _groups.clear()
+    for group in groups:
+        with contextlib.suppress(Exception):  # aborted already: nothing left to free
+            group.shutdown()
 
 
 class Handoff:
-    """The events around one asynchronous call on `device` (see the module's docstring)."""
+    """The events around one asynchronous call on `device`, run on `stream` (the
+    communicator's own: see the module's docstring)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, stream: torch.cuda.Stream) -> None:
+        self.device, self.stream = device, stream
         self.ready = torch.cuda.Event()
         self.ready.record(torch.cuda.current_stream(device))
         self.done = torch.cuda.Event()
 
     def run(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the communication stream once the caller's work is done (worker side)."""
-        s = stream(self.device)
+        s = self.stream
         with torch.cuda.device(self.device), torch.cuda.stream(s):
             s.wait_event(self.ready)
             try:
@@ -169,8 +193,10 @@ class DeviceRequest(Request[T]):
         self.started_at, self.finished_at = self._inner.started_at, self._inner.finished_at
         current = torch.cuda.current_stream(self._handoff.device)
         current.wait_event(self._handoff.done)
-        if isinstance(result, torch.Tensor) and result.is_cuda:
-            result.record_stream(current)  # made on the communication stream, used on this
+        # results made on the communication stream, used on this one (allgather's is a pair)
+        for t in result if isinstance(result, tuple) else (result,):
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                t.record_stream(current)
         self._keep = None
         return result
 

@@ -162,16 +162,21 @@ class StagedReceive(Request[None]):
 
 
 class LaneRequest(Request[None]):
-    """A send or receive started on a lane (runner.lane): ordered, unbatched point-to-point
-    on a group of its own per direction, so that two ranks sending to each other never share
-    a NCCL stream and cannot block each other's sends."""
+    """A send or receive started on a lane (runner.lane): ordered point-to-point on a group of
+    its own per direction, so that two ranks sending to each other never share a NCCL stream,
+    where each one's send would wait behind its own receive. Messages in one direction
+    between neighbours form a chain without cycles, which NCCL's blocking sends cannot stall
+    for good."""
 
     __slots__ = ("_engine", "_waited", "on_device", "work")
 
     def __init__(self, engine: Engine, group: Any, buf: torch.Tensor, peer: int, send: bool):
         self._engine, self.on_device = engine, buf.device.type != "cpu"
         data = [buf.view(torch.uint8)]
-        self.work = group.send(data, peer, 0) if send else group.recv(data, peer, 0)
+        if self.on_device:  # a group of one operation: NCCL runs it on the lane's connected
+            group._start_coalescing(buf.device)  # communicator, not a pair's made lazily
+        work = group.send(data, peer, 0) if send else group.recv(data, peer, 0)
+        self.work = group._end_coalescing(buf.device) if self.on_device else work
         self._waited = False
 
     def done(self) -> bool:

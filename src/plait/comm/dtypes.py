@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from plait import devices
+
 DTYPES: tuple[torch.dtype, ...] = (
     torch.float16,
     torch.bfloat16,
@@ -58,8 +60,10 @@ def record_name(t: torch.Tensor) -> str:
 
 def on_device(name: str) -> torch.device:
     """The device a tensor described by record `name` lands on here: the CPU, or for a GPU
-    record this rank's current CUDA device (the job's, set by plait.init)."""
+    record this rank's GPU (the job's, plait.device(); not the calling thread's current
+    device, which on the worker thread is cuda:0)."""
     kind = name.partition("@")[2]
     if kind in ("", "cpu"):
         return torch.device("cpu")
-    return torch.device(kind, torch.cuda.current_device())
+    job = devices.device()
+    return job if job.type == kind else torch.device(kind, torch.cuda.current_device())

@@ -93,16 +93,11 @@ class Runner:
         self.worker = Worker(f"plait-comm-{comm_id}")
         self.group = group  # gloo's; a sub-communicator makes its own on first native use
         self.nccl: dict[torch.device, Any] = {}  # NCCL groups, per device (cuda.py)
-        self.lanes: dict[tuple[torch.device, int], Any] = {}  # NCCL, per device and direction
+        # the groups of ordered messages, one per direction (connect_lanes): NCCL's per CUDA
+        # device; gloo's for CPU tensors under PLAIT_TEST_LINK=group (tests)
+        self.lanes: dict[torch.device, list[Any]] = {}
+        self.streams: dict[torch.device, torch.cuda.Stream] = {}  # for async calls (cuda.py)
         self._watching_nccl = False
-        # ordered messages on CPU tensors over gloo, as CUDA ones go over NCCL (tests only;
-        # gloo groups connect every member, so they are made now, while every member is here)
-        self.test_lanes: list[Any] = []
-        if self.size > 1 and env.get("PLAIT_TEST_LINK") == "group":
-            self.test_lanes = [
-                native.new_group(comm_id, self.rank, self.size, engine.timeout, f"lane{d}")
-                for d in (0, 1)
-            ]
         # shared-memory segments, made by the first call that needs one: "all" (every rank
         # on one host) and "local" (this host's ranks, for the hierarchical algorithms)
         self.arenas: dict[str, shm.Arena] = {}
@@ -125,7 +120,11 @@ class Runner:
         return self._start_on_device(call, on)
 
     def _start_on_device(self, call: Callable[[], T], tensor: torch.Tensor) -> Request[T]:
-        handoff = cuda.Handoff(tensor.device)
+        device = tensor.device
+        stream = self.streams.get(device)
+        if stream is None:  # this communicator's own: others' calls never queue behind it
+            stream = self.streams[device] = torch.cuda.Stream(device=device)
+        handoff = cuda.Handoff(device, stream)
         inner = self.worker.submit(lambda: handoff.run(call))
         return cuda.DeviceRequest(inner, handoff, self.engine, (tensor,))
 
@@ -159,26 +158,38 @@ class Runner:
         makes that call) or at construction where the job runs on CUDA."""
         group = self.nccl.get(device)
         if group is None:
+            self._watch_nccl()
             group = cuda.new_group(self.id, self.rank, self.size, self.engine.timeout, device)
             self.nccl[device] = group
-            self._watch_nccl()
         return group
+
+    def connect_lanes(self, device: torch.device) -> None:
+        """Make the groups ordered messages on `device` travel on, one per direction (every
+        member calls it). Nothing to make where they go through the engine (CPU tensors;
+        CUDA ones without NCCL)."""
+        if device in self.lanes or self.size == 1:
+            return
+        if device.type == "cpu":
+            if env.get("PLAIT_TEST_LINK") == "group":
+                t = self.engine.timeout
+                self.lanes[device] = [
+                    native.new_group(self.id, self.rank, self.size, t, f"lane{d}") for d in (0, 1)
+                ]
+            return
+        if cuda.transport(device) == "nccl":
+            self._watch_nccl()
+            t = self.engine.timeout
+            self.lanes[device] = [
+                cuda.new_group(self.id, self.rank, self.size, t, device, f"nccl-lane{d}")
+                for d in (0, 1)
+            ]
 
     def lane(self, device: torch.device, src: int, dst: int) -> Any | None:
         """The group that carries ordered messages from rank `src` to rank `dst` for tensors
-        on `device` (NCCL's, one per direction: cuda.new_lane), or None where they go
-        through the engine (CPU tensors; CUDA ones staged, without NCCL)."""
-        direction = 0 if dst > src else 1
-        if device.type == "cpu":
-            return self.test_lanes[direction] if self.test_lanes else None
-        if cuda.transport(device) != "nccl":
-            return None
-        group = self.lanes.get((device, direction))
-        if group is None:
-            group = cuda.new_lane(self.id, direction, self.rank, self.size, self.engine.timeout)
-            self.lanes[device, direction] = group
-            self._watch_nccl()
-        return group
+        on `device` (lane 0 towards higher ranks, 1 towards lower ones), or None where they
+        go through the engine (lanes not connected; CPU tensors; CUDA ones without NCCL)."""
+        lanes = self.lanes.get(device)
+        return None if lanes is None else lanes[0 if dst > src else 1]
 
     def _watch_nccl(self) -> None:
         """A dead or frozen peer (seen over the CPU sockets) aborts the NCCL groups."""
@@ -234,10 +245,12 @@ class Context(Channel):
         """Run the routing table's row on `buf` (1-D, contiguous) by the path its device
         takes: on CUDA, NCCL's collective or plait's schedule over NCCL point-to-point, or
         staged through host memory (cuda.py's table)."""
-        row = routes.ROUTES[collective, algorithm].run
         link = self.link_for(buf.device)
         if link is None:
-            return row(self, buf, *args)
+            return routes.ROUTES[collective, algorithm].run(self, buf, *args)
+        if link == "nccl" and algorithm == "native" and buf.dtype not in cuda.NCCL_DTYPES:
+            algorithm = "ring"  # NCCL's collectives lack the dtype; its point-to-point moves bytes
+        row = routes.ROUTES[collective, algorithm].run
         if link in ("nccl", "group") and cuda.on_device(collective, algorithm):
             return row(self.over(link, buf.device), buf, *args)
         return cuda.staged(buf, lambda host: row(self, host, *args))

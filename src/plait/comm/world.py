@@ -108,6 +108,8 @@ def shutdown() -> None:
         engine = comm.engine
         _failed = _failed or engine.error is not None
         engine.close()
+        if "plait.comm.cuda" in sys.modules:  # NCCL groups, if any were made
+            sys.modules["plait.comm.cuda"].shutdown_all()
         if _owns_torch_group and not _failed:
             dist.destroy_process_group()
             _owns_torch_group = False

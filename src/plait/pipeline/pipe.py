@@ -115,6 +115,8 @@ class Pipeline:
         # the position of this stage's final backward: the one that may reduce gradients
         self.final_backward = max(i for i, a in enumerate(self.actions) if a.kind == "B")
         self.stats = PipeStats()
+        if self.stages > 1:  # every stage is here: connect the NCCL lanes its activations
+            self.comm.connect_lanes()  # travel on (on GPUs)
 
     @property
     def device(self) -> torch.device:

@@ -152,6 +152,8 @@ def allreduce_over_channels(
 
 def _allreduce_row(ctx: Context, buf: torch.Tensor, op: str) -> None:
     if ctx.nccl_device is not None or ctx.batches:  # over NCCL (or its CPU emulation)
+        if ctx.topology.levels is None:
+            ctx.two_levels(buf.nbytes)  # raises the ShmError that says what it needs
         local_ranks, cross_ranks = ctx.topology.levels or ((), ())
         name = select.cross_allreduce(buf.nbytes // len(local_ranks), len(cross_ranks))
         local, cross = ctx.channel(4, local_ranks), ctx.channel(3, cross_ranks)
