@@ -154,8 +154,8 @@ class Runner:
         return self.group
 
     def nccl_group(self, device: torch.device) -> Any:
-        """The NCCL group of `device`, made by the first call that needs it (every member
-        makes that call) or at construction where the job runs on CUDA."""
+        """The NCCL group of `device`, made by the first collective on CUDA tensors (every
+        member makes that call)."""
         group = self.nccl.get(device)
         if group is None:
             self._watch_nccl()
