@@ -135,7 +135,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("PLAIT_TEST_LINK", "text", None,
         "group or staged: run plait's algorithms on CPU tensors over the links CUDA tensors "
         "use (point-to-point on the gloo group, or staged copies over the engine), so CPU "
-        "tests check them", "test hooks"),
+        "tests check them; read when a communicator is made", "test hooks"),
     Var("PLAIT_TRAIN_STOP_AFTER", "int", None,
         "end `plait train` after step K as if it were killed there", "test hooks"),
 )  # fmt: skip

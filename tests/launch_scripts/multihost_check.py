@@ -48,10 +48,11 @@ if two_level:
     assert talked == peers, (talked, peers)
     print("hierarchical structure ok", flush=True)
     # as on GPUs: both levels over batched point-to-point (here gloo's, NCCL's order kept)
-    os.environ["PLAIT_TEST_LINK"] = "group"
-    x = torch.arange(1001, dtype=torch.float64) + comm.rank
-    total = comm.allreduce(x, algorithm="hierarchical")
+    os.environ["PLAIT_TEST_LINK"] = "group"  # read by a communicator when it is made
+    over_links = comm.split(color=0)  # every rank, the same hosts
     del os.environ["PLAIT_TEST_LINK"]
+    x = torch.arange(1001, dtype=torch.float64) + comm.rank
+    total = over_links.allreduce(x, algorithm="hierarchical")
     expected = comm.size * torch.arange(1001, dtype=torch.float64) + comm.size * (comm.size - 1) / 2
     torch.testing.assert_close(total, expected, rtol=0, atol=0)
     print("hierarchical over point-to-point ok", flush=True)

@@ -55,7 +55,7 @@ def record_name(t: torch.Tensor) -> str:
     GPU tensor, so that ranks whose tensors sit on different kinds of device (they would take
     different paths and wait for each other forever) disagree in the mismatch check."""
     name = dtype_name(t.dtype)
-    return name if t.device.type == "cpu" else f"{name}@{t.device.type}"
+    return name if t.is_cpu else f"{name}@{t.device.type}"
 
 
 def on_device(name: str) -> torch.device:

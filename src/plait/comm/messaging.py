@@ -72,7 +72,7 @@ def _link(tensor: torch.Tensor, runner: Runner) -> Engine | StagedLink:
     alone. Callers that receive in sending order say so (`ordered=True`), and their CUDA
     tensors go over NCCL lanes instead (runner.lane).
     """
-    return runner.engine if tensor.device.type == "cpu" else StagedLink(runner.engine)
+    return runner.engine if tensor.is_cpu else StagedLink(runner.engine)
 
 
 def send(

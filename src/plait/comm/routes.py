@@ -129,6 +129,6 @@ def resolve(
     """`algorithm` (already checked), "auto" resolved for a tensor on `device`."""
     if algorithm != "auto":
         return algorithm
-    if device.type == "cpu":
+    if device.type == "cpu":  # the three-argument call tests replace
         return choose(collective, nbytes, topology)
     return choose(collective, nbytes, topology, device)

@@ -98,6 +98,8 @@ class Runner:
         self.lanes: dict[torch.device, list[Any]] = {}
         self.streams: dict[torch.device, torch.cuda.Stream] = {}  # for async calls (cuda.py)
         self._watching_nccl = False
+        # PLAIT_TEST_LINK: CPU tensors down the paths CUDA ones take (read once: hot path)
+        self.test_link: str | None = env.get("PLAIT_TEST_LINK")
         # shared-memory segments, made by the first call that needs one: "all" (every rank
         # on one host) and "local" (this host's ranks, for the hierarchical algorithms)
         self.arenas: dict[str, shm.Arena] = {}
@@ -108,14 +110,14 @@ class Runner:
         call = self._issue(fn)
         if self.worker.idle:
             return call()  # on the caller's thread and current stream
-        if on is None or on.device.type == "cpu":
+        if on is None or on.is_cpu:
             return self.worker.submit(call).wait()
         return self._start_on_device(call, on).wait()
 
     def start(self, fn: Callable[[Context], T], on: torch.Tensor | None = None) -> Request[T]:
         """Queue a call on the worker thread; `wait()` returns its result."""
         call = self._issue(fn)
-        if on is None or on.device.type == "cpu":
+        if on is None or on.is_cpu:
             return self.worker.submit(call)
         return self._start_on_device(call, on)
 
@@ -170,7 +172,7 @@ class Runner:
         if device in self.lanes or self.size == 1:
             return
         if device.type == "cpu":
-            if env.get("PLAIT_TEST_LINK") == "group":
+            if self.test_link == "group":
                 t = self.engine.timeout
                 self.lanes[device] = [
                     native.new_group(self.id, self.rank, self.size, t, f"lane{d}") for d in (0, 1)
@@ -224,7 +226,7 @@ class Context(Channel):
         """How this call's messages for tensors on `device` travel: None (the engine), "nccl",
         "group" (gloo point-to-point: PLAIT_TEST_LINK on CPU) or "staged"."""
         if device.type == "cpu":
-            return env.get("PLAIT_TEST_LINK")  # None but in tests
+            return self.runner.test_link  # None but in tests
         return cuda.transport(device)
 
     def over(self, link: str, device: torch.device) -> Context:
@@ -238,6 +240,8 @@ class Context(Channel):
 
     def for_tensor(self, t: torch.Tensor) -> Context:
         """The context whose channels carry `t` (this one for CPU tensors)."""
+        if t.is_cpu and self.runner.test_link is None:
+            return self
         link = self.link_for(t.device)
         return self if link is None else self.over(link, t.device)
 
@@ -245,6 +249,8 @@ class Context(Channel):
         """Run the routing table's row on `buf` (1-D, contiguous) by the path its device
         takes: on CUDA, NCCL's collective or plait's schedule over NCCL point-to-point, or
         staged through host memory (cuda.py's table)."""
+        if buf.is_cpu and self.runner.test_link is None:  # the CPU path: nothing more to ask
+            return routes.ROUTES[collective, algorithm].run(self, buf, *args)
         link = self.link_for(buf.device)
         if link is None:
             return routes.ROUTES[collective, algorithm].run(self, buf, *args)
@@ -294,7 +300,10 @@ class Context(Channel):
         """
         algorithm = call.algorithm
         if algorithm == "auto" and self.size > 1:
-            algorithm = routes.resolve(call.kind, "auto", t.nbytes, self.topology, t.device)
+            if t.is_cpu:
+                algorithm = routes.choose(call.kind, t.nbytes, self.topology)
+            else:
+                algorithm = routes.choose(call.kind, t.nbytes, self.topology, t.device)
             if check and check_enabled():  # a record only where one is sent (not DP's buckets)
                 call = dataclasses.replace(call, algorithm=f"auto:{algorithm}")
         self.exchange(call, check=check)
