@@ -1,9 +1,10 @@
 """CUDA tensors in the communicator: NCCL groups, which path a row takes, and the stream
 hand-off of asynchronous calls.
 
-A tensor's device decides the path (the job's device only decides where NCCL groups are made
-up front). For a CUDA tensor, with transport "nccl" (NCCL usable, PLAIT_CUDA_TRANSPORT not
-"staged"):
+A tensor's device decides the path; a communicator makes its NCCL group at its first
+collective on CUDA tensors, and its ordered-message lanes when every member asks
+(runner.connect_lanes). For a CUDA tensor, with transport "nccl" (NCCL can join the host's
+ranks, PLAIT_CUDA_TRANSPORT not "staged"):
     native                      NCCL's own collective on the communicator's NCCL group
     ring, halving_doubling,     plait's schedule over NCCL point-to-point (device_links.py)
     tree, direct, hierarchical
