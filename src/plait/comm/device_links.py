@@ -2,7 +2,8 @@
 when a collective's tensors live on a GPU.
 
 A *link* is what a Channel sends through: `isend(buf, global_rank, tag)` and `irecv(...)`,
-each returning a Request. The engine is the CPU link (engine.py). Here are the other two:
+each returning a Request. The engine is the CPU link (engine.py). Here are the other two,
+and the requests of ordered messages on a communicator's lanes (`LaneRequest`):
 
 - `GroupLink`: point-to-point on a process group (NCCL for CUDA tensors). NCCL matches sends
   and receives between two ranks by order, not by tag, and a send blocks the GPU stream until
@@ -11,8 +12,8 @@ each returning a Request. The engine is the CPU link (engine.py). Here are the o
   (ncclGroupStart/End, torch's coalescing). So posting only queues; the first `wait()` of
   any request launches every queued operation as one batch, the way batch_isend_irecv does.
   plait's algorithms post a step's receives and sends before waiting on them, so each step
-  is one batch. Over gloo (the CPU tests) operations are launched one by one: gloo's are
-  asynchronous and never block each other.
+  is one batch. Over gloo (the CPU tests) the same batches are kept in NCCL's order, their
+  operations launched one by one (see GroupLink).
 - `StagedLink`: through pinned host memory over the engine, where NCCL is missing: a send
   copies the device buffer to the host and sends that; a receive lands on the host and is
   copied to the device on `wait()`.
