@@ -156,6 +156,13 @@ def test_records_name_the_device_so_cpu_and_gpu_ranks_disagree():
     with pytest.raises(CollectiveMismatchError, match="float32@cuda"):
         agree([cpu, gpu])
     assert Call.decode(gpu.encode(2)) == gpu
+    # a GPU record names its transport: ranks that would stage and ranks on NCCL disagree
+    assert Call.of("allreduce", meta).dtype == "float32@meta:staged"  # no NCCL here
+    nccl = Call("allreduce", "float32@cuda:nccl", (4,), op="sum", algorithm="ring")
+    staged = Call("allreduce", "float32@cuda:staged", (4,), op="sum", algorithm="ring")
+    with pytest.raises(CollectiveMismatchError, match="float32@cuda:staged"):
+        agree([nccl, staged])
+    assert dtype_from_name("float32@cuda:nccl") is torch.float32
 
 
 def test_transport_without_a_gpu(monkeypatch):

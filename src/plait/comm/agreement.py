@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from plait import env
+from plait.comm import cuda
 from plait.comm.dtypes import record_name
 from plait.errors import CollectiveMismatchError
 
@@ -57,7 +58,10 @@ class Call:
     def of(kind: str, t: torch.Tensor | None, **kw: object) -> Call:
         if t is None:
             return Call(kind, **kw)  # type: ignore[arg-type]
-        return Call(kind, record_name(t), tuple(t.shape), **kw)  # type: ignore[arg-type]
+        dtype = record_name(t)
+        if not t.is_cpu:  # "float32@cuda:nccl": ranks that would take different paths disagree
+            dtype += f":{cuda.transport(t.device)}"
+        return Call(kind, dtype, tuple(t.shape), **kw)  # type: ignore[arg-type]
 
     def encode(self, size: int) -> bytes:
         text = "|".join(

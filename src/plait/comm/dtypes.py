@@ -62,7 +62,7 @@ def on_device(name: str) -> torch.device:
     """The device a tensor described by record `name` lands on here: the CPU, or for a GPU
     record this rank's GPU (the job's, plait.device(); not the calling thread's current
     device, which on the worker thread is cuda:0)."""
-    kind = name.partition("@")[2]
+    kind = name.partition("@")[2].partition(":")[0]  # "float32@cuda:nccl" -> "cuda"
     if kind in ("", "cpu"):
         return torch.device("cpu")
     job = devices.device()
