@@ -165,6 +165,20 @@ def test_records_name_the_device_so_cpu_and_gpu_ranks_disagree():
     assert dtype_from_name("float32@cuda:nccl") is torch.float32
 
 
+def test_every_rank_agrees_on_the_transport(monkeypatch):
+    """NCCL only if every rank can use it: one rank that cannot makes every rank stage
+    (they would otherwise carry one call two ways and wait for each other forever)."""
+    try:
+        assert cuda.agree(["nccl", "nccl"]) == "nccl" and cuda.transport(None) == "nccl"
+        assert cuda.agree(["nccl", "4 ranks share 1 GPU(s), which NCCL 2.21.5 refuses"]) == "staged"
+        assert cuda.agree(["staged", "nccl"]) == "staged" and cuda.transport(None) == "staged"
+        monkeypatch.setenv("PLAIT_CUDA_TRANSPORT", "nccl")
+        with pytest.raises(devices.DeviceError, match="on rank 1: NCCL is not usable"):
+            cuda.agree(["nccl", "NCCL is not usable here"])
+    finally:
+        cuda.forget()
+
+
 def test_transport_without_a_gpu(monkeypatch):
     gpu = torch.device("cuda", 0)
     assert cuda.transport(gpu) == "staged"  # no NCCL here: staged through host memory
@@ -237,3 +251,16 @@ def test_a_failure_runs_the_hooks_that_abort_nccl():
     got = results[0]
     assert got["raised"] == 1 and got["hook"] == 1 and got["late"] == [1], got
     assert got["after"] < 5, got
+
+
+def _nothing(comm: object) -> None:
+    return None
+
+
+def test_a_bad_transport_fails_every_rank_at_init_without_a_hang():
+    from world import WorldError
+
+    start = time.monotonic()
+    with pytest.raises(WorldError, match="PLAIT_CUDA_TRANSPORT must be auto, nccl or staged"):
+        run_world(2, _nothing, env={"PLAIT_CUDA_TRANSPORT": "fast"}, timeout=60)
+    assert time.monotonic() - start < 30

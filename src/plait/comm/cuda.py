@@ -32,7 +32,6 @@ import contextlib
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -59,31 +58,59 @@ def on_device(collective: str, algorithm: str) -> bool:
     return algorithm in select.ON_CUDA or (collective, algorithm) == ("allreduce", "hierarchical")
 
 
-_groups: weakref.WeakSet[Any] = weakref.WeakSet()  # every NCCL group of the process
+_groups: list[Any] = []  # every NCCL group of the process, in the order made (as on every rank)
 _groups_lock = threading.Lock()
+_agreed: str | None = None  # the job's transport, agreed by every rank in plait.init()
 
 
-def transport(device: torch.device) -> str:
-    """How CUDA tensors on `device` travel: "nccl" or "staged" (PLAIT_CUDA_TRANSPORT; auto
-    takes NCCL where it can join this host's ranks: not where they share a GPU and NCCL is
-    older than 2.30, which refuses that)."""
+def verdict() -> str:
+    """This rank's answer for the job's transport: "nccl", "staged", or why NCCL cannot run
+    here (PLAIT_CUDA_TRANSPORT; auto takes NCCL where it can join this host's ranks: not
+    where they share a GPU and NCCL is older than 2.30, which refuses that)."""
     asked = env.get("PLAIT_CUDA_TRANSPORT")
     if asked not in ("auto", "nccl", "staged"):
-        raise ValueError(f"PLAIT_CUDA_TRANSPORT must be auto, nccl or staged; got {asked!r}")
-    if asked == "staged":
-        return "staged"
-    problem: str | None
+        raise devices.DeviceError(
+            f"PLAIT_CUDA_TRANSPORT must be auto, nccl or staged; got {asked!r}"
+        )
+    if asked == "staged" or (asked == "auto" and devices.device().type == "cpu"):
+        return "staged"  # a rank on the CPU (PLAIT_DEVICE=cpu) does not make NCCL groups
     if not devices.nccl_usable():
-        problem = (
+        return (
             f"NCCL is not usable here (torch.distributed.is_nccl_available() is "
             f"{dist.is_nccl_available()}, CUDA available: {torch.cuda.is_available()})"
         )
-    else:
-        problem = devices.nccl_problem(devices.local_ranks())
-    if problem is None:
-        return "nccl"
-    if asked == "nccl":
-        raise devices.DeviceError(f"PLAIT_CUDA_TRANSPORT=nccl, but {problem}")
+    return devices.nccl_problem(devices.local_ranks()) or "nccl"
+
+
+def agree(verdicts: list[str]) -> str:
+    """The job's transport from every rank's verdict (plait.init() shares them): NCCL only if
+    every rank can use it, since ranks that carried one call differently would wait for each
+    other forever. Raises DeviceError where PLAIT_CUDA_TRANSPORT=nccl and a rank cannot."""
+    global _agreed
+    cannot = {r: v for r, v in enumerate(verdicts) if v not in ("nccl", "staged")}
+    if cannot and env.get("PLAIT_CUDA_TRANSPORT") == "nccl":
+        r, why = next(iter(cannot.items()))
+        raise devices.DeviceError(f"PLAIT_CUDA_TRANSPORT=nccl, but on rank {r}: {why}")
+    _agreed = "nccl" if all(v == "nccl" for v in verdicts) else "staged"
+    return _agreed
+
+
+def forget() -> None:
+    """Drop the agreed transport (plait.shutdown)."""
+    global _agreed
+    _agreed = None
+
+
+def transport(device: torch.device) -> str:
+    """How CUDA tensors travel: "nccl" or "staged", as every rank agreed in plait.init() (this
+    rank's own verdict outside a job)."""
+    if _agreed is not None:
+        return _agreed
+    mine = verdict()
+    if mine in ("nccl", "staged"):
+        return mine
+    if env.get("PLAIT_CUDA_TRANSPORT") == "nccl":
+        raise devices.DeviceError(f"PLAIT_CUDA_TRANSPORT=nccl, but {mine}")
     return "staged"
 
 
@@ -96,13 +123,15 @@ NCCL_DTYPES = frozenset(
 
 
 def new_group(
-    comm_id: int, rank: int, size: int, timeout: float, device: torch.device, name: str = "nccl"
+    comm_id: int, rank: int, size: int, timeout: float, device: torch.device, name: str
 ) -> Any:
     """A NCCL group of one communicator's members on `device`, ranked in the communicator's
     order and connected now: every member calls this in the same call (a collective's, or
     `connect_lanes`), as for gloo's (native.py). `name` tells a communicator's groups apart
-    (its collectives' "nccl", its lanes'). Raises DeviceError where NCCL cannot make it."""
-    prefix = f"plait/{name}/{comm_id}/{device.index}/"
+    and must be the same on every member (not the device index, which differs where ranks
+    have GPUs of their own: NCCL's unique id is passed under this prefix). Raises
+    DeviceError where NCCL cannot make it."""
+    prefix = f"plait/nccl/{comm_id}/{name}/"
     try:
         group, backend = _nccl(prefix, rank, size, timeout)
         group.bound_device_id = device
@@ -113,6 +142,24 @@ def new_group(
             "PLAIT_CUDA_TRANSPORT=staged to carry CUDA tensors without NCCL"
         ) from e
     return group
+
+
+def connect_pairs(group: Any, rank: int, size: int, device: torch.device, upward: bool) -> None:
+    """Make NCCL connect every pair of a lane now, with one byte each way it carries (to
+    higher ranks if `upward`, else to lower ones), in one group on every member. NCCL
+    connects a pair at its first point-to-point operation and blocks the host until the peer
+    posts its side: two ranks whose first ordered messages crossed, each on its own lane,
+    would wait for each other forever."""
+    byte = torch.zeros(size, dtype=torch.uint8, device=device)
+    group._start_coalescing(device)
+    for peer in range(size):
+        if peer != rank:
+            if (peer > rank) == upward:
+                group.send([byte[peer : peer + 1]], peer, 0)
+            else:
+                group.recv([byte[peer : peer + 1]], peer, 0)
+    group._end_coalescing(device).wait()
+    torch.cuda.synchronize(device)
 
 
 def _nccl(prefix: str, rank: int, size: int, timeout: float) -> tuple[Any, Any]:
@@ -128,7 +175,7 @@ def _nccl(prefix: str, rank: int, size: int, timeout: float) -> tuple[Any, Any]:
     group._set_default_backend(dist.ProcessGroup.BackendType.NCCL)
     group._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, backend)
     with _groups_lock:
-        _groups.add(group)
+        _groups.append(group)
     return group, backend
 
 

@@ -161,7 +161,8 @@ class Runner:
         group = self.nccl.get(device)
         if group is None:
             self._watch_nccl()
-            group = cuda.new_group(self.id, self.rank, self.size, self.engine.timeout, device)
+            name = f"collectives{len(self.nccl)}"  # the same on every member: calls agree
+            group = cuda.new_group(self.id, self.rank, self.size, self.engine.timeout, device, name)
             self.nccl[device] = group
         return group
 
@@ -180,11 +181,14 @@ class Runner:
             return
         if cuda.transport(device) == "nccl":
             self._watch_nccl()
-            t = self.engine.timeout
-            self.lanes[device] = [
-                cuda.new_group(self.id, self.rank, self.size, t, device, f"nccl-lane{d}")
+            t, n = self.engine.timeout, len(self.lanes)
+            lanes = [
+                cuda.new_group(self.id, self.rank, self.size, t, device, f"lanes{n}-{d}")
                 for d in (0, 1)
             ]
+            for direction, lane in enumerate(lanes):
+                cuda.connect_pairs(lane, self.rank, self.size, device, upward=direction == 0)
+            self.lanes[device] = lanes
 
     def lane(self, device: torch.device, src: int, dst: int) -> Any | None:
         """The group that carries ordered messages from rank `src` to rank `dst` for tensors

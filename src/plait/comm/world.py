@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from plait import devices, env
-from plait.comm import rendezvous
+from plait.comm import cuda, rendezvous
 from plait.comm.communicator import Communicator
 from plait.comm.engine import Engine
 from plait.comm.store import make_store
@@ -77,13 +77,38 @@ def init() -> Communicator:
         nodes = [store.get(f"plait/node/{r}").decode() for r in range(world.size)]
         here = [r for r, n in enumerate(nodes) if n == nodes[world.rank]]
         try:
-            devices.select(here.index(world.rank), len(here))  # cuda:LOCAL_RANK where GPUs are
+            _take_device(store, world.rank, world.size, here.index(world.rank), len(here))
         except devices.DeviceError:
             engine.close()  # the peers see this rank leave, not a silence
             raise
         _default = Communicator(engine, list(range(world.size)), nodes, 1, dist.group.WORLD)
         atexit.register(_at_exit)
         return _default
+
+
+def _take_device(store: dist.Store, rank: int, size: int, local_rank: int, local: int) -> None:
+    """Select this rank's device (cuda:LOCAL_RANK where GPUs are), then agree with every rank
+    on how CUDA tensors travel (cuda.agree): each says what it can, through the store, even
+    when it failed, so nobody waits on a rank that is leaving.
+
+    Raises:
+        DeviceError: this rank's device cannot be had, another rank's could not, or
+            PLAIT_CUDA_TRANSPORT=nccl where a rank cannot use NCCL.
+    """
+    key = "plait/cuda-transport/{}"
+    try:
+        devices.select(local_rank, local)
+        mine = cuda.verdict()
+    except devices.DeviceError as e:
+        store.set(key.format(rank), f"error: {e}")
+        raise
+    store.set(key.format(rank), mine)
+    verdicts = [store.get(key.format(r)).decode() for r in range(size)]
+    failed = [(r, v) for r, v in enumerate(verdicts) if v.startswith("error: ")]
+    if failed:
+        r, why = failed[0]
+        raise devices.DeviceError(f"rank {r} could not take its device: {why[len('error: ') :]}")
+    cuda.agree(verdicts)
 
 
 def is_initialized() -> bool:
@@ -108,8 +133,8 @@ def shutdown() -> None:
         engine = comm.engine
         _failed = _failed or engine.error is not None
         engine.close()
-        if "plait.comm.cuda" in sys.modules:  # NCCL groups, if any were made
-            sys.modules["plait.comm.cuda"].shutdown_all()
+        cuda.shutdown_all()  # NCCL groups, if any were made
+        cuda.forget()
         if _owns_torch_group and not _failed:
             dist.destroy_process_group()
             _owns_torch_group = False

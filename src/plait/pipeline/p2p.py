@@ -1,7 +1,8 @@
 """Activation and gradient exchange between neighbouring pipeline stages.
 
 Every tensor travels as two messages on the pipeline communicator: a fixed-size int64
-header ``[dtype code, ndim, *shape, 0-padding]`` (``HEADER`` elements), then the payload.
+header ``[dtype code, ndim, on a GPU, *shape, 0-padding]`` (``HEADER`` elements), then the
+payload.
 Both use the same tag, and messages between one pair of ranks with one tag arrive in order,
 so a receiver needs to know neither shape nor dtype in advance. The header costs one tiny
 message per transfer; exchanging shapes once per step would save it, but micro-batches of
@@ -22,16 +23,17 @@ from __future__ import annotations
 
 import torch
 
+from plait import devices
 from plait.comm.communicator import Communicator
 from plait.comm.dtypes import CODES, DTYPES
 from plait.comm.request import Request
 
 MAX_NDIM = 8
-HEADER = 2 + MAX_NDIM
+HEADER = 3 + MAX_NDIM
 
 
 def header(t: torch.Tensor) -> torch.Tensor:
-    """The int64 header describing `t`'s dtype and shape."""
+    """The int64 header describing `t`: [dtype code, ndim, 1 if on a GPU, *shape, padding]."""
     if t.dtype not in CODES:
         raise TypeError(f"pipeline cannot send dtype {t.dtype}; expected one of {DTYPES}")
     if t.dim() > MAX_NDIM:
@@ -39,8 +41,9 @@ def header(t: torch.Tensor) -> torch.Tensor:
     h = torch.zeros(HEADER, dtype=torch.int64)
     h[0] = CODES[t.dtype]
     h[1] = t.dim()
+    h[2] = int(not t.is_cpu)
     if t.dim():
-        h[2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+        h[3 : 3 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
     return h
 
 
@@ -58,7 +61,12 @@ def recv_tensor(
     """Receive a tensor sent by `send_tensor` from `peer` with `tag` onto `device` (the CPU by
     default); shape and dtype come from its header, which always travels on the CPU."""
     h = comm.recv(torch.empty(HEADER, dtype=torch.int64), peer, tag)
-    code, ndim = int(h[0]), int(h[1])
-    shape = [int(s) for s in h[2 : 2 + ndim]]
-    out = torch.empty(shape, dtype=DTYPES[code], device=device)
-    return comm.recv(out, peer, tag, ordered=True)
+    code, ndim, on_gpu = int(h[0]), int(h[1]), bool(h[2])
+    shape = [int(s) for s in h[3 : 3 + ndim]]
+    # received on the kind of device it was sent from (a GPU's payload may come over NCCL,
+    # a CPU's only through the engine), then moved to `device` if that is another
+    here = device or torch.device("cpu")
+    if on_gpu != (here.type == "cuda"):
+        here = devices.device() if on_gpu else torch.device("cpu")
+    out = comm.recv(torch.empty(shape, dtype=DTYPES[code], device=here), peer, tag, ordered=True)
+    return out if device is None else out.to(device)
