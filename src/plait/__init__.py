@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from plait.errors import CollectiveMismatchError, CommTimeoutError, PeerFailureError, PlaitError
 
 if TYPE_CHECKING:
+    from plait.activations import checkpoint_blocks
     from plait.comm.communicator import Communicator
     from plait.comm.mesh import Mesh
     from plait.comm.request import Request
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Communicator": "plait.comm.communicator",
     "DataParallel": "plait.data_parallel",
+    "checkpoint_blocks": "plait.activations",
     "device": "plait.devices",
     "Mesh": "plait.comm.mesh",
     "Request": "plait.comm.request",
@@ -43,6 +45,7 @@ __all__ = [
     "PeerFailureError",
     "PlaitError",
     "Request",
+    "checkpoint_blocks",
     "default",
     "device",
     "init",
