@@ -45,7 +45,7 @@ def allgather(
         flat = out.view(-1)
         flat[bounds[ctx.rank] : bounds[ctx.rank + 1]] = t.reshape(-1)
         if flat.numel():
-            name = routes.resolve("allgather", algorithm, flat.nbytes, ctx.topology, t.device)
+            name = routes.resolve("allgather", algorithm, flat, ctx.topology)
             ctx.run_row("allgather", name, flat, bounds)
         return out, dims
 

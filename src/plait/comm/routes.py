@@ -123,12 +123,10 @@ def choose(
     return select.AUTO[collective](nbytes, topology, rows)
 
 
-def resolve(
-    collective: str, algorithm: str, nbytes: int, topology: Topology, device: torch.device
-) -> str:
-    """`algorithm` (already checked), "auto" resolved for a tensor on `device`."""
+def resolve(collective: str, algorithm: str, t: torch.Tensor, topology: Topology) -> str:
+    """`algorithm` (already checked), "auto" resolved for tensor `t` (its bytes and device)."""
     if algorithm != "auto":
         return algorithm
-    if device.type == "cpu":  # the three-argument call tests replace
-        return choose(collective, nbytes, topology)
-    return choose(collective, nbytes, topology, device)
+    if t.is_cpu:  # the three-argument call tests replace; and no torch.device built (1.5 us)
+        return choose(collective, t.nbytes, topology)
+    return choose(collective, t.nbytes, topology, t.device)

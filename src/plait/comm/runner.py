@@ -304,10 +304,7 @@ class Context(Channel):
         """
         algorithm = call.algorithm
         if algorithm == "auto" and self.size > 1:
-            if t.is_cpu:
-                algorithm = routes.choose(call.kind, t.nbytes, self.topology)
-            else:
-                algorithm = routes.choose(call.kind, t.nbytes, self.topology, t.device)
+            algorithm = routes.resolve(call.kind, "auto", t, self.topology)
             if check and check_enabled():  # a record only where one is sent (not DP's buckets)
                 call = dataclasses.replace(call, algorithm=f"auto:{algorithm}")
         self.exchange(call, check=check)
