@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from plait.comm.world import default, init, is_initialized, shutdown
     from plait.data_parallel import DataParallel
     from plait.devices import device
+    from plait.sharded import ShardedDataParallel
 
 _LAZY = {
     "Communicator": "plait.comm.communicator",
@@ -30,6 +31,7 @@ _LAZY = {
     "device": "plait.devices",
     "Mesh": "plait.comm.mesh",
     "Request": "plait.comm.request",
+    "ShardedDataParallel": "plait.sharded",
     "default": "plait.comm.world",
     "init": "plait.comm.world",
     "is_initialized": "plait.comm.world",
@@ -45,6 +47,7 @@ __all__ = [
     "PeerFailureError",
     "PlaitError",
     "Request",
+    "ShardedDataParallel",
     "checkpoint_blocks",
     "default",
     "device",

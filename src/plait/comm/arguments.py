@@ -59,3 +59,22 @@ def row_elements(shape: Sequence[int]) -> int:
     for d in shape[1:]:
         n *= d
     return n
+
+
+def gather_out(out: object, t: torch.Tensor, size: int) -> torch.Tensor:
+    """`out`, if it can hold `size` blocks shaped like `t`, joined along dim 0.
+
+    Raises:
+        TypeError: not a tensor.
+        ValueError: a different dtype, device or shape, or not contiguous.
+    """
+    o = tensor(out, "out")
+    want = (t.shape[0] * size, *t.shape[1:])
+    if o.dtype != t.dtype or o.device != t.device or tuple(o.shape) != want:
+        raise ValueError(
+            f"out must be a {dtype_name(t.dtype)} tensor of shape {want} on {t.device}; got "
+            f"{dtype_name(o.dtype)} {tuple(o.shape)} on {o.device}"
+        )
+    if not o.is_contiguous():
+        raise ValueError("out must be contiguous")
+    return o

@@ -201,32 +201,56 @@ class Communicator:
         return reductions.reduce(tensor, root, op, algorithm, self.size, in_place)
 
     # ------------------------------------------------------ gather-type collectives
-    def allgather(self, tensor: Tensor, algorithm: str = "auto") -> Tensor:
+    def allgather(
+        self,
+        tensor: Tensor,
+        algorithm: str = "auto",
+        *,
+        out: Tensor | None = None,
+        check: bool = True,
+    ) -> Tensor:
         """Concatenate every rank's `tensor` along dim 0 (which may differ across ranks).
 
         `native` runs gloo's allgather when every rank's dim 0 is the same (gloo needs
-        that) and plait's ring otherwise.
+        that) and plait's ring otherwise. `out`: gather into this tensor, of shape
+        (size * dim 0, ...): every rank's block is then `tensor`'s shape, and `tensor` may
+        be this rank's block of `out` (in place). `check=False` skips the exchange of shapes
+        (see allreduce): every rank must then pass a tensor of this rank's shape.
         """
-        return self._runner.run(gathers.allgather(tensor, algorithm), on=tensor)[0]
+        if out is not None:
+            out = arguments.gather_out(out, arguments.tensor(tensor), self.size)
+        return self._runner.run(gathers.allgather(tensor, algorithm, check, out), on=tensor)[0]
 
-    def allgather_async(self, tensor: Tensor, algorithm: str = "auto") -> Request[Tensor]:
-        """Start an allgather; `wait()` returns what `allgather` does."""
-        call = gathers.allgather(tensor, algorithm)
+    def allgather_async(
+        self,
+        tensor: Tensor,
+        algorithm: str = "auto",
+        *,
+        out: Tensor | None = None,
+        check: bool = True,
+    ) -> Request[Tensor]:
+        """Start an allgather; `wait()` returns what `allgather` does. With `out`, neither
+        tensor may be touched until then."""
+        if out is not None:
+            out = arguments.gather_out(out, arguments.tensor(tensor), self.size)
+        call = gathers.allgather(tensor, algorithm, check, out)
         return self._runner.start(lambda ctx: call(ctx)[0], on=tensor)
 
-    def reduce_scatter(self, tensor: Tensor, op: str = "sum", algorithm: str = "auto") -> Tensor:
+    def reduce_scatter(
+        self, tensor: Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
+    ) -> Tensor:
         """Reduce over ranks and return this rank's part of dim 0 (split as torch.tensor_split).
 
         `native` runs gloo's when dim 0 divides evenly by the size (gloo needs that) and
-        plait's ring otherwise.
+        plait's ring otherwise. `check`: see allreduce.
         """
-        return self._runner.run(gathers.reduce_scatter(tensor, op, algorithm), on=tensor)
+        return self._runner.run(gathers.reduce_scatter(tensor, op, algorithm, check), on=tensor)
 
     def reduce_scatter_async(
-        self, tensor: Tensor, op: str = "sum", algorithm: str = "auto"
+        self, tensor: Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
     ) -> Request[Tensor]:
         """Start a reduce-scatter; `wait()` returns what `reduce_scatter` does."""
-        return self._runner.start(gathers.reduce_scatter(tensor, op, algorithm), on=tensor)
+        return self._runner.start(gathers.reduce_scatter(tensor, op, algorithm, check), on=tensor)
 
     def alltoall(self, tensor: Tensor, splits: Sequence[int] | None = None) -> Tensor:
         """Send rows splits[j] of `tensor` (dim 0) to rank j; return what every rank sent here,

@@ -24,36 +24,47 @@ from plait.comm.runner import Context
 
 
 def allgather(
-    tensor: torch.Tensor, algorithm: str
+    tensor: torch.Tensor, algorithm: str, check: bool = True, out: torch.Tensor | None = None
 ) -> Callable[[Context], tuple[torch.Tensor, list[int]]]:
-    """Every rank's `tensor` joined along dim 0; the call returns it and each rank's dim 0."""
+    """Every rank's `tensor` joined along dim 0; the call returns it and each rank's dim 0.
+
+    `check=False`: the caller promises every rank passes this rank's shape (equal blocks,
+    as sharded data parallelism's shards are), so no records are exchanged. `out`: a
+    contiguous tensor to gather into (equal blocks only; `tensor` may be its own block).
+    """
     t = arguments.tensor(tensor)
     algorithm = routes.check("allgather", algorithm)
     arguments.with_rows(t, "allgather")
     call = Call.of("allgather", t, algorithm=algorithm)
 
     def run(ctx: Context) -> tuple[torch.Tensor, list[int]]:
-        calls = ctx.exchange(call, needed=True)
-        if calls is None:
+        if out is not None:
+            ctx.exchange(call, check=check)  # to check only: `out` says the blocks are equal
+            dims = [t.shape[0]] * ctx.size
+        elif ctx.size == 1:
             return t.clone(memory_format=torch.contiguous_format), [t.shape[0]]
-        dims = [c.shape[0] for c in calls]
+        else:
+            calls = ctx.exchange(call, needed=check, check=check)
+            dims = [c.shape[0] for c in calls] if calls else [t.shape[0]] * ctx.size
         row = arguments.row_elements(t.shape)
         bounds = [0]
         for d in dims:
             bounds.append(bounds[-1] + d * row)
-        out = t.new_empty((sum(dims), *t.shape[1:]))
-        flat = out.view(-1)
-        flat[bounds[ctx.rank] : bounds[ctx.rank + 1]] = t.reshape(-1)
-        if flat.numel():
+        result = t.new_empty((sum(dims), *t.shape[1:])) if out is None else out
+        flat = result.view(-1)
+        mine = flat[bounds[ctx.rank] : bounds[ctx.rank + 1]]
+        if mine.data_ptr() != t.data_ptr():  # not gathering in place
+            mine.copy_(t.reshape(-1))
+        if flat.numel() and ctx.size > 1:
             name = routes.resolve("allgather", algorithm, flat, ctx.topology)
             ctx.run_row("allgather", name, flat, bounds)
-        return out, dims
+        return result, dims
 
     return run
 
 
 def reduce_scatter(
-    tensor: torch.Tensor, op: str, algorithm: str
+    tensor: torch.Tensor, op: str, algorithm: str, check: bool = True
 ) -> Callable[[Context], torch.Tensor]:
     """The reduction over ranks of `tensor`; the call returns this rank's block of dim 0."""
     t = arguments.tensor(tensor)
@@ -64,7 +75,7 @@ def reduce_scatter(
     base = "sum" if op == "avg" else op
 
     def run(ctx: Context) -> torch.Tensor:
-        name = ctx.exchange_resolved(call, t)
+        name = ctx.exchange_resolved(call, t, check=check)
         rows = bounds_even(t.shape[0], ctx.size)
         lo, hi = rows[ctx.rank], rows[ctx.rank + 1]
         buf = t.clone(memory_format=torch.contiguous_format)

@@ -1,0 +1,105 @@
+"""One unit's tensors: its parameters' flat full vector, this rank's shard, the gradient buffer.
+
+Shapes, with P the unit's elements, padded to Q = S * N (layout.py), this rank r:
+
+    full    (Q,)  every parameter of the unit end to end; the module's parameters are views
+                  of it (`p.data = full[offset : offset + numel].view(shape)`), so a forward
+                  reads it and nothing is copied into the module
+    shard   (S,)  the nn.Parameter the optimizer steps: full[r*S : (r+1)*S]. In stages 1-2
+                  it *is* that region (a view): stepping it updates this rank's part of
+                  `full`, and the all-gather fills the other parts in place. In stage 3 it
+                  is a tensor of its own, and `full` exists only while gathered
+    grads   (Q,)  the gradients of the unit's parameters, laid out as `full` (the autograd
+                  hook copies each p.grad in and drops it); reduce-scattered to (S,), the
+                  average of this rank's part, which becomes `shard.grad`
+
+Freeing `full` in stage 3 resizes its storage to zero instead of dropping the tensor: the
+views autograd saved for backward (a linear layer keeps weight.t()) point at that storage,
+so the all-gather before backward must refill the same storage (PyTorch FSDP's flat
+parameter does the same), and freeing the storage is what really returns the memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from plait.sharded.layout import Unit
+
+
+class FlatUnit:
+    """The tensors of one unit on one rank (see the module docstring)."""
+
+    def __init__(
+        self, unit: Unit, module: nn.Module | None, params: list[nn.Parameter], rank: int,
+        world: int, separate_shard: bool,
+    ) -> None:  # fmt: skip
+        self.unit, self.module, self.params = unit, module, params
+        self.rank, self.world = rank, world
+        self.size = unit.shard_size(world)  # S
+        padded = unit.padded(world)  # Q
+        first = params[0]
+        self.full = torch.zeros(padded, dtype=first.dtype, device=first.device)
+        with torch.no_grad():
+            for e, p in zip(unit.entries, params, strict=True):
+                self.full[e.offset : e.offset + e.numel].copy_(p.detach().reshape(-1))
+        self._nbytes = self.full.untyped_storage().nbytes()
+        for e, p in zip(unit.entries, params, strict=True):
+            p.data = self.full[e.offset : e.offset + e.numel].view(e.shape)
+        region = self.full[rank * self.size : (rank + 1) * self.size]
+        self.shard = nn.Parameter(region.clone() if separate_shard else region)
+        self.grads: torch.Tensor | None = None
+        self.pending = len(params)  # gradients still to land in this backward pass
+        self.landed: set[int] = set()  # indices of the parameters whose gradient landed
+
+    # ------------------------------------------------------------------- parameters
+    @property
+    def gathered(self) -> bool:
+        return self.full.untyped_storage().nbytes() > 0
+
+    def free(self) -> None:
+        """Return the full parameters' memory (stage 3); the views stay, empty."""
+        self.full.untyped_storage().resize_(0)
+
+    def allocate(self) -> None:
+        """Give `full` its storage back (its contents are undefined until gathered)."""
+        if not self.gathered:
+            self.full.untyped_storage().resize_(self._nbytes)
+
+    def shard_in_full(self) -> torch.Tensor:
+        return self.full[self.rank * self.size : (self.rank + 1) * self.size]
+
+    @property
+    def full_bytes(self) -> int:
+        return self._nbytes
+
+    # -------------------------------------------------------------------- gradients
+    def add_grad(self, index: int, grad: torch.Tensor) -> None:
+        """Add parameter `index`'s gradient into the flat gradient buffer (made on first use,
+        zeros, so padding and unused parameters reduce as zeros)."""
+        if self.grads is None:
+            self.grads = torch.zeros_like(self.full) if self.gathered else self._new_grads()
+        e = self.unit.entries[index]
+        self.grads[e.offset : e.offset + e.numel].add_(grad.reshape(-1))
+
+    def _new_grads(self) -> torch.Tensor:
+        return torch.zeros(self._nbytes // self.full.element_size(), dtype=self.full.dtype,
+                           device=self.full.device)  # fmt: skip
+
+    def take_grads(self) -> torch.Tensor:
+        """The gradient buffer to reduce (zeros if no gradient landed on this rank)."""
+        if self.grads is None:
+            self.grads = self._new_grads()
+        return self.grads
+
+    def set_shard_grad(self, reduced: torch.Tensor) -> None:
+        """`reduced` (S,) is the average of this rank's part: the shard's gradient, added to
+        what the shard holds already (torch accumulates gradients until they are zeroed)."""
+        if self.shard.grad is None:
+            self.shard.grad = reduced
+        else:
+            self.shard.grad.add_(reduced)
+
+    def reset_pass(self) -> None:
+        self.pending = len(self.params)
+        self.landed.clear()
