@@ -119,7 +119,7 @@ def count_calls(comm: Communicator) -> collections.Counter[str]:
     """Wrap comm's collectives to count them (per name) from now on."""
     counts: collections.Counter[str] = collections.Counter()
     for name in ("allreduce", "allreduce_async_", "allgather_async", "allgather",
-                 "reduce_scatter_async", "reduce_scatter", "broadcast_"):  # fmt: skip
+                 "reduce_scatter_async", "reduce_scatter_async_", "reduce_scatter", "broadcast_"):  # fmt: skip
         real = getattr(comm, name)
 
         def counted(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:

@@ -252,6 +252,15 @@ class Communicator:
         """Start a reduce-scatter; `wait()` returns what `reduce_scatter` does."""
         return self._runner.start(gathers.reduce_scatter(tensor, op, algorithm, check), on=tensor)
 
+    def reduce_scatter_async_(
+        self, tensor: Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
+    ) -> Request[Tensor]:
+        """`reduce_scatter_async` working in `tensor` itself (no copy): its contents are
+        undefined once done, it must not be touched until `wait()`, and the result may be a
+        view of it."""
+        call = gathers.reduce_scatter(tensor, op, algorithm, check, scratch=True)
+        return self._runner.start(call, on=tensor)
+
     def alltoall(self, tensor: Tensor, splits: Sequence[int] | None = None) -> Tensor:
         """Send rows splits[j] of `tensor` (dim 0) to rank j; return what every rank sent here,
         concatenated in rank order. Without `splits`, dim 0 is split as torch.tensor_split."""

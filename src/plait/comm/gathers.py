@@ -64,9 +64,10 @@ def allgather(
 
 
 def reduce_scatter(
-    tensor: torch.Tensor, op: str, algorithm: str, check: bool = True
+    tensor: torch.Tensor, op: str, algorithm: str, check: bool = True, scratch: bool = False
 ) -> Callable[[Context], torch.Tensor]:
-    """The reduction over ranks of `tensor`; the call returns this rank's block of dim 0."""
+    """The reduction over ranks of `tensor`; the call returns this rank's block of dim 0.
+    `scratch`: work in `tensor` itself (contiguous; its contents are undefined after)."""
     t = arguments.tensor(tensor)
     op = check_op(op, t.dtype)
     algorithm = routes.check("reduce_scatter", algorithm)
@@ -78,7 +79,7 @@ def reduce_scatter(
         name = ctx.exchange_resolved(call, t, check=check)
         rows = bounds_even(t.shape[0], ctx.size)
         lo, hi = rows[ctx.rank], rows[ctx.rank + 1]
-        buf = t.clone(memory_format=torch.contiguous_format)
+        buf = t if scratch and t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
         if ctx.size > 1 and buf.numel():
             flat, row = buf.view(-1), arguments.row_elements(t.shape)
             part = ctx.run_row("reduce_scatter", name, flat, base, [r * row for r in rows])

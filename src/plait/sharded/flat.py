@@ -49,6 +49,8 @@ class FlatUnit:
         region = self.full[rank * self.size : (rank + 1) * self.size]
         self.shard = nn.Parameter(region.clone() if separate_shard else region)
         self.grads: torch.Tensor | None = None
+        self._written: set[int] = set()  # parameters whose gradient is in `grads`
+        self._grad_shard: torch.Tensor | None = None
         self.pending = len(params)  # gradients still to land in this backward pass
         self.landed: set[int] = set()  # indices of the parameters whose gradient landed
 
@@ -75,30 +77,44 @@ class FlatUnit:
 
     # -------------------------------------------------------------------- gradients
     def add_grad(self, index: int, grad: torch.Tensor) -> None:
-        """Add parameter `index`'s gradient into the flat gradient buffer (made on first use,
-        zeros, so padding and unused parameters reduce as zeros)."""
+        """Put parameter `index`'s gradient into the flat buffer: copied the first time in an
+        accumulation, added after (the buffer is made empty: take_grads zeroes the rest)."""
         if self.grads is None:
-            self.grads = torch.zeros_like(self.full) if self.gathered else self._new_grads()
+            self.grads, self._written = self._empty(), set()
         e = self.unit.entries[index]
-        self.grads[e.offset : e.offset + e.numel].add_(grad.reshape(-1))
+        region = self.grads[e.offset : e.offset + e.numel]
+        if index in self._written:
+            region.add_(grad.reshape(-1))
+        else:
+            region.copy_(grad.reshape(-1))
+            self._written.add(index)
 
-    def _new_grads(self) -> torch.Tensor:
-        return torch.zeros(self._nbytes // self.full.element_size(), dtype=self.full.dtype,
+    def _empty(self) -> torch.Tensor:
+        return torch.empty(self._nbytes // self.full.element_size(), dtype=self.full.dtype,
                            device=self.full.device)  # fmt: skip
 
     def take_grads(self) -> torch.Tensor:
-        """The gradient buffer to reduce (zeros if no gradient landed on this rank)."""
+        """The gradient buffer to reduce: zeros where no gradient landed (unused parameters,
+        the padding). The next add_grad starts a new accumulation."""
         if self.grads is None:
-            self.grads = self._new_grads()
+            self.grads, self._written = self._empty(), set()
+        for i, e in enumerate(self.unit.entries):
+            if i not in self._written:
+                self.grads[e.offset : e.offset + e.numel].zero_()
+        self.grads[self.unit.numel :].zero_()
+        self._written = set()
         return self.grads
 
     def set_shard_grad(self, reduced: torch.Tensor) -> None:
         """`reduced` (S,) is the average of this rank's part: the shard's gradient, added to
-        what the shard holds already (torch accumulates gradients until they are zeroed)."""
-        if self.shard.grad is None:
-            self.shard.grad = reduced
-        else:
+        what the shard holds already (torch accumulates gradients until they are zeroed).
+        Kept in one buffer across steps (set_to_none drops only the shard's reference)."""
+        if self.shard.grad is not None:
             self.shard.grad.add_(reduced)
+            return
+        if self._grad_shard is None:
+            self._grad_shard = torch.empty_like(self.shard)
+        self.shard.grad = self._grad_shard.copy_(reduced)
 
     def reset_pass(self) -> None:
         self.pending = len(self.params)

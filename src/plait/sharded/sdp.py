@@ -234,6 +234,35 @@ class ShardedDataParallel(nn.Module):
         for u in list(self._gathers):
             self._ensure(u)
 
+    def memory(self) -> dict[str, int]:
+        """Bytes of model states this rank holds now (without the optimizer's: count those
+        from its state), and stage 3's most gathered at once.
+
+        Keys: "parameters" (shards, and the full vectors held: all of them in stages 1-2,
+        where a shard is a view into its unit's), "gradients" (the shards' and the flat
+        buffers held), "gathered_peak" (stage 3: the most bytes of full parameters held at
+        once so far), "largest_units" (the root's and the largest prefetch + 1 units' full
+        parameters: what stage 3 may hold at once).
+        """
+        fulls = [f.full_bytes if f.gathered else 0 for f in self.units]
+        shards = sum(f.shard.numel() * f.shard.element_size() for f in self.units)
+        params = sum(fulls) + (shards if self.stage == 3 else 0)
+        grads = sum(
+            t.numel() * t.element_size()
+            for f in self.units
+            for t in (f.shard.grad, f.grads)
+            if t is not None
+        )
+        blocks = sorted((f.full_bytes for u, f in enumerate(self.units) if u != self._root),
+                        reverse=True)  # fmt: skip
+        root = 0 if self._root is None else self.units[self._root].full_bytes
+        return {
+            "parameters": params,
+            "gradients": grads,
+            "gathered_peak": self.peak_gathered_bytes if self.stage == 3 else sum(fulls),
+            "largest_units": root + sum(blocks[: self.prefetch + 1]),
+        }
+
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Scale the shards' gradients so that the whole gradient's norm is at most
         `max_norm` (torch.nn.utils.clip_grad_norm_ over all ranks' shards); returns the
@@ -380,7 +409,8 @@ class ShardedDataParallel(nn.Module):
         while self._next < len(self._launch) and self.units[self._launch[self._next]].pending == 0:
             u = self._launch[self._next]
             flat = self.units[u]
-            self._reductions[u] = self.comm.reduce_scatter_async(
+            # in the buffer itself (no copy); stage 1 keeps it, later stages let it go
+            self._reductions[u] = self.comm.reduce_scatter_async_(
                 flat.take_grads(), op="avg", check=not self._checked_reductions
             )
             if self.stage > 1:
@@ -403,9 +433,6 @@ class ShardedDataParallel(nn.Module):
                 self._launch_ready()
                 for u, request in sorted(self._reductions.items()):
                     self.units[u].set_shard_grad(request.wait())
-                    kept = self.units[u].grads
-                    if self.stage == 1 and kept is not None:
-                        kept.zero_()  # stage 1 keeps its buffers; the next pass adds into them
                 self._checked_reductions = True
                 self._stale = self.stage < 3
             self._free_all()
