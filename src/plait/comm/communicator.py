@@ -256,8 +256,8 @@ class Communicator:
         self, tensor: Tensor, op: str = "sum", algorithm: str = "auto", *, check: bool = True
     ) -> Request[Tensor]:
         """`reduce_scatter_async` working in `tensor` itself (no copy): its contents are
-        undefined once done, it must not be touched until `wait()`, and the result may be a
-        view of it."""
+        undefined once done but for this rank's block, which holds the result (a view of
+        `tensor`), and it must not be touched until `wait()`."""
         call = gathers.reduce_scatter(tensor, op, algorithm, check, scratch=True)
         return self._runner.start(call, on=tensor)
 

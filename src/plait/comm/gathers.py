@@ -83,6 +83,14 @@ def reduce_scatter(
         if ctx.size > 1 and buf.numel():
             flat, row = buf.view(-1), arguments.row_elements(t.shape)
             part = ctx.run_row("reduce_scatter", name, flat, base, [r * row for r in rows])
+            mine = flat[lo * row : hi * row]
+            if scratch and part.data_ptr() != mine.data_ptr():
+                part = mine.copy_(part)  # the result in the caller's tensor, as promised
+            elif (
+                not scratch
+                and part.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+            ):
+                part = part.clone()  # not a view that keeps the whole copy alive
             out = part.view(hi - lo, *t.shape[1:])
         else:
             out = buf[lo:hi].clone()

@@ -387,7 +387,7 @@ class ShmError(PlaitError):
 # ------------------------------------------------------------ rows of the routing table
 def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) -> torch.Tensor:
     reduce_scatter(ctx.arena(buf.nbytes), buf, op, b)
-    return buf[b[ctx.rank] : b[ctx.rank + 1]].clone()
+    return buf[b[ctx.rank] : b[ctx.rank + 1]]  # a view: gathers.reduce_scatter decides
 
 
 #: Rows of the routing table (routes.py); they run where `runs_on` says.

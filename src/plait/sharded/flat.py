@@ -32,7 +32,7 @@ class FlatUnit:
 
     def __init__(
         self, unit: Unit, module: nn.Module | None, params: list[nn.Parameter], rank: int,
-        world: int, separate_shard: bool,
+        world: int, separate_shard: bool, keep_grads: bool = False,
     ) -> None:  # fmt: skip
         self.unit, self.module, self.params = unit, module, params
         self.rank, self.world = rank, world
@@ -49,6 +49,7 @@ class FlatUnit:
         region = self.full[rank * self.size : (rank + 1) * self.size]
         self.shard = nn.Parameter(region.clone() if separate_shard else region)
         self.grads: torch.Tensor | None = None
+        self.keep_grads = keep_grads  # stage 1: `grads` stays from pass to pass
         self._written: set[int] = set()  # parameters whose gradient is in `grads`
         self._grad_shard: torch.Tensor | None = None
         self.pending = len(params)  # gradients still to land in this backward pass
@@ -81,6 +82,8 @@ class FlatUnit:
         accumulation, added after (the buffer is made empty: take_grads zeroes the rest)."""
         if self.grads is None:
             self.grads, self._written = self._empty(), set()
+        if not self._written and self._aliased():  # a gradient kept from the last pass
+            self.shard.grad = self.shard.grad.clone()  # type: ignore[union-attr]
         e = self.unit.entries[index]
         region = self.grads[e.offset : e.offset + e.numel]
         if index in self._written:
@@ -108,13 +111,24 @@ class FlatUnit:
     def set_shard_grad(self, reduced: torch.Tensor) -> None:
         """`reduced` (S,) is the average of this rank's part: the shard's gradient, added to
         what the shard holds already (torch accumulates gradients until they are zeroed).
-        Kept in one buffer across steps (set_to_none drops only the shard's reference)."""
+        Kept in one buffer across steps (set_to_none drops only the shard's reference); in
+        stage 1, which keeps the whole gradient buffer, it is this rank's region of it."""
         if self.shard.grad is not None:
             self.shard.grad.add_(reduced)
+            return
+        if self.keep_grads:
+            self.shard.grad = reduced  # a view of `grads`, which stays
             return
         if self._grad_shard is None:
             self._grad_shard = torch.empty_like(self.shard)
         self.shard.grad = self._grad_shard.copy_(reduced)
+
+    def _aliased(self) -> bool:
+        """Whether the shard's gradient is a region of `grads` (stage 1's, from a pass the
+        user did not zero): the next pass would overwrite it."""
+        g = self.shard.grad
+        return (g is not None and self.grads is not None
+                and g.untyped_storage().data_ptr() == self.grads.untyped_storage().data_ptr())  # fmt: skip
 
     def reset_pass(self) -> None:
         self.pending = len(self.params)

@@ -115,7 +115,15 @@ class ShardedDataParallel(nn.Module):
         assigned = unit_choice.assign(module, unit_choice.choose(module, units))
         self.layout: Layout = unit_choice.layout_of(assigned)
         self.units = [
-            FlatUnit(u, m, [p for _, p in params], comm.rank, comm.size, separate_shard=stage == 3)
+            FlatUnit(
+                u,
+                m,
+                [p for _, p in params],
+                comm.rank,
+                comm.size,
+                separate_shard=stage == 3,
+                keep_grads=stage == 1,
+            )  # fmt: skip
             for u, (_, m, params) in zip(self.layout.units, assigned, strict=True)
         ]
         self._root = next((i for i, u in enumerate(self.units) if u.module is None), None)
@@ -225,6 +233,11 @@ class ShardedDataParallel(nn.Module):
             if self.stage == 3 and not was:
                 flat.free()
 
+    def refresh(self) -> None:
+        """The shards were written directly (a checkpoint loaded into them): the full
+        parameters are gathered again before they are next used."""
+        self._stale = self.stage < 3
+
     def _finish_gathers(self) -> None:
         """Stages 1-2: bring every unit up to date after a step (before reading `full`)."""
         if self.stage < 3 and self._stale:
@@ -247,12 +260,17 @@ class ShardedDataParallel(nn.Module):
         fulls = [f.full_bytes if f.gathered else 0 for f in self.units]
         shards = sum(f.shard.numel() * f.shard.element_size() for f in self.units)
         params = sum(fulls) + (shards if self.stage == 3 else 0)
-        grads = sum(
-            t.numel() * t.element_size()
-            for f in self.units
-            for t in (f.shard.grad, f.grads)
-            if t is not None
-        )
+        grads = 0
+        for f in self.units:  # stage 1's shard gradient is a region of its buffer: once
+            if f.grads is not None:
+                grads += f.grads.numel() * f.grads.element_size()
+            g = f.shard.grad
+            if g is not None and not (
+                f.grads is not None
+                and g.data_ptr() >= f.grads.data_ptr()
+                and g.data_ptr() < f.grads.data_ptr() + f.full_bytes
+            ):
+                grads += g.numel() * g.element_size()
         blocks = sorted((f.full_bytes for u, f in enumerate(self.units) if u != self._root),
                         reverse=True)  # fmt: skip
         root = 0 if self._root is None else self.units[self._root].full_bytes
