@@ -32,7 +32,7 @@ class FlatUnit:
 
     def __init__(
         self, unit: Unit, module: nn.Module | None, params: list[nn.Parameter], rank: int,
-        world: int, separate_shard: bool, keep_grads: bool = False,
+        world: int, stage: int,
     ) -> None:  # fmt: skip
         self.unit, self.module, self.params = unit, module, params
         self.rank, self.world = rank, world
@@ -47,9 +47,9 @@ class FlatUnit:
         for e, p in zip(unit.entries, params, strict=True):
             p.data = self.full[e.offset : e.offset + e.numel].view(e.shape)
         region = self.full[rank * self.size : (rank + 1) * self.size]
-        self.shard = nn.Parameter(region.clone() if separate_shard else region)
+        self.shard = nn.Parameter(region.clone() if stage == 3 else region)
         self.grads: torch.Tensor | None = None
-        self.keep_grads = keep_grads  # stage 1: `grads` stays from pass to pass
+        self.keep_grads = stage == 1  # `grads` stays from pass to pass
         self._written: set[int] = set()  # parameters whose gradient is in `grads`
         self._grad_shard: torch.Tensor | None = None
         self.pending = len(params)  # gradients still to land in this backward pass
@@ -127,8 +127,17 @@ class FlatUnit:
         """Whether the shard's gradient is a region of `grads` (stage 1's, from a pass the
         user did not zero): the next pass would overwrite it."""
         g = self.shard.grad
-        return (g is not None and self.grads is not None
-                and g.untyped_storage().data_ptr() == self.grads.untyped_storage().data_ptr())  # fmt: skip
+        if g is None or self.grads is None:
+            return False
+        return g.untyped_storage().data_ptr() == self.grads.untyped_storage().data_ptr()
+
+    def grad_bytes(self) -> int:
+        """Bytes of gradient held: the buffer, and the shard's unless it is a region of it."""
+        held = 0 if self.grads is None else self.grads.numel() * self.grads.element_size()
+        g = self.shard.grad
+        if g is not None and not self._aliased():
+            held += g.numel() * g.element_size()
+        return held
 
     def reset_pass(self) -> None:
         self.pending = len(self.params)

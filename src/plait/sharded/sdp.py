@@ -29,7 +29,6 @@ and backward run, which is the same on every rank for the same model.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -115,15 +114,7 @@ class ShardedDataParallel(nn.Module):
         assigned = unit_choice.assign(module, unit_choice.choose(module, units))
         self.layout: Layout = unit_choice.layout_of(assigned)
         self.units = [
-            FlatUnit(
-                u,
-                m,
-                [p for _, p in params],
-                comm.rank,
-                comm.size,
-                separate_shard=stage == 3,
-                keep_grads=stage == 1,
-            )  # fmt: skip
+            FlatUnit(u, m, [p for _, p in params], comm.rank, comm.size, stage)
             for u, (_, m, params) in zip(self.layout.units, assigned, strict=True)
         ]
         self._root = next((i for i, u in enumerate(self.units) if u.module is None), None)
@@ -260,17 +251,7 @@ class ShardedDataParallel(nn.Module):
         fulls = [f.full_bytes if f.gathered else 0 for f in self.units]
         shards = sum(f.shard.numel() * f.shard.element_size() for f in self.units)
         params = sum(fulls) + (shards if self.stage == 3 else 0)
-        grads = 0
-        for f in self.units:  # stage 1's shard gradient is a region of its buffer: once
-            if f.grads is not None:
-                grads += f.grads.numel() * f.grads.element_size()
-            g = f.shard.grad
-            if g is not None and not (
-                f.grads is not None
-                and g.data_ptr() >= f.grads.data_ptr()
-                and g.data_ptr() < f.grads.data_ptr() + f.full_bytes
-            ):
-                grads += g.numel() * g.element_size()
+        grads = sum(f.grad_bytes() for f in self.units)
         blocks = sorted((f.full_bytes for u, f in enumerate(self.units) if u != self._root),
                         reverse=True)  # fmt: skip
         root = 0 if self._root is None else self.units[self._root].full_bytes
@@ -285,21 +266,8 @@ class ShardedDataParallel(nn.Module):
         """Scale the shards' gradients so that the whole gradient's norm is at most
         `max_norm` (torch.nn.utils.clip_grad_norm_ over all ranks' shards); returns the
         norm before clipping. A collective: every rank calls it. Padding is zeros."""
-        grads = [f.shard.grad for f in self.units if f.shard.grad is not None]
-        device = self.units[0].full.device if self.units else torch.device("cpu")
-        if norm_type == math.inf:
-            local = max((g.abs().max() for g in grads), default=torch.zeros((), device=device))
-            total = self.comm.allreduce(local.reshape(1).float(), op="max")[0]
-        elif norm_type == 2.0:
-            local = sum((g.double().pow(2).sum() for g in grads), torch.zeros((), device=device,
-                        dtype=torch.float64))  # fmt: skip
-            total = self.comm.allreduce(local.reshape(1), op="sum")[0].sqrt()
-        else:
-            raise ValueError(f"norm_type must be 2.0 or inf; got {norm_type}")
-        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            g.mul_(coef.to(g.dtype))
-        return total.to(grads[0].dtype if grads else torch.float32)
+        return state.clip_grad_norm_([f.shard for f in self.units], self.comm, max_norm,
+                                     norm_type)  # fmt: skip
 
     # ----------------------------------------------------------- gathering (forward)
     def _forward_order(self) -> list[int]:

@@ -1,5 +1,6 @@
 """The whole model's state from its shards, and back: what `ShardedDataParallel.state_dict`
-and `load_state_dict` do (collectives: every rank calls them).
+and `load_state_dict` do; and the whole gradient's norm from the shards' (`clip_grad_norm_`).
+All are collectives: every rank calls them.
 
 A unit at a time: its full parameters are gathered (stage 3) or already whole (stages
 1-2, once a step's gather is done), copied out, and freed again, so stage 3 never holds
@@ -8,10 +9,13 @@ more than one unit beyond its shards.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from plait.comm.communicator import Communicator
 
 if TYPE_CHECKING:
     from plait.sharded.sdp import ShardedDataParallel
@@ -74,3 +78,25 @@ def load_full_state_dict(
         rest = {k: v for k, v in state.items() if k in own and id(own[k]) not in sharded}
         module.load_state_dict(rest, strict=False)
     return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+
+def clip_grad_norm_(
+    shards: Sequence[torch.nn.Parameter], comm: Communicator, max_norm: float, norm_type: float
+) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over every rank's shards: the norm of the whole
+    gradient (the padding is zeros), one allreduce of a scalar; returns it before clipping."""
+    grads = [s.grad for s in shards if s.grad is not None]
+    device = shards[0].device if shards else torch.device("cpu")
+    if norm_type == math.inf:
+        local = max((g.abs().max() for g in grads), default=torch.zeros((), device=device))
+        total = comm.allreduce(local.reshape(1).float(), op="max")[0]
+    elif norm_type == 2.0:
+        zero = torch.zeros((), device=device, dtype=torch.float64)
+        local = sum((g.double().pow(2).sum() for g in grads), zero)
+        total = comm.allreduce(local.reshape(1), op="sum")[0].sqrt()
+    else:
+        raise ValueError(f"norm_type must be 2.0 or inf; got {norm_type}")
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)  # torch's formula
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return total.to(grads[0].dtype if grads else torch.float32)
