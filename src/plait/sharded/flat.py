@@ -21,6 +21,8 @@ parameter does the same), and freeing the storage is what really returns the mem
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -32,7 +34,7 @@ class FlatUnit:
 
     def __init__(
         self, unit: Unit, module: nn.Module | None, params: list[nn.Parameter], rank: int,
-        world: int, stage: int,
+        world: int, stage: int, broadcast: Callable[[torch.Tensor], object],
     ) -> None:  # fmt: skip
         self.unit, self.module, self.params = unit, module, params
         self.rank, self.world = rank, world
@@ -43,11 +45,14 @@ class FlatUnit:
         with torch.no_grad():
             for e, p in zip(unit.entries, params, strict=True):
                 self.full[e.offset : e.offset + e.numel].copy_(p.detach().reshape(-1))
+        broadcast(self.full)  # rank 0's values everywhere, a unit at a time (little memory)
         self._nbytes = self.full.untyped_storage().nbytes()
         for e, p in zip(unit.entries, params, strict=True):
             p.data = self.full[e.offset : e.offset + e.numel].view(e.shape)
         region = self.full[rank * self.size : (rank + 1) * self.size]
         self.shard = nn.Parameter(region.clone() if stage == 3 else region)
+        if stage == 3:
+            self.free()  # before the next unit is made: a model's worth is never held twice
         self.grads: torch.Tensor | None = None
         self.keep_grads = stage == 1  # `grads` stays from pass to pass
         self._written: set[int] = set()  # parameters whose gradient is in `grads`

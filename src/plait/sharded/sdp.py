@@ -46,6 +46,9 @@ from plait.sharded.flat import FlatUnit
 from plait.sharded.layout import Layout
 
 STAGES = (1, 2, 3)
+# Stages 2-3: reductions in flight at most, each holding its unit's whole gradient buffer
+# until done; waiting for the oldest keeps ~IN_FLIGHT units' worth alive instead of 4Ψ.
+IN_FLIGHT = 2
 
 
 class ShardedDataParallel(nn.Module):
@@ -109,19 +112,23 @@ class ShardedDataParallel(nn.Module):
                 f"{', '.join(placed)}: move it first, module.to(device)"
             )
         replicas.check_same(comm, list(module.named_parameters()) + list(module.named_buffers()))
-        replicas.broadcast_tensors(comm, [t for _, t in module.state_dict(keep_vars=True).items()])
-
         assigned = unit_choice.assign(module, unit_choice.choose(module, units))
         self.layout: Layout = unit_choice.layout_of(assigned)
+        sharded = {id(p) for _, _, params in assigned for _, p in params}
+        replicas.broadcast_tensors(  # the rest; each unit's parameters as its flat vector
+            comm, [t for t in module.state_dict(keep_vars=True).values() if id(t) not in sharded]
+        )
+        share = lambda full: comm.broadcast_(full, root=0) if comm.size > 1 else None  # noqa: E731
         self.units = [
-            FlatUnit(u, m, [p for _, p in params], comm.rank, comm.size, stage)
+            FlatUnit(u, m, [p for _, p in params], comm.rank, comm.size, stage, share)
             for u, (_, m, params) in zip(self.layout.units, assigned, strict=True)
         ]
         self._root = next((i for i, u in enumerate(self.units) if u.module is None), None)
         self._order: list[int] | None = None  # units in the order forward runs them
         self._recording: list[int] = []
         self._gathers: dict[int, Request[torch.Tensor]] = {}
-        self._reductions: dict[int, Request[torch.Tensor]] = {}
+        self._reductions: dict[int, Request[torch.Tensor]] = {}  # in flight, launch order
+        self._launched: set[int] = set()  # this pass's units whose reduction started
         self._launch: list[int] = []  # this pass's reduction order
         self._next = 0
         self._sync = True
@@ -138,9 +145,6 @@ class ShardedDataParallel(nn.Module):
             if flat.module is not None:
                 self._hooks.append(flat.module.register_forward_pre_hook(self._pre_forward(u)))
                 self._hooks.append(flat.module.register_forward_hook(self._post_forward(u)))
-        if stage == 3:
-            for flat in self.units:
-                flat.free()
 
     # ---------------------------------------------------------------- public
     def named_parameters(
@@ -377,7 +381,7 @@ class ShardedDataParallel(nn.Module):
         def hook(param: torch.Tensor) -> None:
             self._begin_backward()
             flat = self.units[u]
-            if param.grad is None or (i in flat.landed and u in self._reductions):
+            if param.grad is None or (i in flat.landed and u in self._launched):
                 return  # a second gradient after the unit's reduction started: reduced once
             flat.add_grad(i, param.grad)
             param.grad = None
@@ -399,9 +403,18 @@ class ShardedDataParallel(nn.Module):
             self._reductions[u] = self.comm.reduce_scatter_async_(
                 flat.take_grads(), op="avg", check=not self._checked_reductions
             )
+            self._launched.add(u)
             if self.stage > 1:
                 flat.grads = None  # the request holds it until reduced
             self._next += 1
+            if self.stage > 1:  # bound the buffers alive: wait for the oldest reductions
+                while len(self._reductions) > IN_FLIGHT:
+                    self._take_oldest()
+
+    def _take_oldest(self) -> None:
+        u, request = next(iter(self._reductions.items()))
+        del self._reductions[u]
+        self.units[u].set_shard_grad(request.wait())
 
     def _finish(self) -> None:
         try:
@@ -417,8 +430,8 @@ class ShardedDataParallel(nn.Module):
                 for flat in self.units:
                     flat.pending = 0
                 self._launch_ready()
-                for u, request in sorted(self._reductions.items()):
-                    self.units[u].set_shard_grad(request.wait())
+                while self._reductions:
+                    self._take_oldest()
                 self._checked_reductions = True
                 self._stale = self.stage < 3
             self._free_all()
@@ -433,5 +446,6 @@ class ShardedDataParallel(nn.Module):
             for flat in self.units:
                 flat.reset_pass()
             self._reductions.clear()
+            self._launched.clear()
             self._backward_seen.clear()
             self._in_backward = False
