@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plait.bench.units import ALGORITHMS, parse_sizes
+from plait.bench.units import ALGORITHMS, parse_size, parse_sizes
 from plait.errors import ConfigError
 from plait.options import option
 from plait.pipeline.schedule import SCHEDULES
@@ -28,6 +28,10 @@ PS_CONFIGS: dict[str, list[str]] = {
     "ps async": ["--strategy", "ps", "--ps-mode", "async"],
 }
 PS_BASELINE = "ps sync"
+# bench memory: what trains side by side: plait's DataParallel and ZeRO stages, then torch's
+MEMORY_IMPLS = ("dp", "stage1", "stage2", "stage3", "ddp", "ddp-zero", "fsdp2")
+#: A `plait bench memory` rank that ran out of memory under --limit exits with this status
+MEMORY_EXIT_OOM = 3
 
 
 def _json() -> str | None:
@@ -74,6 +78,22 @@ def _sizes(text: str) -> list[int]:
         return parse_sizes(text)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _batch_divides(global_batch: int, world_sizes: list[int]) -> None:
+    for n in world_sizes:
+        if global_batch % n:
+            raise ConfigError(
+                f"--global-batch {global_batch} % {n} ranks = {global_batch % n} != 0: "
+                "every rank needs the same batch"
+            )
+
+
+def _limit(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise ConfigError(f"--limit: {e}") from None
 
 
 def _at_least_1(**values: int) -> None:
@@ -212,15 +232,9 @@ class TrainBenchConfig:
     markdown: bool = _markdown()
 
     def __post_init__(self) -> None:
-        sizes = _ints("nproc", self.nproc)
         _subset("workloads", self.workloads, MODELS)
         _device_known(self.device)
-        for n in sizes:
-            if self.global_batch % n:
-                raise ConfigError(
-                    f"--global-batch {self.global_batch} % {n} ranks = "
-                    f"{self.global_batch % n} != 0: every rank needs the same batch"
-                )
+        _batch_divides(self.global_batch, _ints("nproc", self.nproc))
         _at_least_1(steps=self.steps, repeats=self.repeats)
 
     @property
@@ -333,6 +347,78 @@ class PipelineBenchConfig:
         return self.schedules.split(",")
 
 
+@dataclass(kw_only=True)
+class MemoryBenchConfig:
+    """model-state memory: plait DataParallel and ZeRO stages 1-3 vs torch DDP, ZeRO, FSDP2.
+
+    Train the same gpt (--layers x --width, fp32, AdamW) at the same global batch with
+    plait.DataParallel, plait.ShardedDataParallel stages 1, 2 and 3, torch DDP, torch
+    ZeroRedundancyOptimizer + DDP and torch FSDP2 (fully_shard per block, then the root),
+    one job per way and world size (gloo), and report per rank the bytes of parameters,
+    gradients and optimizer state counted from the tensors the rank holds, next to their
+    formula (Ψ parameters), the peak process memory (ru_maxrss: torch's own included), and
+    the median step time; then the bars, met or not. With --limit BYTES, instead: every
+    rank lowers its own RLIMIT_DATA to BYTES and checkpoints the blocks' activations; find
+    the most layers DataParallel trains at the largest --workers, then train a gpt of at
+    least 3x its parameters with stage 3 (and with DataParallel, which runs out of memory).
+    """
+
+    workers: str = field(default="2,4", metadata=option("world sizes to run"))
+    impls: str = field(
+        default=",".join(MEMORY_IMPLS),
+        metadata=option(f"comma-separated subset of {','.join(MEMORY_IMPLS)}", default_text="all"),
+    )
+    layers: int = field(default=8, metadata=option("gpt blocks"))
+    width: int = field(default=512, metadata=option("gpt width (n_embd)"))
+    heads: int = field(default=8, metadata=option("attention heads"))
+    seq: int = field(default=64, metadata=option("tokens per sequence"))
+    global_batch: int = field(default=8, metadata=option("sequences per step, over all ranks"))
+    warmup: int = field(default=2, metadata=option("untimed steps first"))
+    repeats: int = field(default=5, metadata=option("timed steps (the step time is their median)"))
+    prefetch: int = field(default=1, metadata=option("stage 3: units all-gathered ahead"))
+    limit: str | None = field(
+        default=None,
+        metadata=option(
+            "instead of the table: the memory-limit demonstration under this RLIMIT_DATA "
+            "per rank, e.g. 1500M",
+            metavar="BYTES",
+        ),
+    )
+    limit_steps: int = field(default=20, metadata=option("--limit: steps stage 3 trains"))
+    json: str | None = _json()
+    markdown: bool = _markdown()
+
+    def __post_init__(self) -> None:
+        _subset("impls", self.impls, MEMORY_IMPLS)
+        _batch_divides(self.global_batch, _ints("workers", self.workers))
+        _at_least_1(
+            layers=self.layers, width=self.width, heads=self.heads, seq=self.seq,
+            repeats=self.repeats, prefetch=self.prefetch, limit_steps=self.limit_steps,
+        )  # fmt: skip
+        if self.width % self.heads:
+            raise ConfigError(
+                f"--width {self.width} % --heads {self.heads} = {self.width % self.heads} "
+                "!= 0: every head gets width / heads channels"
+            )
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup must be >= 0; got {self.warmup}")
+        if self.limit is not None:
+            _limit(self.limit)
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return _ints("workers", self.workers)
+
+    @property
+    def impl_list(self) -> list[str]:
+        return self.impls.split(",")
+
+    @property
+    def limit_bytes(self) -> int | None:
+        """--limit in bytes (K, M, G suffixes: powers of 1024); None without --limit."""
+        return None if self.limit is None else _limit(self.limit)
+
+
 #: `plait bench NAME` -> its config; NAME's parent side is the module plait.bench.jobs.NAME
 BENCHMARKS: dict[str, type] = {
     "collectives": CollectivesConfig,
@@ -340,4 +426,5 @@ BENCHMARKS: dict[str, type] = {
     "ps": PsBenchConfig,
     "pipeline": PipelineBenchConfig,
     "p2p": P2PConfig,
+    "memory": MemoryBenchConfig,
 }
