@@ -165,7 +165,8 @@ def battery(comm: Communicator) -> dict[str, Any]:
     train_sharded(comm, sdp, "sgd", steps=2, micro=1, clip=None)
     out["diff-checkpointed"] = max_diff(ref, sdp.state_dict())
     # the structure: stage 2 reduce-scatters, never allreduces; stage 3 gathers each block
-    # twice per step (forward, backward) and the root once, holding <= prefetch + 1 blocks
+    # twice per step (forward, backward) but the last, and the root once, holding <=
+    # prefetch + 1 blocks
     for stage, prefetch, reshard in ((1, 1, True), (2, 1, True), (3, 1, True), (3, 0, True),
                                      (3, 2, True), (3, 1, False)):  # fmt: skip
         sdp = ShardedDataParallel(make(), stage=stage, comm=comm, prefetch=prefetch,
@@ -229,7 +230,8 @@ def test_sharded_matches_single_process(size: int) -> None:
         assert r["grads-held-2"] == [False] * units  # stage 2 only the shards
         for prefetch in (0, 1, 2):
             calls = r[f"calls-3-{prefetch}-True"]
-            assert calls.get("allgather") == 2 * (2 * BLOCKS + 1), (prefetch, calls)
+            # the root once, each block twice but the last (kept from forward to backward)
+            assert calls.get("allgather") == 2 * (1 + 2 * BLOCKS - 1), (prefetch, calls)
             assert calls.get("reduce_scatter") == 2 * units
             assert r[f"peak-3-{prefetch}-True"] == min(prefetch + 1, BLOCKS)
         assert r["calls-3-1-False"].get("allgather") == 2 * units  # kept from forward

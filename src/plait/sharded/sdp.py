@@ -346,7 +346,11 @@ class ShardedDataParallel(nn.Module):
                            if isinstance(t, torch.Tensor) and t.requires_grad]  # fmt: skip
                 for t in tensors:
                     t.register_hook(self._pre_backward(u))
-            if self.reshard_after_forward or not torch.is_grad_enabled():
+            if not torch.is_grad_enabled():
+                self._free(u)
+            elif self.reshard_after_forward and not (self._order and u == self._order[-1]):
+                # (the last unit's backward comes next: freeing it would gather it again at
+                # once, as DeepSpeed's reuse distance keeps parameters needed soon)
                 self._free(u)
 
         return hook
