@@ -119,8 +119,9 @@ class _nothing:
 def count_calls(comm: Communicator) -> collections.Counter[str]:
     """Wrap comm's collectives to count them (per name) from now on."""
     counts: collections.Counter[str] = collections.Counter()
-    for name in ("allreduce", "allreduce_async_", "allgather_async", "allgather",
-                 "reduce_scatter_async", "reduce_scatter_async_", "reduce_scatter", "broadcast_"):  # fmt: skip
+    names = ("allreduce", "allreduce_async_", "allgather_async", "allgather", "reduce_scatter",
+             "reduce_scatter_async", "reduce_scatter_async_", "broadcast_")  # fmt: skip
+    for name in names:
         real = getattr(comm, name)
 
         def counted(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
