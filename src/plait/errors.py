@@ -49,3 +49,7 @@ class CommTimeoutError(PlaitError, TimeoutError):
 
 class ConfigError(PlaitError, ValueError):
     """An option has a bad value; the message shows the failing check and what was given."""
+
+
+class CheckpointError(PlaitError):
+    """A checkpoint cannot be written, read, or does not match this run."""

@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from plait.errors import EXIT_BAD_INPUT
-from plait.train.errors import CheckpointError
+from plait.errors import EXIT_BAD_INPUT, CheckpointError
 from plait.train.outdir import check_file_writable
 
 

@@ -7,6 +7,12 @@ first bucket is small (1 MiB): it starts communication as early as possible.
 
 A bucket's buffer lives on its parameters' device, so a model on a GPU reduces GPU buffers
 (the Communicator's CUDA collectives, on its own stream: see dp.py).
+
+A bucket may reduce in a lower precision than its gradients (`reduce_dtype`, halving the
+bytes sent): each gradient is divided by the world size while it is cast into the buffer,
+and the buffer is summed. Dividing first keeps fp16 (largest value 65504) from overflowing
+where a sum of N gradients would; bf16 has fp32's range but rounds each term alike, so the
+result is the average up to the low precision's rounding of the terms and partial sums.
 """
 
 from __future__ import annotations
@@ -61,14 +67,25 @@ class Bucket:
     as it was; so do we).
     """
 
-    def __init__(self, index: int, params: list[torch.nn.Parameter], flags: bool) -> None:
+    def __init__(
+        self,
+        index: int,
+        params: list[torch.nn.Parameter],
+        flags: bool,
+        reduce_dtype: torch.dtype | None = None,
+        world: int = 1,
+    ) -> None:
         self.index = index
         self.params = params
         self.numels = [p.numel() for p in params]
         self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
         total = sum(self.numels)
         extra = len(params) if flags else 0
-        self.buffer = torch.zeros(total + extra, dtype=params[0].dtype, device=params[0].device)
+        dtype = params[0].dtype if reduce_dtype is None else reduce_dtype
+        self.buffer = torch.zeros(total + extra, dtype=dtype, device=params[0].device)
+        # in the gradients' dtype the Communicator averages; cast, pack divides and it sums
+        self.divisor = world if dtype != params[0].dtype else 1
+        self.op = "sum" if self.divisor > 1 else "avg"
         self.flags = self.buffer[total:] if flags else None
         self.pending = len(params)
 
@@ -83,8 +100,10 @@ class Bucket:
             region = self.slice(i)
             if p.grad is None:
                 region.zero_()
-            else:
+            elif self.divisor == 1:
                 region.copy_(p.grad)
+            else:  # divided in the gradient's precision, then rounded once into the buffer's
+                torch.div(p.grad, self.divisor, out=region)
         if self.flags is not None:  # one copy (host to device on a GPU), not one per parameter
             self.flags.copy_(torch.tensor([p.grad is not None for p in self.params]))
 
@@ -95,6 +114,6 @@ class Bucket:
             if not used[i]:
                 continue
             if p.grad is None:
-                p.grad = self.slice(i).clone()
+                p.grad = self.slice(i).to(p.dtype, copy=True)
             else:
                 p.grad.copy_(self.slice(i))

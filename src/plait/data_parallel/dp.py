@@ -75,6 +75,8 @@ class DataParallel(nn.Module):
         broadcast_buffers: copy rank 0's buffers to every rank before each forward.
         find_unused_parameters: treat parameters that got no gradient on this rank as
             zeros (False: raise UnusedParametersError naming them).
+        reduce_dtype: average the gradients in this dtype (e.g. torch.bfloat16: half the
+            bytes on the wire); None: in the gradients' own. See buckets.Bucket.
 
     Raises:
         ReplicaMismatchError: on every rank, if the ranks' parameters differ.
@@ -89,6 +91,7 @@ class DataParallel(nn.Module):
         overlap: bool = True,
         broadcast_buffers: bool = True,
         find_unused_parameters: bool = False,
+        reduce_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
@@ -125,7 +128,9 @@ class DataParallel(nn.Module):
             min(cap, bucketing.FIRST_BUCKET_BYTES),
         )
         self._buckets = [
-            bucketing.Bucket(b, [named[i][1] for i in members], find_unused_parameters)
+            bucketing.Bucket(
+                b, [named[i][1] for i in members], find_unused_parameters, reduce_dtype, comm.size
+            )
             for b, members in enumerate(plan)
         ]
         self._where: dict[int, tuple[bucketing.Bucket, int]] = {}
@@ -192,7 +197,7 @@ class DataParallel(nn.Module):
         bucket.pack()
         self.trace.ready[bucket.index] = time.perf_counter()
         self._handles[bucket.index] = self.comm.allreduce_async_(
-            bucket.buffer, op="avg", check=not self._checked_buckets
+            bucket.buffer, op=bucket.op, check=not self._checked_buckets
         )
         self._next += 1
 

@@ -42,10 +42,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from plait.errors import CheckpointError
 from plait.sharded import storage
 from plait.sharded.layout import Layout
 from plait.sharded.storage import FORMAT, MANIFEST, Manifest, read_manifest
-from plait.train.errors import CheckpointError
 
 __all__ = [
     "MANIFEST", "Loaded", "Manifest", "commit", "consolidate", "load", "read_manifest",

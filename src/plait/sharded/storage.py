@@ -20,8 +20,8 @@ from typing import IO, Any, NoReturn
 
 import torch
 
+from plait.errors import CheckpointError
 from plait.sharded.layout import Layout
-from plait.train.errors import CheckpointError
 from plait.train.outdir import FILENAME as PLAIN  # the unsharded checkpoint: checkpoint.pt
 
 FORMAT = 1

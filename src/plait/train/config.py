@@ -16,6 +16,7 @@ from typing import Any
 from plait.options import build, flag, flatten, group, load, option
 from plait.ps.config import PSConfig
 from plait.train import strategies
+from plait.train.compute import ComputeConfig
 from plait.train.errors import ConfigError
 from plait.train.parts import (
     CheckpointConfig,
@@ -38,6 +39,7 @@ DEFAULT_SERVERS = 2
 __all__ = [
     "RECIPES",
     "CheckpointConfig",
+    "ComputeConfig",
     "DeviceConfig",
     "LogConfig",
     "MeshConfig",
@@ -55,6 +57,16 @@ class TrainConfig:
     strategy: str = field(
         default="allreduce",
         metadata=option(strategies.describe(), choices=tuple(STRATEGIES)),
+    )
+    zero: int = field(
+        default=0,
+        metadata=option(
+            "shard the model states over the ranks (ZeRO, plait.ShardedDataParallel): stage "
+            "1 the optimizer state, 2 also the gradients, 3 also the parameters; 0: every "
+            "rank holds all (DataParallel)",
+            choices=(0, 1, 2, 3),
+            metavar="STAGE",
+        ),
     )
     servers: int | None = field(
         default=None,
@@ -77,6 +89,9 @@ class TrainConfig:
         default=None, metadata=group("parameter server (--strategy ps)", only=PS_OPTIONS)
     )
     device: DeviceConfig = field(default_factory=DeviceConfig, metadata=group("devices"))
+    compute: ComputeConfig = field(
+        default_factory=ComputeConfig, metadata=group("precision, memory and compilation")
+    )
     checkpoint: CheckpointConfig = field(
         default_factory=CheckpointConfig, metadata=group("checkpoints")
     )
@@ -91,6 +106,9 @@ class TrainConfig:
         self.device = self.device.filled()
         self._check_batch()
         self._check_mesh()
+        self._check_zero()
+        self.compute.check(self.strategy, STRATEGIES[self.strategy], tp=self.mesh.tp,
+                           zero=self.zero)  # fmt: skip
         self._check_checkpoints()
         steps = self.steps
         self.checkpoint = self.checkpoint.filled(steps)
@@ -228,6 +246,21 @@ class TrainConfig:
             raise ConfigError(
                 f"--tp {self.mesh.tp} splits a transformer's attention heads and MLP; model "
                 f"{model} has none: use --model gpt"
+            )
+
+    def _check_zero(self) -> None:
+        """--zero shards over the ranks of --strategy allreduce, without a mesh (yet)."""
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"zero {self.zero!r} is not one of 0, 1, 2, 3")
+        if not self.zero:
+            return
+        if STRATEGIES[self.strategy].sharded_step is None:
+            raise ConfigError(f"--zero {self.zero} shards data parallelism: it runs with "
+                              f"--strategy allreduce, not {self.strategy}")  # fmt: skip
+        if self.mesh.on_mesh:
+            raise ConfigError(
+                f"--zero {self.zero} with --pp/--tp is not built yet: shard a plain "
+                "data-parallel run (--dp only), or drop --zero"
             )
 
     def _check_checkpoints(self) -> None:

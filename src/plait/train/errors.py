@@ -6,17 +6,13 @@ and `plait bench` raise, so one `except` catches every command's.
 
 from __future__ import annotations
 
-from plait.errors import ConfigError, PlaitError
+from plait.errors import CheckpointError, ConfigError, PlaitError
 
 __all__ = ["CheckpointError", "ConfigError", "MissingExtraError", "NonFiniteLossError"]
 
 
 class MissingExtraError(PlaitError, ImportError):
     """An optional dependency is not installed; the message gives the pip command."""
-
-
-class CheckpointError(PlaitError):
-    """A checkpoint cannot be written, read, or does not match this run."""
 
 
 class NonFiniteLossError(PlaitError, FloatingPointError):

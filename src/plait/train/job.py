@@ -31,8 +31,8 @@ from typing import Any, TextIO, cast
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
+from plait.train import compile, device, outdir
 from plait.train import data as datasets
-from plait.train import device, outdir
 from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
 
@@ -99,6 +99,8 @@ def _check(config: TrainConfig) -> TrainConfig:
     workload, files."""
     assert config.device.name is not None, "filled in on creation"
     device.check(config.device.name, *device.local_place(config.workers, under_launcher()))
+    if config.compute.compile:  # a missing compiler: one line now, not a traceback per worker
+        compile.check(config.device.name)
     if config.workload.data is not None:
         datasets.require(config.workload.data)
     if config.workload.path is not None:
@@ -106,7 +108,7 @@ def _check(config: TrainConfig) -> TrainConfig:
     out = config.checkpoint.out
     if out is not None:
         if config.checkpoint.resume:
-            outdir.check_resumable(out)
+            outdir.check_resumable(out, sharded=config.zero > 0)
         outdir.check_writable(out)
     if config.log.json is not None:
         outdir.check_file_writable(config.log.json)

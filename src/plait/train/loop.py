@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from plait import env
-from plait.train import checkpoint, strategies, workloads
+from plait.train import checkpoint, compile, compute, strategies, workloads
 from plait.train.config import TrainConfig, WorkloadConfig
 from plait.train.errors import ConfigError, NonFiniteLossError
 from plait.train.report import Emit
@@ -94,7 +94,7 @@ def train(
             "config was made for a Workload object (WorkloadConfig(given=True)), but train() "
             "got none: pass it, train(config, workload=...)"
         )
-    kind = strategies.step_type(config.strategy, config.mesh.on_mesh)
+    kind = strategies.step_type(config.strategy, config.mesh.on_mesh, config.zero)
     group = kind.join(config) if group is None else group
     work = workloads.resolve(config, workload)
     work.check_data(config.batch_size)
@@ -128,6 +128,7 @@ class _Run:
         self.losses: list[float] = []
         self.evals: list[list[float]] = []
         self.saved_step: int | None = None
+        self.compile_s: float | None = None  # --compile: the warm-up's seconds
         nan_step, _, who = (env.get("PLAIT_TRAIN_NAN_AT") or "").partition(":")
         self.nan_at = int(nan_step) if nan_step and who in ("", str(step.rank)) else None
         self.straggler = Straggler.from_env()
@@ -147,6 +148,10 @@ class _Run:
         self.resume()
         self.announce()
         s.start()
+        if c.compute.compile:  # torch.compile compiles at the first call: off the clock
+            self.compile_s = compile.warm_up(
+                lambda: s.forward_backward(*self.batch_of(1, 0), self.work.loss)
+            )
         self.started = time.perf_counter()
         self.window = (self.started, self.paused_s, self.first)
         last = self.first  # the highest global step this rank has trained
@@ -173,15 +178,19 @@ class _Run:
 
     def forward_backward(self, step: int, part: int) -> None:
         """Gradients of part `part` of global step `step` (1-based); keep its loss."""
-        indices = self.sampler.shard(step - 1, part, self.step.replicas)
-        x, y = self.work.data.train_batch(indices)
-        x, y = x.to(self.step.device), y.to(self.step.device)  # the same tensors on the CPU
+        x, y = self.batch_of(step, part)
         loss_fn = _poisoned(self.work.loss) if step == self.nan_at else self.work.loss
         loss = self.step.forward_backward(x, y, loss_fn)
         clip = self.config.recipe.grad_clip
         if clip > 0:
             self.step.clip(clip)
         self.pending.append(loss)
+
+    def batch_of(self, step: int, part: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of part `part` of global step `step`, on the Step's device."""
+        indices = self.sampler.shard(step - 1, part, self.step.replicas)
+        x, y = self.work.data.train_batch(indices)
+        return x.to(self.step.device), y.to(self.step.device)  # the same tensors on the CPU
 
     def between(self, step: int, crossed: range, stop_after: int | None) -> None:
         """Flush, evaluate and checkpoint as due at the steps `crossed` (none the last)."""
@@ -223,9 +232,13 @@ class _Run:
         c = self.config.checkpoint
         if c.resume:
             assert c.out is not None
-            state = checkpoint.load(c.out)
+            if self.step.sharded_checkpoints:
+                state = self.step.load_checkpoint(c.out)
+            else:
+                state = checkpoint.load(c.out)
             checkpoint.check_matches(state, self.options, c.out)
-            self.step.load_state_dict(state)
+            if not self.step.sharded_checkpoints:
+                self.step.load_state_dict(state)
             checkpoint.set_rng_state(state["rng"])
             self.first, self.losses, self.evals = state["step"], state["losses"], state["evals"]
             self.saved_step = self.first
@@ -240,7 +253,8 @@ class _Run:
             "num_train": d.num_train, "num_val": d.num_val, "unit": self.unit,
             "workers": self.step.world_size, "global_batch": self.batch, "steps": self.steps,
             "peak_lr": c.peak_lr, "first_step": self.first, "resumed_from": resumed,
-            "device": self.step.device.type, **self.step.describe(),
+            "device": self.step.device.type, "compute": compute.describe(c.compute),
+            **self.step.describe(),
         })  # fmt: skip
 
     def flush(self, step: int, log: bool) -> None:
@@ -277,18 +291,23 @@ class _Run:
                           "eval_unit": self.work.metric.unit})  # fmt: skip
 
     def save(self, step: int) -> None:
-        """Rank 0 writes the checkpoint of step `step` (every rank holds the same state)."""
+        """Write the checkpoint of step `step`: rank 0 (every rank holds the same state), or
+        every rank its shards (--zero)."""
         self.paused(lambda: self._save(step))
 
     def _save(self, step: int) -> None:
-        if self.out is not None and self.step.rank == 0:
-            epoch, offset = self.sampler.position(step)
-            checkpoint.save(self.out, {
-                "step": step, **self.step.state_dict(), "rng": checkpoint.rng_state(),
-                "losses": self.losses, "evals": self.evals, "options": self.options,
-                "data_position": {"epoch": epoch, "offset": offset,
-                                  "samples_seen": step * self.batch},
-            })  # fmt: skip
+        if self.out is None:
+            return
+        epoch, offset = self.sampler.position(step)
+        common = {
+            "step": step, "rng": checkpoint.rng_state(), "losses": self.losses,
+            "evals": self.evals, "options": self.options,
+            "data_position": {"epoch": epoch, "offset": offset, "samples_seen": step * self.batch},
+        }  # fmt: skip
+        if self.step.sharded_checkpoints:  # every rank writes its shards
+            self.step.save_checkpoint(self.out, common)
+        elif self.step.rank == 0:
+            checkpoint.save(self.out, {**common, **self.step.state_dict()})
         self.saved_step = step
 
     def paused(self, work: Callable[[], None]) -> None:
@@ -311,5 +330,5 @@ class _Run:
             samples_per_s=trained * self.batch / max(train_s, 1e-9) if trained else 0.0,
             wall_s=time.time() - self.t0, model=self.work.name, data=self.work.data.name,
             eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
-            device=self.step.device.type, extra=self.step.figures(),
+            device=self.step.device.type, compile_s=self.compile_s, extra=self.step.figures(),
         )  # fmt: skip

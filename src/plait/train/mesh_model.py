@@ -22,7 +22,7 @@ rounding (tests/test_train_mesh.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,6 +33,9 @@ from plait.pipeline import Pipeline, ideal_bubble
 from plait.tensor_parallel import clip_grad_norm_, parallelize
 from plait.train.errors import ConfigError
 from plait.train.workload import LossFn, stages
+
+if TYPE_CHECKING:
+    from plait.train.steps.compute import Compute
 
 
 class MeshModel:
@@ -46,7 +49,10 @@ class MeshModel:
         chunks: int,
         schedule: str,
         device: torch.device | str = "cpu",
+        compute: Compute | None = None,
     ) -> None:
+        """`compute`: the Step's --compile (of this stage), --precision (autocast
+        around the stage) and --reduce-dtype (the dp average's buckets); None: none."""
         self.mesh = mesh
         try:
             if mesh.tp.size > 1:
@@ -55,14 +61,18 @@ class MeshModel:
         except ValueError as e:  # ConfigError (stages) is one too
             raise ConfigError(str(e)) from None
         self.module = self.pipe.stage.to(device)  # this rank's parameters
+        if compute is not None:  # compiled: one graph per stage (activations leave between)
+            self.pipe.stage = compute.wrap(self.module)
         self.dp: DataParallel | None = None
         if mesh.dp.size > 1:
-            self.dp = DataParallel(self.module, comm=mesh.dp)
+            reduce_dtype = compute.reduce_dtype if compute is not None else None
+            self.dp = DataParallel(self.pipe.stage, comm=mesh.dp, reduce_dtype=reduce_dtype)
             self.pipe.stage = self.dp
         self.first, self.last = self.pipe.first, self.pipe.last
         self.steps = 0
         self.bubble_sum = 0.0  # over steps after the first (which pays one-off set-up)
         self.peak_inflight = 0
+        self.peak_saved = 0  # the most bytes autograd held for this stage, any step
 
     def step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor | None:
         """Forward and backward of this dp replica's batch (x, y); the mean loss on the last
@@ -75,6 +85,7 @@ class MeshModel:
         if self.steps > 1:
             self.bubble_sum += stats.bubble
         self.peak_inflight = max(self.peak_inflight, stats.peak_inflight)
+        self.peak_saved = max(self.peak_saved, stats.peak_saved_bytes)
         return loss
 
     def clip(self, max_norm: float) -> None:
@@ -96,17 +107,19 @@ class MeshModel:
         bubble_fraction: each stage's mean idle share of a step (steps after the first),
         averaged over stages; bubble_by_stage lists them. peak_activations: per stage, the
         most micro-batches whose forward had run and backward not yet (1F1B: at most pp;
-        GPipe: chunks).
+        GPipe: chunks). peak_saved_bytes: per stage, the most bytes autograd held for it.
         """
         pp, s = self.mesh.pp.size, self.mesh.coords["pp"]
         # each stage's figure from the rank at dp 0, tp 0 of it (its replicas measure alike)
         lead = self.mesh.coords["dp"] == 0 and self.mesh.coords["tp"] == 0
         bubble = torch.zeros(pp, dtype=torch.float64)
         peak = torch.zeros(pp, dtype=torch.float64)
+        saved = torch.zeros(pp, dtype=torch.float64)
         if lead:
             bubble[s] = self.bubble_sum / max(self.steps - 1, 1)
             peak[s] = self.peak_inflight
-        both = self.mesh.comm.allreduce(torch.cat([bubble, peak]), op="sum").tolist()
+            saved[s] = self.peak_saved
+        both = self.mesh.comm.allreduce(torch.cat([bubble, peak, saved]), op="sum").tolist()
         chunks, shape = self.pipe.chunks, self.mesh.shape
         return {
             "dp": shape["dp"], "pp": shape["pp"], "tp": shape["tp"], "chunks": chunks,
@@ -114,5 +127,6 @@ class MeshModel:
             "bubble_fraction": sum(both[:pp]) / pp,
             "bubble_theory": ideal_bubble(self.pipe.schedule, pp, chunks),
             "bubble_by_stage": both[:pp],
-            "peak_activations": [int(v) for v in both[pp:]],
+            "peak_activations": [int(v) for v in both[pp : 2 * pp]],
+            "peak_saved_bytes": [int(v) for v in both[2 * pp :]],
         }  # fmt: skip

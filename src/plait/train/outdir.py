@@ -12,6 +12,7 @@ from pathlib import Path
 from plait.train.errors import CheckpointError
 
 FILENAME = "checkpoint.pt"
+MANIFEST = "checkpoint.json"  # a sharded checkpoint's (--zero: plait.sharded.checkpoint)
 
 
 def checkpoint_path(out: str | os.PathLike[str]) -> Path:
@@ -34,11 +35,19 @@ def check_writable(out: str | os.PathLike[str]) -> None:
         raise CheckpointError(f"cannot write checkpoints to {str(out)!r}: {reason}") from None
 
 
-def check_resumable(out: str | os.PathLike[str]) -> None:
-    """Raise CheckpointError unless `out` holds a checkpoint file."""
-    where = checkpoint_path(out)
-    if not where.is_file():
-        raise CheckpointError(f"no checkpoint to resume from: {where} does not exist")
+def check_resumable(out: str | os.PathLike[str], sharded: bool = False) -> None:
+    """Raise CheckpointError unless `out` holds a checkpoint (`sharded`: its manifest)."""
+    where = Path(out) / MANIFEST if sharded else checkpoint_path(out)
+    if where.is_file():
+        return
+    other = checkpoint_path(out) if sharded else Path(out) / MANIFEST
+    hint = ""
+    if other.is_file():
+        hint = (f"; {other.name} there is a plain checkpoint (a run without --zero): resume "
+                "it without --zero" if sharded else
+                f"; {other.name} there is a sharded checkpoint (a run with --zero): resume it "
+                "with --zero 1, 2 or 3")  # fmt: skip
+    raise CheckpointError(f"no checkpoint to resume from: {where} does not exist{hint}")
 
 
 def check_file_writable(target: str | os.PathLike[str], what: str = "--json") -> None:

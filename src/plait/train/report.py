@@ -35,6 +35,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from plait.train import compute
+
 Record = dict[str, Any]
 Emit = Callable[[str, Record], None]
 MARK = "@@plait-train@@ "  # an event line, as rank 0 prints it
@@ -58,6 +60,8 @@ def header(rec: Record) -> list[str]:
     ]
     if rec.get("mesh"):
         lines.append(f"mesh: {rec['mesh']} over {rec['workers']} workers")
+    if rec.get("compute"):
+        lines.append(f"compute: {rec['compute']}")
     if rec.get("resumed_from"):
         lines.append(f"resumed from {rec['resumed_from']} at step {rec['first_step']}")
     return lines
@@ -76,6 +80,23 @@ def eval_line(rec: Record) -> str:
     if rec.get("baseline") is not None:
         text += f" (unigram baseline {rec['baseline']:.4f})"
     return text
+
+
+def memory_rows(rec: Record) -> list[tuple[str, str]]:
+    """--zero: the largest rank's model states next to ZeRO's formula (train/memory.py)."""
+    m = rec.get("memory")
+    if not m:
+        return []
+    mib = 1024 * 1024
+    top = max(m["ranks"], key=lambda r: r["model_states"])
+    f = m["formula"]
+    return [
+        (f"zero stage {rec['zero']}",
+         f"model states {top['model_states'] / mib:.1f} MiB per rank (formula "
+         f"{f['model_states'] / mib:.1f}, {top['vs_formula']:.2f}x): parameters "
+         f"{top['parameters'] / mib:.1f}, gradients {top['gradients'] / mib:.1f}, optimizer "
+         f"{top['optimizer'] / mib:.1f}"),
+    ]  # fmt: skip
 
 
 def summary(rec: Record) -> list[str]:
@@ -100,6 +121,8 @@ def summary(rec: Record) -> list[str]:
                      f"{rec['chunks']} chunks, {rec['schedule']}: bubble "
                      f"{rec['bubble_fraction']:.3f} (theory {rec['bubble_theory']:.3f}), "
                      f"peak activations per stage {rec['peak_activations']}"))  # fmt: skip
+    rows += compute.rows(rec)
+    rows += memory_rows(rec)
     rows += [
         ("samples/s", f"{rec['samples_per_s']:,.0f} (global, training steps only)"),
         ("wall time", f"{rec['wall_s']:.1f} s"),

@@ -31,6 +31,7 @@ class TrainResult:
     evals: list[list[float]] = field(default_factory=list)  # [step, value]
     stopped_at: int | None = None  # set when stop_after ended the run early
     device: str = "cpu"  # the workers' kind of device: cpu or cuda
+    compile_s: float | None = None  # --compile: the first forward and backward, off the clock
     extra: dict[str, Any] = field(default_factory=dict)  # the strategy's (Step.figures)
 
     def figures(self) -> dict[str, Any]:

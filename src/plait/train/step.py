@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 class Step(Protocol):
     """One rank's way to train a step under one strategy."""
 
+    # whether every rank writes its part of a checkpoint (save_checkpoint/load_checkpoint)
+    # instead of rank 0 writing `state_dict()` alone
+    sharded_checkpoints: bool = False
+
     rank: int  # this rank among the ranks that train; rank 0 speaks for the run
     world_size: int  # the ranks that train
     replicas: int  # the parts each global batch is split into
@@ -71,6 +75,14 @@ class Step(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise ConfigError(f"{type(self).__name__} cannot resume from checkpoints yet")
+
+    def save_checkpoint(self, out: str, common: dict[str, Any]) -> None:
+        """Sharded checkpoints: every rank writes its part; rank 0 `common` besides."""
+        raise ConfigError(f"{type(self).__name__} does not write sharded checkpoints")
+
+    def load_checkpoint(self, out: str) -> dict[str, Any]:
+        """Sharded checkpoints: load this rank's part; return rank 0's `common`."""
+        raise ConfigError(f"{type(self).__name__} does not read sharded checkpoints")
 
     def describe(self) -> dict[str, Any]:
         """The run header's fields: "strategy", "optimizer", "replicas", "mesh"."""

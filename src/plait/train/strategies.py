@@ -19,6 +19,8 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from plait.train.compute import PRECISIONS
+
 if TYPE_CHECKING:
     from plait.train.step import StepType
 
@@ -31,6 +33,10 @@ class Strategy:
     step: str  # "module:Class" of its Step
     mesh_step: str | None = None  # its Step when --pp or --tp > 1 (None: it has none)
     checkpoints: bool = False  # whether --out and --resume work with `step`
+    sharded_step: str | None = None  # its Step with --zero 1-3 (None: it has none)
+    precisions: tuple[str, ...] = tuple(PRECISIONS)  # the --precision values it takes
+    reduces_gradients: bool = True  # whether ranks average gradients (--reduce-dtype)
+    limits: str = ""  # why it takes fewer of the options above, for the error
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -39,8 +45,16 @@ STRATEGIES: dict[str, Strategy] = {
         "plait.train.steps.data_parallel:DataParallelStep",
         mesh_step="plait.train.steps.mesh:MeshStep",
         checkpoints=True,
+        sharded_step="plait.train.steps.sharded:ShardedStep",
     ),
-    "ps": Strategy("a parameter server (ps)", "plait.train.steps.ps:ParameterServerStep"),
+    "ps": Strategy(
+        "a parameter server (ps)",
+        "plait.train.steps.ps:ParameterServerStep",
+        precisions=("fp32", "bf16"),
+        reduces_gradients=False,
+        limits="the servers apply each worker's float32 gradient as it comes, so no worker "
+        "can skip an overflowed fp16 step with the others; bf16 needs no loss scaling",
+    ),
 }
 
 
@@ -50,12 +64,13 @@ def describe() -> str:
     return "how workers share the work: " + (f"{', '.join(first)}, or {last}" if first else last)
 
 
-def step_type(strategy: str, on_mesh: bool) -> StepType:
-    """The Step class of `strategy` (its mesh Step when `on_mesh`); imports it (torch)."""
+def step_type(strategy: str, on_mesh: bool, zero: int = 0) -> StepType:
+    """The Step class of `strategy` (its mesh Step when `on_mesh`, its sharded one with
+    `zero` > 0); imports it (torch)."""
     row = STRATEGIES[strategy]
-    path = row.mesh_step if on_mesh else row.step
+    path = row.sharded_step if zero else row.mesh_step if on_mesh else row.step
     if path is None:
-        raise ValueError(f"strategy {strategy} has no Step for a mesh")
+        raise ValueError(f"strategy {strategy} has no Step for a mesh or for --zero")
     module, _, name = path.partition(":")
     found: StepType = getattr(importlib.import_module(module), name)
     return found

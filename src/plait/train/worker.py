@@ -40,7 +40,7 @@ EXIT_NON_FINITE = 3
 
 def run(config: TrainConfig) -> int:
     """Train `config` as this process's rank of the job; return the exit status."""
-    kind = strategies.step_type(config.strategy, config.mesh.on_mesh)
+    kind = strategies.step_type(config.strategy, config.mesh.on_mesh, config.zero)
     group = kind.join(config)  # a parameter-server rank serves and exits inside
     renderer = None
     if group.rank == 0:

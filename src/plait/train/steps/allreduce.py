@@ -13,8 +13,12 @@ from torch import nn
 
 import plait
 from plait.comm.communicator import Communicator
+from plait.train import device
 from plait.train.config import TrainConfig
+from plait.train.models import count_parameters
 from plait.train.step import Step, every_step
+from plait.train.steps.compute import Compute
+from plait.train.workload import Workload
 
 
 def make_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -36,6 +40,18 @@ class AllreduceStep(Step):
     comm: Communicator
     optimizer: torch.optim.Optimizer
     part: int  # the part of every global batch this rank trains
+    compute: Compute | None = None  # --precision & co. (None: a Step that takes none yet)
+
+    def whole_model(self, config: TrainConfig, comm: Communicator, work: Workload) -> nn.Module:
+        """Take the run's parts and build the whole model on this rank's device: what
+        every Step that trains a whole model per rank (DataParallel, sharded) starts with."""
+        self.config, self.comm, self.work = config, comm, work
+        self.rank, self.world_size, self.replicas = comm.rank, comm.size, comm.size
+        self.part = comm.rank
+        self.device = device.of(config)
+        model = work.build_model(config.workload.seed).to(self.device)
+        self.parameters = count_parameters(model)
+        return model
 
     @staticmethod
     def join(config: TrainConfig) -> Communicator:
@@ -49,7 +65,10 @@ class AllreduceStep(Step):
     def update(self, lr: float, last: bool) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        if self.compute is None:
+            self.optimizer.step()
+        else:  # fp16: skipped when the gradients overflowed
+            self.compute.step(self.optimizer)
 
     def average(self, losses: torch.Tensor) -> list[float]:
         """The mean over the ranks of each step's loss: one allreduce (of a CPU tensor) for

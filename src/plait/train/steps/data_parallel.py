@@ -17,42 +17,48 @@ from torch import nn
 
 from plait.comm.communicator import Communicator
 from plait.data_parallel import DataParallel
-from plait.train import device
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate
-from plait.train.models import count_parameters
 from plait.train.steps.allreduce import AllreduceStep, make_optimizer
+from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
 
 
 class DataParallelStep(AllreduceStep):
     """The whole model on every rank of `comm`, wrapped in DataParallel."""
 
+    compute: Compute
+
     def __init__(self, config: TrainConfig, comm: Communicator, work: Workload) -> None:
-        self.config, self.comm, self.work = config, comm, work
-        self.rank, self.world_size, self.replicas = comm.rank, comm.size, comm.size
-        self.part = comm.rank
-        self.device = device.of(config)
-        self.model = work.build_model(config.workload.seed).to(self.device)
-        self.parameters = count_parameters(self.model)
-        self.wrapped = DataParallel(self.model, comm=comm)  # buckets on the model's device
+        self.model = self.whole_model(config, comm, work)
+        self.compute = Compute(config, self.device)
+        self.compute.checkpoint(self.model)
+        self.computed = self.compute.wrap(self.model)  # compiled, under autocast
+        self.wrapped = DataParallel(self.computed, comm=comm,
+                                    reduce_dtype=self.compute.reduce_dtype)  # fmt: skip
         self.optimizer = make_optimizer(self.model, config)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(self.wrapped(x), y)
-        loss.backward()  # gradients arrive averaged over the ranks
-        return loss.detach()
+        # gradients arrive averaged over the ranks
+        return self.compute.forward_backward(self.wrapped, x, y, loss_fn)
 
     def clip(self, max_norm: float) -> None:
+        self.compute.unscale_(self.optimizer)
         nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def evaluate(self) -> float:
-        return evaluate(self.model, self.work, self.comm, self.device)
+        return evaluate(self.computed, self.work, self.comm, self.device)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                **self.compute.state_dict()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.compute.load_state_dict(state)
+
+    def figures(self) -> dict[str, Any]:
+        # the bytes each rank sends into the gradient allreduce per step: halved by bf16
+        return {**self.compute.figures(), "allreduce_bytes": sum(self.wrapped.bucket_sizes)}

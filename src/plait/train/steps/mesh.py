@@ -21,6 +21,7 @@ from plait.train.evaluate import evaluate_mesh
 from plait.train.mesh_model import MeshModel
 from plait.train.models import count_parameters
 from plait.train.steps.allreduce import AllreduceStep, make_optimizer
+from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
 
 
@@ -40,6 +41,8 @@ def make_mesh(config: TrainConfig, comm: Communicator) -> Mesh:
 class MeshStep(AllreduceStep):
     """This rank's part of the model on the mesh over `comm`."""
 
+    compute: Compute
+
     def __init__(self, config: TrainConfig, comm: Communicator, work: Workload) -> None:
         self.config, self.comm, self.work = config, comm, work
         mesh = make_mesh(config, comm)
@@ -49,9 +52,13 @@ class MeshStep(AllreduceStep):
         self.device = device.of(config)
         model = work.build_model(config.workload.seed)  # on the CPU: this rank keeps a part
         self.parameters = count_parameters(model)  # before tp shards it
+        # the stages' gradients differ: all ranks agree on skipping an fp16 step
+        self.compute = Compute(config, self.device, comm=comm)
+        self.compute.checkpoint(model)  # the whole model's blocks, before the pipeline cuts it
         assert config.mesh.chunks is not None
         self.model = MeshModel(model, mesh, chunks=config.mesh.chunks,
-                               schedule=config.mesh.schedule, device=self.device)  # fmt: skip
+                               schedule=config.mesh.schedule, device=self.device,
+                               compute=self.compute)  # fmt: skip
         self.optimizer = make_optimizer(self.model.module, config)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
@@ -59,12 +66,13 @@ class MeshStep(AllreduceStep):
         add loss * pp and the others 0, so the average over dp * pp * tp ranks is the mean
         over dp replicas, the global batch's loss."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model.step(x, y, loss_fn)
+        loss = self.model.step(x, y, self.compute.scaled_loss(loss_fn))
         if loss is None:
             return torch.zeros((), device=self.device)
-        return loss.detach() * self.model.mesh.pp.size
+        return self.compute.unscaled(loss.detach()) * self.model.mesh.pp.size
 
     def clip(self, max_norm: float) -> None:
+        self.compute.unscale_(self.optimizer)
         self.model.clip(max_norm)
 
     def evaluate(self) -> float:
@@ -74,4 +82,4 @@ class MeshStep(AllreduceStep):
         return {**super().describe(), "mesh": self.model.describe()}
 
     def figures(self) -> dict[str, Any]:
-        return self.model.figures()
+        return {**self.model.figures(), **self.compute.figures()}

@@ -48,6 +48,7 @@ from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate_alone
 from plait.train.models import count_parameters
 from plait.train.step import Step, every_step
+from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ class ParameterServerStep(Step):
         self.device = device.of(config)
         self.model: nn.Module = work.build_model(config.workload.seed).to(self.device)
         self.parameters = count_parameters(self.model)
+        self.compute = Compute(config, self.device)  # bf16 at most: no loss scale to agree on
+        self.compute.checkpoint(self.model)
+        self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.client = Client(self.model.named_parameters(), self.ps, role)
         self.store = role.store
         who, _, after = (env.get("PLAIT_TRAIN_KILL_AT") or "").partition(":")
@@ -101,10 +105,8 @@ class ParameterServerStep(Step):
             yield k // self.world_size + 1, k % self.world_size
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
-        loss = loss_fn(self.model(x), y)
         self.model.zero_grad(set_to_none=True)
-        loss.backward()
-        return loss.detach()
+        return self.compute.forward_backward(self.computed, x, y, loss_fn)
 
     def clip(self, max_norm: float) -> None:
         # this worker's own gradient: the servers cannot clip the average
@@ -127,7 +129,7 @@ class ParameterServerStep(Step):
         return own
 
     def evaluate(self) -> float:
-        return evaluate_alone(self.model, self.work, self.device)
+        return evaluate_alone(self.computed, self.work, self.device)
 
     def describe(self) -> dict[str, Any]:
         mode = self.ps.mode if self.ps.mode != "ssp" else f"ssp tau={self.ps.staleness}"
@@ -143,6 +145,7 @@ class ParameterServerStep(Step):
             "staleness": None if p.mode == "sync" else p.staleness,  # it bounds nothing there
             "stale_policy": p.stale_policy, "warm_start_steps": p.warm_start_steps,
             "worker_steps": self.worker_steps, **(self.client.stats() if self.rank == 0 else {}),
+            **self.compute.figures(),
         }  # fmt: skip
 
     def finish(self) -> None:

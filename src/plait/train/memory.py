@@ -1,0 +1,90 @@
+"""What a rank holds in memory, counted from its tensors, next to ZeRO's formulas.
+
+ZeRO (Rajbhandari et al., SC'20, section 5) counts model states per rank, with Ψ
+parameters, N ranks, fp32 everywhere and K bytes of optimizer state per parameter (Adam's
+two moments: K = 8; SGD's momentum: K = 4):
+
+    stage 0 (DataParallel)   (4 + 4 + K) Ψ
+    stage 1                  (4 + 4) Ψ + K Ψ / N
+    stage 2                  4 Ψ + (4 + K) Ψ / N
+    stage 3                  (4 + 4 + K) Ψ / N   + the units gathered at once
+
+Activations are counted as the bytes autograd keeps from forward to backward
+(`saved_tensors_hooks`), each storage once; parameters (and their views) are not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+OPTIMIZER_BYTES = {"adamw": 8, "sgd": 4}  # K: fp32 state bytes per parameter (recipes.py)
+
+
+@dataclass
+class Kept:
+    total: int = 0
+    seen: set[int] = field(default_factory=set)
+
+
+@contextlib.contextmanager
+def saved_bytes() -> Iterator[Kept]:
+    """Count the bytes autograd saves for backward inside the block (each storage once,
+    leaf tensors that require grad and their views excluded: those are parameters)."""
+    kept = Kept()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        if not (base.is_leaf and base.requires_grad) and not isinstance(base, torch.nn.Parameter):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in kept.seen and storage.nbytes():
+                kept.seen.add(storage.data_ptr())
+                kept.total += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield kept
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors in the optimizer's state (0-dim step counters included)."""
+    return sum(
+        v.numel() * v.element_size()
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    )
+
+
+def formula(stage: int, psi: int, world: int, k: int) -> dict[str, float]:
+    """ZeRO's bytes per rank of parameters, gradients and optimizer state (fp32)."""
+    p, g, o = 4.0 * psi, 4.0 * psi, float(k * psi)
+    shard = 1.0 / world
+    return {
+        "parameters": p * (shard if stage >= 3 else 1),
+        "gradients": g * (shard if stage >= 2 else 1),
+        "optimizer": o * (shard if stage >= 1 else 1),
+    }
+
+
+def report(
+    ranks: list[dict[str, int]], psi: int, stage: int, world: int, gathered: int, optimizer: str
+) -> dict[str, Any]:
+    """The --json "memory" figures: each rank's bytes, the formula, and their ratio."""
+    want = formula(stage, psi, world, OPTIMIZER_BYTES.get(optimizer, 8))
+    if stage >= 3:
+        want["parameters"] += gathered  # what stage 3 may hold at once besides its shards
+    total = sum(want.values())
+    return {
+        "parameters": psi,
+        "formula": {**want, "model_states": total},
+        "ranks": [
+            {**r, "model_states": r["parameters"] + r["gradients"] + r["optimizer"],
+             "vs_formula": (r["parameters"] + r["gradients"] + r["optimizer"]) / total}
+            for r in ranks
+        ],
+    }  # fmt: skip

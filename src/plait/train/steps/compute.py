@@ -1,0 +1,169 @@
+"""What a Step does around its model's arithmetic: --activation-checkpointing, --compile,
+--precision (autocast, fp16's loss scaling) and --reduce-dtype, in one object each Step
+holds (`Compute`), so that every strategy applies them in the same order:
+
+    checkpoint(model)    the whole model, before a pipeline cuts it (plait.checkpoint_blocks)
+    wrap(module)         what this rank runs (the model, or its pipeline stage): compiled,
+                         with autocast around it; DataParallel goes around that, with
+                         `reduce_dtype` for its buckets
+    forward_backward     the loss, scaled for backward (fp16); the first call counts the
+                         bytes autograd keeps for backward (not with --compile: a compiled
+                         graph saves its tensors out of the counting hooks' sight)
+    unscale_, step       before clipping; the optimizer step, skipped on an fp16 overflow
+
+With every option at its default each of these is the identity, and the arithmetic is the
+eager fp32 one of before, bit for bit (scripts/parity.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from plait.activations import checkpoint_blocks, repeated_blocks
+from plait.comm.communicator import Communicator
+from plait.train import compile, memory, precision
+from plait.train.config import TrainConfig
+from plait.train.errors import ConfigError
+from plait.train.workload import LossFn
+
+
+class Compute:
+    """One rank's settings of how its model computes, and their figures.
+
+    Args:
+        comm: the ranks whose gradients differ and must agree on skipping an fp16 step (a
+            mesh's); None where DataParallel leaves every rank the same gradients.
+    """
+
+    def __init__(
+        self, config: TrainConfig, device: torch.device, comm: Communicator | None = None
+    ) -> None:
+        self.options = c = config.compute
+        self.device = device
+        low = c.precision != "fp32"
+        self.dtype = precision.dtype(c.precision) if low else None
+        self.reduce_dtype = precision.dtype(c.reduce_dtype) if c.reduce_dtype != "fp32" else None
+        self.scaler = precision.LossScaler(c.loss_scale, comm) if c.precision == "fp16" else None
+        self.blocks: list[str] = []  # the checkpointed blocks' names
+        self.activation_bytes: int | None = None  # kept for backward by the first forward
+        if c.compile:
+            compile.check(device.type)
+
+    def checkpoint(self, model: nn.Module) -> None:
+        """--activation-checkpointing: checkpoint the model's repeated blocks in place.
+
+        Raises:
+            ConfigError: the model has no repeated blocks.
+        """
+        if not self.options.activation_checkpointing:
+            return
+        try:
+            blocks = repeated_blocks(model)
+        except ValueError as e:
+            raise ConfigError(f"--activation-checkpointing: {e}") from None
+        if not any(any(True for _ in block.children()) for _, block in blocks):
+            # a layer checkpointed keeps its input, which the layer keeps anyway
+            raise ConfigError(
+                f"--activation-checkpointing: the repeated modules of {type(model).__name__} "
+                f"are single layers ({type(blocks[0][1]).__name__}), whose checkpoint keeps "
+                "the input the layer keeps anyway: no memory saved, a forward more paid. "
+                "It is for models made of blocks (--model gpt, or your own)"
+            )
+        self.blocks = checkpoint_blocks(model)
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """`module` as this rank runs it: compiled (--compile), under autocast in the run's
+        precision (--precision); `module` itself, its names and state_dict, unchanged."""
+        if self.options.compile:
+            module = Compiled(module)
+        if self.dtype is not None:
+            module = precision.Autocast(module, self.device.type, self.dtype)
+        return module
+
+    def forward_backward(
+        self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
+    ) -> torch.Tensor:
+        """Forward (x, y) through `module` (wrapped), backward the (scaled) loss; return the
+        loss, unscaled and detached."""
+        if self.activation_bytes is None and not self.options.compile:  # once: shapes repeat
+            with memory.saved_bytes() as kept:
+                loss = loss_fn(module(x), y)
+            self.activation_bytes = kept.total
+        else:
+            loss = loss_fn(module(x), y)
+        self.scaled(loss).backward()
+        return loss.detach()
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss backward starts from: times the loss scale with fp16."""
+        return loss if self.scaler is None else self.scaler.scaled(loss)
+
+    def scaled_loss(self, loss_fn: LossFn) -> LossFn:
+        """`loss_fn` with its value scaled, for a pipeline that runs backward itself;
+        `unscaled` turns what it returns back into the loss."""
+        if self.scaler is None:
+            return loss_fn
+        return lambda output, target: self.scaled(loss_fn(output, target))
+
+    def unscaled(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss if self.scaler is None else loss / self.scaler.scale
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before clipping: the gradients as the loss's, not the scaled loss's."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer step; with fp16, skipped when the gradients overflowed."""
+        if self.scaler is None:
+            optimizer.step()
+        else:
+            self.scaler.step(optimizer)
+
+    def figures(self) -> dict[str, Any]:
+        """The --json figures of these options (compute.rows prints them)."""
+        c, s = self.options, self.scaler
+        return {
+            "precision": c.precision, "reduce_dtype": c.reduce_dtype,
+            "loss_scale": s.scale if s is not None else None,
+            "skipped_steps": s.skipped if s is not None else 0,
+            "checkpointed_blocks": self.blocks, "activation_bytes": self.activation_bytes,
+        }  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint's part of these: the loss scaler's state (fp16), else nothing."""
+        return {} if self.scaler is None else {"loss_scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and "loss_scaler" in state:
+            self.scaler.load_state_dict(state["loss_scaler"])
+
+
+class Compiled(nn.Module):
+    """`module` with its forward compiled by torch.compile.
+
+    The bound forward is compiled, not the module: `module.compile()` compiles
+    `nn.Module._call_impl`, a frame torch 2.13 skips when the forward is torch's own (an
+    `nn.Sequential`: mlp, cnn, wide, every pipeline stage ran eager, silently), and
+    `torch.compile(module)` registers the module a second time, under `_orig_mod`.
+
+    It runs with identity saved-tensor hooks in place of the caller's: the pipeline counts
+    what autograd saves with hooks (pipeline/stats.py) that torch.compile cannot trace, so
+    the count misses what the compiled graph saves.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.compiled = torch.compile(module.forward)  # a function: not a submodule
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            return self.compiled(*args, **kwargs)
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t

@@ -1,0 +1,126 @@
+"""`--strategy allreduce --zero 1|2|3`: the model's states sharded over the ranks
+(`plait.ShardedDataParallel`, ZeRO).
+
+As DataParallelStep, with what sharding changes: the optimizer steps this rank's shards
+(`sdp.parameters()`), clipping is by the global norm across the shards, every forward may be
+a collective (stage 3 gathers each unit; stages 1-2 after a step), so evaluation runs as many
+forwards on every rank, and checkpoints are sharded: every rank writes its shards, and a run
+resumes at any world size (plait.sharded.checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from plait.comm.communicator import Communicator
+from plait.sharded import ShardedDataParallel
+from plait.sharded import checkpoint as sharded_checkpoint
+from plait.train import memory
+from plait.train.config import TrainConfig
+from plait.train.data.sampler import eval_shard
+from plait.train.evaluate import CHUNK, score_shard
+from plait.train.steps.allreduce import AllreduceStep, make_optimizer
+from plait.train.steps.compute import Compute
+from plait.train.workload import LossFn, Workload
+
+
+class ShardedStep(AllreduceStep):
+    """The model sharded over every rank of `comm`, ZeRO stage `config.zero`."""
+
+    sharded_checkpoints = True
+    compute: Compute
+
+    def __init__(self, config: TrainConfig, comm: Communicator, work: Workload) -> None:
+        self.model = self.whole_model(config, comm, work)
+        self.stage = config.zero
+        # each rank holds other shards' gradients: fp16's skip is agreed over `comm`
+        self.compute = Compute(config, self.device, comm)
+        self.compute.checkpoint(self.model)
+        self.wrapped = ShardedDataParallel(self.model, stage=self.stage, comm=comm)
+        self.computed = self.compute.wrap(self.wrapped)  # under autocast (--precision)
+        self.optimizer = make_optimizer(self.wrapped, config)
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        # each rank's shards get the average of their gradients
+        return self.compute.forward_backward(self.computed, x, y, loss_fn)
+
+    def clip(self, max_norm: float) -> None:
+        self.compute.unscale_(self.optimizer)
+        self.wrapped.clip_grad_norm_(max_norm)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """As train.evaluate, with as many forwards on every rank (each may gather)."""
+        data, size = self.work.data, self.comm.size
+        score = score_shard(self.computed, self.work, self.rank, size, self.device)
+        chunks = [len(eval_shard(data.num_val, r, size).split(CHUNK)) for r in range(size)]
+        self.wrapped.eval()
+        for _ in range(max(chunks) - chunks[self.rank]):  # forwards whose output nobody counts
+            x, _ = data.val_batch(torch.arange(1))
+            self.computed(x.to(self.device))
+        self.wrapped.train()
+        total = self.comm.allreduce(score, op="sum")
+        return float(total[0] / total[1])
+
+    # ------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, out: str | os.PathLike[str], common: dict[str, Any]) -> None:
+        """Every rank writes its shards and their optimizer state; rank 0 the rest."""
+        state = self.optimizer.state_dict()
+        optim = [state["state"].get(u, {}) for u in range(len(self.wrapped.units))]
+        if self.rank == 0:
+            common = {**common, "buffers": self._unsharded(), "param_groups": state["param_groups"],
+                      **self.compute.state_dict()}  # fmt: skip
+        sharded_checkpoint.save(
+            out, self.rank, self.world_size, self.wrapped.layout,
+            [s.detach() for s in self.wrapped.shards], optim, common if self.rank == 0 else None,
+            barrier=self.comm.barrier,
+        )  # fmt: skip
+
+    def load_checkpoint(self, out: str | os.PathLike[str]) -> dict[str, Any]:
+        """This rank's shards and optimizer state at this world size; returns rank 0's
+        `common` (the step, RNG, losses, options)."""
+        loaded = sharded_checkpoint.load(out, self.rank, self.world_size, self.wrapped.layout)
+        with torch.no_grad():
+            for flat, shard in zip(self.wrapped.units, loaded.shards, strict=True):
+                flat.shard.copy_(shard)
+        self.wrapped.refresh()
+        common = loaded.common
+        self.model.load_state_dict(common["buffers"], strict=False)
+        self.optimizer.load_state_dict(
+            {"state": dict(enumerate(loaded.optim)), "param_groups": common["param_groups"]}
+        )
+        self.compute.load_state_dict(common)
+        return common
+
+    def _unsharded(self) -> dict[str, torch.Tensor]:
+        """What the model's state_dict holds besides the sharded parameters: buffers, frozen
+        parameters, the second name of a tied one (consolidate puts them back)."""
+        sharded = {e.name for u in self.wrapped.layout.units for e in u.entries}
+        own = self.model.state_dict(keep_vars=True)
+        params = {id(p) for f in self.wrapped.units for p in f.params}
+        return {k: v.detach().clone() for k, v in own.items()
+                if k not in sharded and id(v) not in params}  # fmt: skip
+
+    def figures(self) -> dict[str, Any]:
+        """Per-rank bytes of model states (a collective), next to ZeRO's formulas."""
+        held = self.wrapped.memory()
+        mine = {
+            "parameters": held["parameters"],
+            "gradients": held["gradients"],
+            "optimizer": memory.optimizer_bytes(self.optimizer),
+            "activations": self.compute.activation_bytes or 0,
+            "gathered_peak": held["gathered_peak"],
+        }
+        if self.stage == 3:  # its shards, and the most full units it held at once
+            mine["parameters"] += held["gathered_peak"]
+        ranks = self.comm.allgather_object(mine)
+        return {**self.compute.figures(), "zero": self.stage, "memory": memory.report(
+            ranks, self.parameters, self.stage, self.world_size, held["largest_units"],
+            self.config.recipe.optimizer)}  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "zero": self.stage}
