@@ -148,11 +148,10 @@ class DataParallel(nn.Module):
 
     # ---------------------------------------------------------------- public
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.broadcast_buffers and self.comm.size > 1:
-            buffers = list(self.module.buffers())
-            if buffers:
-                replicas.broadcast_tensors(self.comm, buffers, check=not self._checked_buffers)
-                self._checked_buffers = True
+        if self.broadcast_buffers:
+            self._checked_buffers |= replicas.broadcast_buffers(
+                self.comm, self.module, check=not self._checked_buffers
+            )
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -72,3 +72,13 @@ def broadcast_tensors(
                 n = t.numel()
                 t.copy_(flat[offset : offset + n].view_as(t))
                 offset += n
+
+
+def broadcast_buffers(comm: Communicator, module: torch.nn.Module, check: bool) -> bool:
+    """Copy rank 0's buffers (BatchNorm statistics) to every rank, as DataParallel and
+    ShardedDataParallel do before each forward; returns whether anything was sent."""
+    buffers = list(module.buffers())
+    if comm.size == 1 or not buffers:
+        return False
+    broadcast_tensors(comm, buffers, check=check)
+    return True

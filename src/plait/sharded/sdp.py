@@ -161,11 +161,10 @@ class ShardedDataParallel(nn.Module):
         return [flat.shard for flat in self.units]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.broadcast_buffers and self.comm.size > 1:
-            buffers = list(self.module.buffers())
-            if buffers:
-                replicas.broadcast_tensors(self.comm, buffers, check=not self._checked_buffers)
-                self._checked_buffers = True
+        if self.broadcast_buffers:
+            self._checked_buffers |= replicas.broadcast_buffers(
+                self.comm, self.module, check=not self._checked_buffers
+            )
         if self.stage < 3 and self._stale:
             for u in self._forward_order():  # every unit's gather, awaited unit by unit
                 self._start_gather(u)
