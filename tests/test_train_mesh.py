@@ -2,7 +2,8 @@
 
 The backbone check: with a fixed seed, a model laid on a dp x pp x tp mesh of 4 ranks takes
 the same steps as one process on the same global batch (printed side by side), for the
-three shapes the issue names. Also the structure of its communication (one gradient
+three shapes the issue names, and with the stage's model states sharded over dp (--zero)
+the same steps as without. Also the structure of its communication (one gradient
 reduction per step, not per micro-batch), the mesh-wide gradient clipping, the --json
 figures through the real command, and the configuration errors.
 
@@ -47,27 +48,62 @@ def _train(comm: Communicator, options: dict[str, Any]) -> Any:
     return train(config, comm).figures()
 
 
-def _reductions_per_step(comm: Communicator) -> Any:
-    """DataParallel allreduces launched over dp in each of two steps of 4 micro-batches."""
+def _calls_per_step(zero: int, method: str, comm: Communicator) -> tuple[list[int], Any]:
+    """The dp communicator's `method` calls in each of two steps of 4 micro-batches on
+    dp 2 x pp 2 (`zero`: 0 for DataParallel, else ShardedDataParallel's stage), and the
+    model."""
     work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
     mesh = Mesh(dp=2, pp=2, comm=comm)
-    model = MeshModel(work.model(), mesh, chunks=4, schedule="1f1b")
-    assert model.dp is not None
+    model = MeshModel(work.model(), mesh, chunks=4, schedule="1f1b", zero=zero)
     calls = []
-    launch = mesh.dp.allreduce_async_
+    launch = getattr(mesh.dp, method)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return launch(*args, **kwargs)
 
-    mesh.dp.allreduce_async_ = counted  # type: ignore[method-assign]
+    setattr(mesh.dp, method, counted)
     x, y = work.batch(0)
     per_step = []
     for _ in range(2):
         before = len(calls)
         model.step(x[:4], y[:4], work.loss)
         per_step.append(len(calls) - before)
+    return per_step, model
+
+
+def _reductions_per_step(comm: Communicator) -> Any:
+    """DataParallel's allreduces over dp per step, and its buckets."""
+    per_step, model = _calls_per_step(0, "allreduce_async_", comm)
     return per_step, len(model.dp.bucket_sizes)
+
+
+ZERO = [  # (index into SHAPES of the same mesh without sharding, the sharded run's options)
+    (0, {**SHAPES[0], "zero": 1}),
+    (0, {**SHAPES[0], "zero": 3}),
+    (1, {**SHAPES[1], "zero": 2}),
+    (1, {**SHAPES[1], "zero": 3}),
+]
+
+
+def _sharded_reductions_per_step(comm: Communicator) -> Any:
+    """--zero 2: the reduce-scatters over dp per step, and the units (each is reduced once
+    a step, after its last backward)."""
+    per_step, model = _calls_per_step(2, "reduce_scatter_async_", comm)
+    return per_step, len(model.sharded.units)
+
+
+def _clip_sharded(comm: Communicator, max_norm: float) -> Any:
+    """dp 2 x tp 2 with --zero 3: the norm from the shards' gradients, before and after."""
+    work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
+    mesh = Mesh(dp=2, tp=2, comm=comm)
+    model = MeshModel(work.model(), mesh, chunks=1, schedule="1f1b", zero=3)
+    x, y = work.batch(0)
+    half, d = len(x) // 2, mesh.coords["dp"]  # each replica its half of the batch
+    model.step(x[d * half : (d + 1) * half], y[d * half : (d + 1) * half], work.loss)
+    before = model.clip(max_norm)
+    after = model.clip(float("inf"))
+    return float(before), float(after)
 
 
 def _clip(comm: Communicator, max_norm: float) -> Any:
@@ -92,6 +128,9 @@ def battery(comm: Communicator) -> dict[str, Any]:
         "meshes": [_train(comm, {**GPT, **shape}) for shape in SHAPES],
         "reductions": _reductions_per_step(comm),
         "clip": _clip(comm, CLIP),
+        "zero": [_train(comm, {**GPT, **options}) for _, options in ZERO],
+        "sharded_reductions": _sharded_reductions_per_step(comm),
+        "clip_sharded": _clip_sharded(comm, CLIP),
     }
 
 
@@ -133,18 +172,46 @@ def test_gradients_are_reduced_once_per_step_not_per_micro_batch(
 
 
 @pytest.mark.timeout(360)
-def test_clipping_takes_the_whole_models_norm_across_tp_and_pp(
-    four_ranks: list[dict[str, Any]],
+@pytest.mark.parametrize("key", ["clip", "clip_sharded"])
+def test_clipping_takes_the_whole_models_norm_across_the_mesh(
+    four_ranks: list[dict[str, Any]], key: str
 ) -> None:
+    """pp 2 x tp 2 from the stages' gradients; dp 2 x tp 2 --zero 3 from the shards'."""
     work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
     model = work.model()
     x, y = work.batch(0)
     work.loss(model(x), y).backward()
     expected = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
     for r in four_ranks:
-        before, after = r["clip"]
+        before, after = r[key]
         assert before == pytest.approx(expected, rel=1e-5)
         assert after == pytest.approx(CLIP, rel=1e-5)
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("index", range(len(ZERO)))
+def test_zero_on_a_mesh_trains_like_the_same_mesh_unsharded(
+    four_ranks: list[dict[str, Any]], index: int
+) -> None:
+    plain, options = ZERO[index]
+    want = four_ranks[0]["meshes"][plain]
+    got = four_ranks[0]["zero"][index]
+    print(f"{options}\n  unsharded: {want['losses']}\n  sharded:   {got['losses']}")
+    torch.testing.assert_close(got["losses"], want["losses"], rtol=1e-5, atol=1e-6)
+    assert abs(got["eval_value"] - want["eval_value"]) < 1e-5
+    assert got["zero"] == options["zero"] and (got["dp"], got["tp"]) == (want["dp"], want["tp"])
+    memory = got["memory"]  # the largest rank's model states are the formula's for its part
+    top = max(memory["ranks"], key=lambda r: r["model_states"])
+    assert top["vs_formula"] == pytest.approx(1.0, abs=0.05)
+    for r in four_ranks[1:]:
+        assert r["zero"][index]["losses"] == got["losses"]
+
+
+@pytest.mark.timeout(360)
+def test_zero_on_a_mesh_reduces_each_unit_once_per_step(four_ranks: list[dict[str, Any]]) -> None:
+    for r in four_ranks:
+        per_step, units = r["sharded_reductions"]
+        assert per_step == [units, units]  # 4 micro-batches, one reduce-scatter of each unit
 
 
 @pytest.mark.timeout(150)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import socket
 import time
 import traceback
@@ -60,7 +61,9 @@ def _child(
     try:
         comm = plait.init()
         result = fn(comm, *args)
-        out.put((rank, "ok", result))
+        # by value: through the queue torch would pass a tensor's memory as a file
+        # descriptor, which is lost if this process exits before the parent takes it
+        out.put((rank, "ok", pickle.dumps(result)))
     except BaseException:
         out.put((rank, "error", traceback.format_exc()))
     finally:
@@ -142,8 +145,13 @@ def run_world(
         raise WorldError(
             f"ranks {stuck} returned but their processes did not exit within {exit_within:.0f} s"
         )
-    return [results[r][1] if r in results and r not in tolerate else None for r in range(size)]
+    return [
+        pickle.loads(results[r][1]) if r in results and r not in tolerate else None
+        for r in range(size)
+    ]
 
 
 def _report(results: dict[int, tuple[str, Any]]) -> str:
-    return "; ".join(f"rank {r}: {s} {str(v)[-600:]}" for r, (s, v) in sorted(results.items()))
+    return "; ".join(
+        f"rank {r}: {s} {'' if s == 'ok' else str(v)[-600:]}" for r, (s, v) in sorted(results.items())
+    )

@@ -13,6 +13,7 @@ checkpoints that reshard across world sizes (a checkpoint's manifest is `Layout.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +29,7 @@ class Entry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)

@@ -100,3 +100,20 @@ def clip_grad_norm_(
     for g in grads:
         g.mul_(coef.to(g.dtype))
     return total.to(grads[0].dtype if grads else torch.float32)
+
+
+def grad_pieces(sdp: ShardedDataParallel) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """Each module parameter with the part of its gradient in this rank's shards: a 1-D view
+    of the shard's `.grad` (writing it writes the shard's), for a norm that must tell
+    parameters apart (tensor parallelism's replicated ones count once). Parameters with no
+    element in this rank's shards, and units without a gradient, are left out."""
+    found = []
+    for flat in sdp.units:
+        g = flat.shard.grad
+        if g is None:
+            continue
+        index = {e.name: i for i, e in enumerate(flat.unit.entries)}
+        for piece in flat.unit.pieces(flat.rank, flat.world):
+            param = flat.params[index[piece.entry.name]]
+            found.append((param, g[piece.at : piece.at + piece.hi - piece.lo]))
+    return found

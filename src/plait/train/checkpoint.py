@@ -13,17 +13,16 @@ leaves either the previous checkpoint or the new one, never a torn file.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from plait.sharded.storage import write
 from plait.train.errors import CheckpointError
-from plait.train.outdir import FILENAME, check_resumable, check_writable
+from plait.train.outdir import check_resumable, check_writable
 from plait.train.outdir import checkpoint_path as path
 
 __all__ = ["check_matches", "check_writable", "load", "path", "rng_state", "save", "set_rng_state"]
@@ -48,20 +47,7 @@ def save(out: str | os.PathLike[str], state: dict[str, Any]) -> Path:
         CheckpointError: the write failed; the previous checkpoint is untouched.
     """
     final = path(out)
-    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{FILENAME}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise CheckpointError(f"writing {final} failed: {e}") from e
-        raise
-    _fsync_dir(final.parent)  # the rename itself survives a power cut
+    write(final, lambda f: torch.save({"format": FORMAT, **state}, f))
     return final
 
 
@@ -92,12 +78,3 @@ def check_matches(state: dict[str, Any], options: dict[str, Any], where: str) ->
                 f"this run has {key} {options.get(key)!r}; resuming needs the same "
                 f"{', '.join(MUST_MATCH)}"
             )
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -249,7 +249,7 @@ class TrainConfig:
             )
 
     def _check_zero(self) -> None:
-        """--zero shards over the ranks of --strategy allreduce, without a mesh (yet)."""
+        """--zero shards over the ranks of --strategy allreduce (over the dp axis on a mesh)."""
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"zero {self.zero!r} is not one of 0, 1, 2, 3")
         if not self.zero:
@@ -257,11 +257,6 @@ class TrainConfig:
         if STRATEGIES[self.strategy].sharded_step is None:
             raise ConfigError(f"--zero {self.zero} shards data parallelism: it runs with "
                               f"--strategy allreduce, not {self.strategy}")  # fmt: skip
-        if self.mesh.on_mesh:
-            raise ConfigError(
-                f"--zero {self.zero} with --pp/--tp is not built yet: shard a plain "
-                "data-parallel run (--dp only), or drop --zero"
-            )
 
     def _check_checkpoints(self) -> None:
         if self.checkpoint.out is None and not self.checkpoint.resume:

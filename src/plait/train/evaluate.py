@@ -44,12 +44,35 @@ def evaluate_mesh(model: MeshModel, work: Workload, device: torch.device) -> flo
     """`evaluate` for a model on a mesh: each dp replica scores its share through the
     pipeline, whose last stage holds the outputs; one rank per stage-replica (tp 0) counts."""
     mesh = model.mesh
-    score = score_shard(model.module, work, mesh.coords["dp"], mesh.shape["dp"], device,
-                        forward=model.forward)  # fmt: skip
+    rank, world = mesh.coords["dp"], mesh.shape["dp"]
+    score = score_shard(model.module, work, rank, world, device, forward=model.forward)
+    if model.sharded is not None:  # each forward may gather over dp: as many on every rank
+        model.module.eval()
+        even_out(model.forward, work, rank, world, device)
+        model.module.train()
     if not (model.last and mesh.coords["tp"] == 0):
         score.zero_()
     total = mesh.comm.allreduce(score, op="sum")
     return float(total[0] / total[1])
+
+
+@torch.no_grad()
+def even_out(
+    forward: Callable[[torch.Tensor], object],
+    work: Workload,
+    rank: int,
+    world: int,
+    device: torch.device,
+) -> None:
+    """Run `forward` on a one-sample batch as many times as `rank`'s share of the held-out
+    set is short of the largest share's number of forwards (score_shard's), whose outputs
+    nobody counts: a sharded model's forward is a collective (it gathers), so every rank
+    must run as many."""
+    data = work.data
+    forwards = [len(eval_shard(data.num_val, r, world).split(CHUNK)) for r in range(world)]
+    for _ in range(max(forwards) - forwards[rank]):
+        x, _ = data.val_batch(torch.arange(1))
+        forward(x.to(device))
 
 
 @torch.no_grad()

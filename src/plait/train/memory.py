@@ -18,9 +18,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from plait.comm.communicator import Communicator
+    from plait.sharded import ShardedDataParallel
 
 OPTIMIZER_BYTES = {"adamw": 8, "sgd": 4}  # K: fp32 state bytes per parameter (recipes.py)
 
@@ -88,3 +92,35 @@ def report(
             for r in ranks
         ],
     }  # fmt: skip
+
+
+def sharded_report(
+    sdp: ShardedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    comm: Communicator,
+    *,
+    psi: int,
+    activations: int,
+    recipe_optimizer: str,
+) -> dict[str, Any]:
+    """`report` of a run sharded by `sdp`, from every rank of `comm` (a collective).
+
+    psi: the parameters this rank's part of the model holds (the whole model's, or on a
+    mesh its pipeline stage's tp slice). The formula is that of the largest part (the
+    largest psi, over sdp's ranks), so on a mesh the largest rank's ratio is the one to read.
+    """
+    held = sdp.memory()
+    mine = {
+        "parameters": held["parameters"],
+        "gradients": held["gradients"],
+        "optimizer": optimizer_bytes(optimizer),
+        "activations": activations,
+        "gathered_peak": held["gathered_peak"],
+    }
+    if sdp.stage == 3:  # its shards, and the most full units it held at once
+        mine["parameters"] += held["gathered_peak"]
+    ranks = comm.allgather_object((mine, psi, held["largest_units"]))
+    return report(
+        [r for r, _, _ in ranks], max(p for _, p, _ in ranks), sdp.stage, sdp.comm.size,
+        max(g for _, _, g in ranks), recipe_optimizer,
+    )  # fmt: skip

@@ -11,7 +11,10 @@ start from), then keeps its part:
    the rank's device (on a GPU, the rest of the model never leaves host memory);
 3. dp > 1: `plait.DataParallel` wraps the stage over the dp axis. Every backward but the
    stage's last in a step runs under `no_sync`, so gradients are averaged once per step,
-   overlapped with that last backward.
+   overlapped with that last backward. With `zero` (--zero 1|2|3) it is
+   `plait.ShardedDataParallel` over the dp axis instead: the stage's (tp slice's) model
+   states are sharded over its dp replicas, the optimizer steps `parameters()` (the shards),
+   and clipping sums the shards' squares over the whole mesh.
 
 The ranks of one dp index read the same slice of the global batch (the first stage its
 inputs, the last its targets); the loss exists on the last stage only. Gradient clipping
@@ -30,6 +33,8 @@ from torch import nn
 from plait.comm.mesh import Mesh
 from plait.data_parallel import DataParallel
 from plait.pipeline import Pipeline, ideal_bubble
+from plait.sharded import ShardedDataParallel
+from plait.sharded.state import grad_pieces
 from plait.tensor_parallel import clip_grad_norm_, parallelize
 from plait.train.errors import ConfigError
 from plait.train.workload import LossFn, stages
@@ -50,9 +55,11 @@ class MeshModel:
         schedule: str,
         device: torch.device | str = "cpu",
         compute: Compute | None = None,
+        zero: int = 0,
     ) -> None:
         """`compute`: the Step's --compile (of this stage), --precision (autocast
-        around the stage) and --reduce-dtype (the dp average's buckets); None: none."""
+        around the stage) and --reduce-dtype (the dp average's buckets); None: none.
+        `zero`: 1, 2 or 3 shards the stage over dp (ZeRO's stage); 0 replicates it."""
         self.mesh = mesh
         try:
             if mesh.tp.size > 1:
@@ -61,10 +68,14 @@ class MeshModel:
         except ValueError as e:  # ConfigError (stages) is one too
             raise ConfigError(str(e)) from None
         self.module = self.pipe.stage.to(device)  # this rank's parameters
+        self.dp: DataParallel | ShardedDataParallel | None = None
+        self.sharded: ShardedDataParallel | None = None
+        if zero:  # (the config refuses --compile and --reduce-dtype with --zero)
+            self.dp = self.sharded = ShardedDataParallel(self.module, stage=zero, comm=mesh.dp)
+            self.pipe.stage = self.sharded
         if compute is not None:  # compiled: one graph per stage (activations leave between)
-            self.pipe.stage = compute.wrap(self.module)
-        self.dp: DataParallel | None = None
-        if mesh.dp.size > 1:
+            self.pipe.stage = compute.wrap(self.pipe.stage)
+        if mesh.dp.size > 1 and not zero:
             reduce_dtype = compute.reduce_dtype if compute is not None else None
             self.dp = DataParallel(self.pipe.stage, comm=mesh.dp, reduce_dtype=reduce_dtype)
             self.pipe.stage = self.dp
@@ -88,8 +99,10 @@ class MeshModel:
         self.peak_saved = max(self.peak_saved, stats.peak_saved_bytes)
         return loss
 
-    def clip(self, max_norm: float) -> None:
-        clip_grad_norm_(self.module, max_norm, self.mesh)
+    def clip(self, max_norm: float) -> torch.Tensor:
+        """Clip the whole model's gradient to `max_norm`; its norm before (a collective)."""
+        parts = grad_pieces(self.sharded) if self.sharded is not None else None
+        return clip_grad_norm_(self.module, max_norm, self.mesh, parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
         """Forward only (evaluation): the output on the last stage, None elsewhere."""

@@ -65,10 +65,11 @@ def describe() -> str:
 
 
 def step_type(strategy: str, on_mesh: bool, zero: int = 0) -> StepType:
-    """The Step class of `strategy` (its mesh Step when `on_mesh`, its sharded one with
-    `zero` > 0); imports it (torch)."""
+    """The Step class of `strategy` (its mesh Step when `on_mesh`, which shards over the
+    dp axis itself with `zero` > 0; else its sharded one with `zero` > 0); imports it
+    (torch)."""
     row = STRATEGIES[strategy]
-    path = row.sharded_step if zero else row.mesh_step if on_mesh else row.step
+    path = row.mesh_step if on_mesh else row.sharded_step if zero else row.step
     if path is None:
         raise ValueError(f"strategy {strategy} has no Step for a mesh or for --zero")
     module, _, name = path.partition(":")

@@ -14,7 +14,7 @@ import torch
 
 from plait.comm.communicator import Communicator
 from plait.comm.mesh import Mesh, MeshError
-from plait.train import device
+from plait.train import device, memory
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.evaluate import evaluate_mesh
@@ -58,8 +58,9 @@ class MeshStep(AllreduceStep):
         assert config.mesh.chunks is not None
         self.model = MeshModel(model, mesh, chunks=config.mesh.chunks,
                                schedule=config.mesh.schedule, device=self.device,
-                               compute=self.compute)  # fmt: skip
-        self.optimizer = make_optimizer(self.model.module, config)
+                               compute=self.compute, zero=config.zero)  # fmt: skip
+        # --zero: the optimizer steps this rank's shards of the stage
+        self.optimizer = make_optimizer(self.model.sharded or self.model.module, config)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         """The loss exists on the last stage's dp * tp ranks only (tp replicas alike): they
@@ -78,8 +79,18 @@ class MeshStep(AllreduceStep):
     def evaluate(self) -> float:
         return evaluate_mesh(self.model, self.work, self.device)
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "mesh": self.model.describe()}
-
     def figures(self) -> dict[str, Any]:
-        return {**self.model.figures(), **self.compute.figures()}
+        found = {**self.model.figures(), **self.compute.figures()}
+        sdp = self.model.sharded
+        if sdp is not None:  # the model states per rank, next to ZeRO's formula for the part
+            part = sum(f.unit.numel for f in sdp.units)
+            found["zero"] = sdp.stage
+            found["memory"] = memory.sharded_report(
+                sdp, self.optimizer, self.comm, psi=part, activations=self.model.peak_saved,
+                recipe_optimizer=self.config.recipe.optimizer,
+            )  # fmt: skip
+        return found
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "mesh": self.model.describe(),
+                **({"zero": self.config.zero} if self.config.zero else {})}  # fmt: skip

@@ -20,8 +20,7 @@ from plait.sharded import ShardedDataParallel
 from plait.sharded import checkpoint as sharded_checkpoint
 from plait.train import memory
 from plait.train.config import TrainConfig
-from plait.train.data.sampler import eval_shard
-from plait.train.evaluate import CHUNK, score_shard
+from plait.train.evaluate import even_out, score_shard
 from plait.train.steps.allreduce import AllreduceStep, make_optimizer
 from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
@@ -55,13 +54,10 @@ class ShardedStep(AllreduceStep):
     @torch.no_grad()
     def evaluate(self) -> float:
         """As train.evaluate, with as many forwards on every rank (each may gather)."""
-        data, size = self.work.data, self.comm.size
+        size = self.comm.size
         score = score_shard(self.computed, self.work, self.rank, size, self.device)
-        chunks = [len(eval_shard(data.num_val, r, size).split(CHUNK)) for r in range(size)]
         self.wrapped.eval()
-        for _ in range(max(chunks) - chunks[self.rank]):  # forwards whose output nobody counts
-            x, _ = data.val_batch(torch.arange(1))
-            self.computed(x.to(self.device))
+        even_out(self.computed, self.work, self.rank, size, self.device)
         self.wrapped.train()
         total = self.comm.allreduce(score, op="sum")
         return float(total[0] / total[1])
@@ -107,20 +103,12 @@ class ShardedStep(AllreduceStep):
 
     def figures(self) -> dict[str, Any]:
         """Per-rank bytes of model states (a collective), next to ZeRO's formulas."""
-        held = self.wrapped.memory()
-        mine = {
-            "parameters": held["parameters"],
-            "gradients": held["gradients"],
-            "optimizer": memory.optimizer_bytes(self.optimizer),
-            "activations": self.compute.activation_bytes or 0,
-            "gathered_peak": held["gathered_peak"],
-        }
-        if self.stage == 3:  # its shards, and the most full units it held at once
-            mine["parameters"] += held["gathered_peak"]
-        ranks = self.comm.allgather_object(mine)
-        return {**self.compute.figures(), "zero": self.stage, "memory": memory.report(
-            ranks, self.parameters, self.stage, self.world_size, held["largest_units"],
-            self.config.recipe.optimizer)}  # fmt: skip
+        report = memory.sharded_report(
+            self.wrapped, self.optimizer, self.comm, psi=self.parameters,
+            activations=self.compute.activation_bytes or 0,
+            recipe_optimizer=self.config.recipe.optimizer,
+        )  # fmt: skip
+        return {**self.compute.figures(), "zero": self.stage, "memory": report}
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "zero": self.stage}
