@@ -32,11 +32,13 @@ def run(config: PsBenchConfig) -> int:
     """Train every configuration `repeats` times, print the table and the bar."""
     runs = measure(config)
     rows = summarize(runs)
+    slowed = config.straggler > 1.0
+    straggler = f"{config.straggler_mode} straggler {config.straggler:g}x"
     title = (f"{config.model}, {config.workers} workers ({config.servers} servers for ps), "
-             f"{config.straggler_mode} straggler {config.straggler:g}x, "
-             f"median of {config.repeats}")  # fmt: skip
+             f"{straggler if slowed else 'no straggler'}, median of {config.repeats}")  # fmt: skip
     render(rows, title, report.console(110))
-    print(check_bar(rows, config.straggler_mode))
+    # the bars are set for a slowed worker: without one there is nothing to hold them to
+    print(check_bar(rows, config.straggler_mode) if slowed else "bar: not checked (no straggler)")
     if config.markdown:
         print(markdown(rows))
     if config.json:
@@ -79,7 +81,7 @@ def train_once(config: PsBenchConfig, name: str, where: Path) -> dict[str, Any]:
         if value is not None:
             cmd += [flag, str(value)]
     env = {**os.environ, **worker_io.ON_CPU}  # the servers and workers train on the CPU
-    if config.straggler > 1.0:  # persistent: the last worker
+    if config.straggler > 1.0:  # persistent: the last worker (transient: no rank)
         straggler = Straggler(config.workers - 1, config.straggler, config.straggler_mode)
         env["PLAIT_TRAIN_STRAGGLER"] = straggler.text()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
