@@ -53,6 +53,11 @@ def test_options_reach_the_config_under_every_flag() -> None:
         (TrainBenchConfig, {"workloads": "resnet"}, "unknown workloads ['resnet']"),
         (PsBenchConfig, {"configs": "ps bsp"}, "unknown configs ['ps bsp']"),
         (PsBenchConfig, {"straggler": 0.5}, "--straggler must be >= 1"),
+        (
+            PsBenchConfig,
+            {"straggler_mode": "sometimes"},
+            "--straggler-mode must be one of persistent, transient; got 'sometimes'",
+        ),
         (PipelineBenchConfig, {"stages": "9"}, "--stages 9 > --layers 8: a stage would be empty"),
         (PipelineBenchConfig, {"chunks": "2", "batch": 1}, "--chunks 2 > --batch 1"),
         (PipelineBenchConfig, {"schedules": "zb"}, "unknown schedules ['zb']"),

@@ -27,17 +27,34 @@ def test_summary_ratios_and_bar() -> None:
     rows = {r["config"]: r for r in summarize(runs)}
     assert rows["ps async"]["vs_sync"] == pytest.approx((1.8 + 1.5) / 2)  # paired by repeat
     assert rows["ps async"]["max_staleness"] == 8 and rows["allreduce"]["max_staleness"] is None
-    bar = check_bar(list(rows.values()))
-    assert "bar: ps async 1.65x sync (>= 1.5x), metric +0.00 points vs sync (>= -1): met" in bar
-    assert "ps ssp tau=4 1.20x sync" in bar and "NOT met" in bar
+    bar = check_bar(list(rows.values()), "persistent").splitlines()
+    assert bar[0] == ("bar (persistent straggler): ps async 1.65x sync (>= 1.5x), metric "
+                      "+0.00 points vs sync (>= -1): met")  # fmt: skip
+    assert bar[1].startswith("bar (persistent straggler): ps ssp tau=4 1.20x sync (>= 1.5x)")
+    assert bar[1].endswith("NOT met") and len(bar) == 2
+    # transient: issue 15's bar is ssp's alone, and lower; -5.5 points fails it all the same
+    (line,) = check_bar(list(rows.values()), "transient").splitlines()
+    assert line.startswith("bar (transient straggler): ps ssp tau=4 1.20x sync (>= 1.3x)")
+    assert "metric -6.00 points" in line and line.endswith("NOT met")
+    runs["ps ssp tau=4"] = [_fig(130, 0.965), _fig(280, 0.97)]  # 1.3x and 1.4x, -0.25 points
+    (line,) = check_bar(summarize(runs), "transient").splitlines()
+    assert "ps ssp tau=4 1.35x sync (>= 1.3x), metric -0.25 points" in line
+    assert line.endswith(": met")
     table = markdown(list(rows.values())).splitlines()
     assert table[0].startswith("| config | samples/s | vs ps sync |") and len(table) == 6
 
 
-def test_bad_input_exits_2() -> None:
-    res = subprocess.run([sys.executable, "-m", "plait", "bench", "ps", "--configs", "ps bsp"],
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--configs", "ps bsp"], "unknown configs ['ps bsp']"),
+        (["--straggler-mode", "sometimes"], "invalid choice: 'sometimes' (choose from"),
+    ],
+)
+def test_bad_input_exits_2(args: list[str], says: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "plait", "bench", "ps", *args],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert res.returncode == 2 and "unknown configs ['ps bsp']" in res.stderr
+    assert res.returncode == 2 and says in res.stderr
 
 
 @pytest.mark.timeout(120)
@@ -46,7 +63,7 @@ def test_a_tiny_run(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "plait", "bench", "ps", "--configs", "ps async", "--workers",
          "2", "--servers", "1", "--steps", "10", "--repeats", "1", "--straggler", "1.5",
-         "--json", str(out), "--markdown"],
+         "--straggler-mode", "transient", "--json", str(out), "--markdown"],
         capture_output=True, text=True, timeout=110,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
@@ -54,4 +71,5 @@ def test_a_tiny_run(tmp_path: Path) -> None:
     (row,) = data["summary"]
     assert row["config"] == "ps async" and row["samples_per_s"] > 0 and row["vs_sync"] is None
     assert data["runs"]["ps async"][0]["ps_mode"] == "async"
+    assert data["args"]["straggler_mode"] == "transient" and "transient straggler" in res.stdout
     assert "| ps async |" in res.stdout

@@ -17,7 +17,6 @@ from plait.ps.config import PSConfig
 from plait.train import job
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
-from plait.train.straggler import Straggler
 
 
 def _config(**options: Any) -> TrainConfig:
@@ -87,16 +86,6 @@ def test_under_a_launcher_the_last_ranks_serve(monkeypatch: pytest.MonkeyPatch) 
     assert (c.workers, c.servers) == (2, 3)
     with pytest.raises(ConfigError, match="pass --servers S"):
         job.configure({"strategy": "ps", "data": "synthetic"})
-
-
-def test_straggler_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PLAIT_TRAIN_STRAGGLER", "3:2.5")
-    assert Straggler.from_env() == Straggler(3, 2.5)
-    monkeypatch.setenv("PLAIT_TRAIN_STRAGGLER", "x")
-    with pytest.raises(ValueError, match="expected RANK:FACTOR"):
-        Straggler.from_env()
-    monkeypatch.delenv("PLAIT_TRAIN_STRAGGLER")
-    assert Straggler.from_env().factor == 1.0
 
 
 def _train(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:

@@ -128,7 +128,8 @@ VARIABLES: tuple[Var, ...] = (
         "STEP[:RANK]: make that rank's loss NaN at STEP (every rank's without RANK)",
         "test hooks"),
     Var("PLAIT_TRAIN_STRAGGLER", "text", None,
-        "RANK:FACTOR: make one rank FACTOR times slower", "test hooks"),
+        "RANK:FACTOR: make one rank FACTOR times slower at every step; transient:FACTOR: "
+        "a rank drawn per step from the run's seed and the step", "test hooks"),
     Var("PLAIT_TRAIN_KILL_AT", "text", None,
         "RANK:N: a parameter-server worker kills itself (SIGKILL) after its N-th push",
         "test hooks"),

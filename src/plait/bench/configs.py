@@ -15,6 +15,8 @@ from plait.errors import ConfigError
 from plait.options import option
 from plait.pipeline.schedule import SCHEDULES
 from plait.train.recipes import MODELS
+from plait.train.straggler import MODES as STRAGGLER_MODES
+from plait.train.straggler import PERSISTENT, TRANSIENT
 
 SIZES = "4K,64K,1M,16M,64M"  # bytes per message, collectives and p2p alike
 #: Where a benchmark's tensors are: cpu, or cuda (rank i on cuda:LOCAL_RANK, NCCL between)
@@ -28,6 +30,12 @@ PS_CONFIGS: dict[str, list[str]] = {
     "ps async": ["--strategy", "ps", "--ps-mode", "async"],
 }
 PS_BASELINE = "ps sync"
+# bench ps: the issues' bars per straggler mode, (configuration, least throughput vs
+# PS_BASELINE), each with the held-out metric at most 1 point worse than the baseline's
+PS_BARS: dict[str, tuple[tuple[str, float], ...]] = {
+    PERSISTENT: (("ps async", 1.5), ("ps ssp tau=4", 1.5)),
+    TRANSIENT: (("ps ssp tau=4", 1.3),),  # issue 15: what bounded staleness is for
+}
 # bench memory: what trains side by side: plait's DataParallel and ZeRO stages, then torch's
 MEMORY_IMPLS = ("dp", "stage1", "stage2", "stage3", "ddp", "ddp-zero", "fsdp2")
 #: A `plait bench memory` rank that ran out of memory under --limit exits with this status
@@ -253,9 +261,11 @@ class PsBenchConfig:
     One run trains the same workload (a `plait train` job: same model, data, seed, steps
     and global batch) once per configuration and repeat: allreduce data parallelism
     (`plait.DataParallel`), and the parameter server in sync, ssp (tau 1 and 4) and async
-    modes. With `--straggler F`, the last worker is made F x slower (PLAIT_TRAIN_STRAGGLER):
-    sync and allreduce wait for it every step, ssp lets the others run at most tau steps
-    ahead, async never waits. Within a repeat the configurations run back to back in a
+    modes. With `--straggler F`, a worker is made F x slower (PLAIT_TRAIN_STRAGGLER): the
+    last one at every step (`--straggler-mode persistent`), or one drawn per step from the
+    seed and the step (`transient`). Sync and allreduce wait for it every step, ssp lets
+    the others run at most tau steps ahead (and wait for a persistent straggler once they
+    are), async never waits. Within a repeat the configurations run back to back in a
     fresh seeded order; the table shows medians over repeats and each one's throughput
     relative to ps sync (the median of per-repeat ratios).
     """
@@ -270,7 +280,14 @@ class PsBenchConfig:
         default=None, metadata=option("global batch", default_text="the model's recipe")
     )
     straggler: float = field(
-        default=2.0, metadata=option("worker W-1 is F x slower (1 for none)", metavar="F")
+        default=2.0, metadata=option("a worker is F x slower (1 for none)", metavar="F")
+    )
+    straggler_mode: str = field(
+        default=PERSISTENT,
+        metadata=option(
+            "persistent: worker W-1 at every step; transient: a worker drawn per step",
+            choices=STRAGGLER_MODES,
+        ),
     )
     configs: str = field(
         default=",".join(PS_CONFIGS),
@@ -289,6 +306,11 @@ class PsBenchConfig:
             )
         if self.straggler < 1.0:
             raise ConfigError(f"--straggler must be >= 1 (a slowdown factor); got {self.straggler}")
+        if self.straggler_mode not in STRAGGLER_MODES:
+            raise ConfigError(
+                f"--straggler-mode must be one of {', '.join(STRAGGLER_MODES)}; "
+                f"got {self.straggler_mode!r}"
+            )
 
     @property
     def config_list(self) -> list[str]:

@@ -19,7 +19,7 @@ only after a flush found every loss finite, so the last one on disk is good.
 
 Test hooks (plait/env.py): PLAIT_TRAIN_NAN_AT="STEP[:RANK]" makes that rank's loss NaN at
 STEP (every rank's when RANK is left out); PLAIT_TRAIN_STRAGGLER="RANK:FACTOR" makes one
-rank FACTOR x slower (straggler.py).
+rank FACTOR x slower, "transient:FACTOR" one drawn per step from the seed (straggler.py).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class _Run:
         self.compile_s: float | None = None  # --compile: the warm-up's seconds
         nan_step, _, who = (env.get("PLAIT_TRAIN_NAN_AT") or "").partition(":")
         self.nan_at = int(nan_step) if nan_step and who in ("", str(step.rank)) else None
-        self.straggler = Straggler.from_env()
+        self.straggler = Straggler.from_env(config.workload.seed)
         data = work.data
         self.unit = getattr(data, "unit", "sample")  # what a sample is, for the report
         self.token = getattr(data, "token", "")  # LM: what the loss is per
@@ -155,15 +155,17 @@ class _Run:
         self.started = time.perf_counter()
         self.window = (self.started, self.paused_s, self.first)
         last = self.first  # the highest global step this rank has trained
+        clock = self.first  # the steps this rank has trained (= `last` under sync/allreduce)
         slices = s.slices(self.first, self.steps)
         current = next(slices, None)
         while current is not None:
             step, part = current
+            clock += 1
             began = time.perf_counter()
             self.forward_backward(step, part)
             current = next(slices, None)  # first: the last slice's update is told so
             s.update(c.lr_at(step), last=current is None)
-            self.straggler.delay(s.rank, time.perf_counter() - began)
+            self.straggler.delay(s.rank, s.world_size, clock, time.perf_counter() - began)
             self.say("step", {"step": step})
             crossed = range(last + 1, step + 1)
             last = max(last, step)
