@@ -113,6 +113,31 @@ def test_bench_train_compares_plait_with_ddp(tmp_path):
     assert "plait / DDP" in proc.stdout and "| gpt | 2 |" in proc.stdout
 
 
+@pytest.mark.timeout(200)
+def test_bench_comm_compares_the_ways_on_this_machine(tmp_path):
+    """--hosts 1 (loopback; the simulated hosts need root): every way trains, FIFO and
+    priority send the gradient's bytes per step, DDP's fp16 hook half of them."""
+    out = tmp_path / "comm.json"
+    cmd = [
+        sys.executable, "-m", "plait", "bench", "comm", "--hosts", "1", "-n", "2",
+        "--workloads", "mlp", "--ways", "fifo,priority,ddp,ddp-fp16", "--steps", "2",
+        "--repeats", "2", "--warmup", "1", "--json", str(out), "--markdown",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=190, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    w = data["runs"]["None"]["workloads"]["mlp"]
+    assert all(len(v) == 2 and min(v) > 0 for v in w["samples_per_s"].values())
+    grad = 4 * w["parameters"]
+    sent = w["sent_bytes"]
+    assert sent["fifo"] == sent["priority"] == sent["ddp"] == grad
+    assert sent["ddp-fp16"] == grad // 2
+    assert w["compute_s"] > 0
+    rows = {r["way"]: r for r in data["summary"]}
+    assert rows["fifo"]["vs_fifo"] == 1.0 and rows["priority"]["vs_fifo"] > 0
+    assert "| None | mlp | priority |" in proc.stdout
+
+
 def test_bench_train_rejects_uneven_batch():
     proc = subprocess.run(
         [sys.executable, "-m", "plait", "bench", "train", "--nproc", "3", "--global-batch", "8"],

@@ -12,6 +12,7 @@ from plait.bench import report, worker_io
 from plait.bench.configs import (
     BENCHMARKS,
     CollectivesConfig,
+    CommBenchConfig,
     P2PConfig,
     PipelineBenchConfig,
     PsBenchConfig,
@@ -62,6 +63,9 @@ def test_options_reach_the_config_under_every_flag() -> None:
         (PipelineBenchConfig, {"chunks": "2", "batch": 1}, "--chunks 2 > --batch 1"),
         (PipelineBenchConfig, {"schedules": "zb"}, "unknown schedules ['zb']"),
         (PipelineBenchConfig, {"warmup": -1}, "--warmup must be >= 0; got -1"),
+        (CommBenchConfig, {"ways": "fifo,lifo"}, "way 'lifo' is not one of fifo, priority"),
+        (CommBenchConfig, {"hosts": 3, "global_batch": 64}, "--global-batch 64 % 6 ranks"),
+        (CommBenchConfig, {"slice_mb": 0}, "--slice-mb must be > 0; got 0"),
     ],
 )
 def test_bad_values_show_the_failing_check(cls: type, options: dict, says: str) -> None:

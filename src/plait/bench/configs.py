@@ -40,6 +40,8 @@ PS_BARS: dict[str, tuple[tuple[str, float], ...]] = {
 MEMORY_IMPLS = ("dp", "stage1", "stage2", "stage3", "ddp", "ddp-zero", "fsdp2")
 #: A `plait bench memory` rank that ran out of memory under --limit exits with this status
 MEMORY_EXIT_OOM = 3
+# bench comm: the ways it knows by name (plus topk:RATIO and powersgd:RANK); ratios vs fifo
+COMM_WAYS = ("fifo", "priority", "fp16", "bf16", "ddp", "ddp-fp16", "ddp-powersgd")
 
 
 def _json() -> str | None:
@@ -442,6 +444,65 @@ class MemoryBenchConfig:
 
 
 #: `plait bench NAME` -> its config; NAME's parent side is the module plait.bench.jobs.NAME
+@dataclass(kw_only=True)
+class CommBenchConfig:
+    """the communication wall: FIFO vs priority scheduling vs compression vs DDP, on slow links.
+
+    Simulated hosts (network namespaces, needs root; --hosts 1: this machine's loopback)
+    with each host's link limited to each of --link-rates in turn. Per rate and workload,
+    every way trains the same model from one seed in turns (a fresh order per repeat), and
+    the table gives the median samples/s, the ratio to plait FIFO (paired per repeat), and
+    the bytes each rank sends per step. Ways: fifo (plait.DataParallel), priority
+    (DataParallel(priority=True) with a scheduled optimizer), plait's compressions
+    (fp16, bf16, topk:RATIO, powersgd:RANK), ddp, ddp-fp16 and ddp-powersgd (torch DDP
+    with its fp16 and PowerSGD (rank 4) communication hooks). The FIFO row also shows
+    the step's compute time (the same steps under no_sync): where communication is of the
+    order of computation is where scheduling can gain.
+    """
+
+    workloads: str = field(
+        default="wide,gpt", metadata=option(f"comma-separated subset of {','.join(MODELS)}")
+    )
+    ways: str = field(default=",".join(COMM_WAYS), metadata=option("comma-separated ways"))
+    hosts: int = field(
+        default=2, metadata=option("simulated hosts (network namespaces; 1: loopback)", metavar="H")
+    )
+    nproc: int = field(default=2, metadata=option("ranks per host", aliases=("-n",)))
+    link_rates: str = field(
+        default="100mbit,1gbit", metadata=option("each host's link rate, one run each (tc tbf)")
+    )
+    global_batch: int = field(default=64, metadata=option("global batch"))
+    steps: int = field(default=4, metadata=option("timed steps per repeat"))
+    repeats: int = field(default=3, metadata=option("repeats per cell"))
+    warmup: int = field(default=3, metadata=option("untimed steps of each before timing"))
+    slice_mb: float = field(default=1.0, metadata=option("priority's slice size in MiB"))
+    json: str | None = _json()
+    markdown: bool = _markdown()
+
+    def __post_init__(self) -> None:
+        _subset("workloads", self.workloads, MODELS)
+        for way in self.way_list:
+            if way not in COMM_WAYS and not way.startswith(("topk:", "powersgd:")):
+                raise ConfigError(f"way {way!r} is not one of {', '.join(COMM_WAYS)}, "
+                                  "topk:RATIO, powersgd:RANK")  # fmt: skip
+        _at_least_1(hosts=self.hosts, nproc=self.nproc, steps=self.steps, repeats=self.repeats)
+        _batch_divides(self.global_batch, [self.hosts * self.nproc])
+        if not self.slice_mb > 0:
+            raise ConfigError(f"--slice-mb must be > 0; got {self.slice_mb}")
+
+    @property
+    def way_list(self) -> list[str]:
+        return self.ways.split(",")
+
+    @property
+    def workload_list(self) -> list[str]:
+        return self.workloads.split(",")
+
+    @property
+    def rate_list(self) -> list[str | None]:
+        return [r or None for r in self.link_rates.split(",")] if self.hosts > 1 else [None]
+
+
 BENCHMARKS: dict[str, type] = {
     "collectives": CollectivesConfig,
     "train": TrainBenchConfig,
@@ -449,4 +510,5 @@ BENCHMARKS: dict[str, type] = {
     "pipeline": PipelineBenchConfig,
     "p2p": P2PConfig,
     "memory": MemoryBenchConfig,
+    "comm": CommBenchConfig,
 }

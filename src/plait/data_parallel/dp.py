@@ -44,6 +44,9 @@ from plait.comm.communicator import Communicator
 from plait.comm.request import Request
 from plait.data_parallel import buckets as bucketing
 from plait.data_parallel import replicas
+from plait.data_parallel.buckets import MiB
+from plait.data_parallel.priority import CREDIT_MB, SLICE_MB, PriorityReducer
+from plait.data_parallel.scheduled import ScheduledOptimizer
 from plait.errors import PlaitError
 
 
@@ -77,6 +80,11 @@ class DataParallel(nn.Module):
             zeros (False: raise UnusedParametersError naming them).
         reduce_dtype: average the gradients in this dtype (e.g. torch.bfloat16: half the
             bytes on the wire); None: in the gradients' own. See buckets.Bucket.
+        priority: reduce in slices, those the next forward needs first first (P3,
+            ByteScheduler; priority.py). With `scheduled(optimizer)` each layer steps
+            when the next forward reaches it; without, backward's end waits for every
+            slice as FIFO does.
+        slice_mb, credit_mb: priority's slice size, and the bytes it keeps on the wire.
 
     Raises:
         ReplicaMismatchError: on every rank, if the ranks' parameters differ.
@@ -92,6 +100,9 @@ class DataParallel(nn.Module):
         broadcast_buffers: bool = True,
         find_unused_parameters: bool = False,
         reduce_dtype: torch.dtype | None = None,
+        priority: bool = False,
+        slice_mb: float = SLICE_MB,
+        credit_mb: float = CREDIT_MB,
     ) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
@@ -120,6 +131,11 @@ class DataParallel(nn.Module):
         replicas.broadcast_tensors(comm, [t for _, t in module.state_dict(keep_vars=True).items()])
 
         self._names = {id(p): n for n, p in named}
+        self.reducer: PriorityReducer | None = None
+        self._scheduled: ScheduledOptimizer | None = None
+        if priority:
+            unsupported = find_unused_parameters or reduce_dtype is not None
+            self.reducer = _priority_reducer(named, comm, slice_mb, credit_mb, unsupported)
         cap = int(bucket_mb * bucketing.MiB)
         plan = bucketing.plan(
             [p.numel() * p.element_size() for _, p in named],
@@ -145,6 +161,9 @@ class DataParallel(nn.Module):
         self._next = 0  # the next bucket to launch
         self._handles: list[Request[torch.Tensor] | None] = [None] * len(self._buckets)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+        self._order = {id(p): i for i, (_, p) in enumerate(named)}
+        if self.reducer is not None:
+            self._buckets = []
 
     # ---------------------------------------------------------------- public
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -165,8 +184,25 @@ class DataParallel(nn.Module):
 
     @property
     def bucket_sizes(self) -> list[int]:
-        """Bytes of gradient per bucket, in launch order."""
+        """Bytes of gradient per bucket, in launch order (priority: per slice)."""
+        if self.reducer is not None:
+            return self.reducer.slice_sizes
         return [sum(b.numels) * b.buffer.element_size() for b in self._buckets]
+
+    def scheduled(self, optimizer: torch.optim.Optimizer) -> ScheduledOptimizer:
+        """priority=True: `optimizer` stepped layer by layer as the next forward needs each
+        (scheduled.py); use what this returns in its place."""
+        self._scheduled = ScheduledOptimizer(self, optimizer)
+        return self._scheduled
+
+    def synchronize(self) -> None:
+        """priority=True: wait for every slice and set each parameter's `.grad` to its
+        average (for clipping, or to read the gradients). FIFO: nothing to do."""
+        if self.reducer is None:
+            return
+        self.reducer.wait_all()
+        for i, p in enumerate(self.reducer.params):
+            p.grad = self.reducer.grad(i)
 
     # ------------------------------------------------------------ the reducer
     def _on_grad(self, param: torch.Tensor) -> None:
@@ -176,6 +212,10 @@ class DataParallel(nn.Module):
         now = time.perf_counter()
         if not self._in_backward:
             self._in_backward = True
+            if self.reducer is not None:  # the last step's layers read the buffer: step them
+                if self._scheduled is not None:
+                    self._scheduled.synchronize()
+                self.reducer.begin()
             self.trace = StepTrace(first_grad=now, ready=[0.0] * len(self._buckets))
             # runs when the whole backward pass is done, in the thread that ran it
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
@@ -183,6 +223,11 @@ class DataParallel(nn.Module):
         if id(param) in self._ready:
             return  # a second gradient in one pass (e.g. retain_graph): reduced once
         self._ready.add(id(param))
+        if self.reducer is not None:
+            assert param.grad is not None
+            self.reducer.landed(self._order[id(param)], param.grad)
+            param.grad = None  # the average comes back through the reducer
+            return
         bucket, _ = self._where[id(param)]
         bucket.pending -= 1
         if self.overlap:
@@ -201,6 +246,9 @@ class DataParallel(nn.Module):
         self._next += 1
 
     def _finish(self) -> None:
+        if self.reducer is not None:
+            self._finish_priority()
+            return
         try:
             missing = [p for b in self._buckets for p in b.params if id(p) not in self._ready]
             # launch and wait for every bucket even when about to raise: the other ranks
@@ -217,15 +265,37 @@ class DataParallel(nn.Module):
             self.trace.started = [h.started_at or 0.0 for h in self._handles if h]
             self.trace.finished = [h.finished_at or 0.0 for h in self._handles if h]
             if missing and not self.find_unused_parameters:
-                names = ", ".join(self._names[id(p)] for p in missing)
-                raise UnusedParametersError(
-                    f"{len(missing)} parameter(s) got no gradient on rank {self.comm.rank} in "
-                    f"this backward pass: {names}. Pass DataParallel(..., "
-                    "find_unused_parameters=True) to average them with zeros where unused, "
-                    "or set requires_grad=False on parameters the model never uses."
-                )
+                self._unused(missing)
         finally:
             self._reset()
+
+    def _finish_priority(self) -> None:
+        """End of backward: what never landed is reduced as zeros (the ranks stay in step),
+        then an error names it. Without a scheduled optimizer, wait and set `.grad`."""
+        assert self.reducer is not None
+        try:
+            missing = [p for p in self.reducer.params if id(p) not in self._ready]
+            for p in missing:
+                self.reducer.missing(self._order[id(p)])
+            self.trace.waited_s = 0.0
+            if self._scheduled is None:
+                start = time.perf_counter()
+                self.synchronize()
+                self.trace.waited_s = time.perf_counter() - start
+            if missing:
+                self._unused(missing)
+        finally:
+            self._ready.clear()
+            self._in_backward = False
+
+    def _unused(self, missing: list[nn.Parameter]) -> None:
+        names = ", ".join(self._names[id(p)] for p in missing)
+        raise UnusedParametersError(
+            f"{len(missing)} parameter(s) got no gradient on rank {self.comm.rank} in "
+            f"this backward pass: {names}. Pass DataParallel(..., "
+            "find_unused_parameters=True) to average them with zeros where unused, "
+            "or set requires_grad=False on parameters the model never uses."
+        )
 
     def _reset(self) -> None:
         for bucket in self._buckets:
@@ -235,3 +305,21 @@ class DataParallel(nn.Module):
         self._handles = [None] * len(self._buckets)
         self._in_backward = False
         self._checked_buckets = True
+
+
+def _priority_reducer(
+    named: list[tuple[str, nn.Parameter]],
+    comm: Communicator,
+    slice_mb: float,
+    credit_mb: float,
+    unsupported: bool,
+) -> PriorityReducer:
+    if unsupported:
+        raise ValueError("priority=True does not take find_unused_parameters or reduce_dtype yet")
+    if not (slice_mb > 0 and credit_mb > 0):
+        raise ValueError(f"slice_mb and credit_mb must be > 0; got {slice_mb} and {credit_mb}")
+    if not named:
+        raise ValueError("priority=True needs parameters that require grad; the module has none")
+    size = named[0][1].element_size()
+    return PriorityReducer([p for _, p in named], comm, max(1, int(slice_mb * MiB) // size),
+                           int(credit_mb * MiB))  # fmt: skip

@@ -68,6 +68,18 @@ class TrainConfig:
             metavar="STAGE",
         ),
     )
+    priority: bool = field(
+        default=False,
+        metadata=option(
+            "reduce gradients in slices, those the next forward needs first first, and "
+            "step each layer when the next forward reaches it (P3; DataParallel(priority="
+            "True)); --strategy allreduce without --zero, --pp or --tp"
+        ),
+    )
+    slice_mb: float = field(
+        default=1.0,
+        metadata=option("with --priority: the slice size in MiB", metavar="MB"),
+    )
     servers: int | None = field(
         default=None,
         metadata=option(
@@ -107,6 +119,7 @@ class TrainConfig:
         self._check_batch()
         self._check_mesh()
         self._check_zero()
+        self._check_priority()
         self.compute.check(self.strategy, STRATEGIES[self.strategy], tp=self.mesh.tp,
                            zero=self.zero)  # fmt: skip
         self._check_checkpoints()
@@ -257,6 +270,26 @@ class TrainConfig:
         if STRATEGIES[self.strategy].sharded_step is None:
             raise ConfigError(f"--zero {self.zero} shards data parallelism: it runs with "
                               f"--strategy allreduce, not {self.strategy}")  # fmt: skip
+
+    def _check_priority(self) -> None:
+        if not self.slice_mb > 0:
+            raise ConfigError(f"slice_mb {self.slice_mb:g} is not > 0")
+        if self.slice_mb != 1.0 and not self.priority:
+            raise ConfigError(f"--slice-mb {self.slice_mb:g} applies to --priority only")
+        if not self.priority:
+            return
+        where = [f"--strategy {self.strategy}"] if self.strategy != "allreduce" else []
+        where += [f"--zero {self.zero}"] if self.zero else []
+        where += ["--pp/--tp"] if self.mesh.on_mesh else []
+        if self.compute.precision == "fp16":
+            where.append("--precision fp16")
+        if self.compute.reduce_dtype != "fp32":
+            where.append(f"--reduce-dtype {self.compute.reduce_dtype}")
+        if where:
+            raise ConfigError(
+                f"--priority schedules DataParallel's reduction (--strategy allreduce, fp32 "
+                f"or bf16); not with {', '.join(where)} yet"
+            )
 
     def _check_checkpoints(self) -> None:
         if self.checkpoint.out is None and not self.checkpoint.resume:

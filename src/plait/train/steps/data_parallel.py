@@ -35,8 +35,13 @@ class DataParallelStep(AllreduceStep):
         self.compute.checkpoint(self.model)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.wrapped = DataParallel(self.computed, comm=comm,
-                                    reduce_dtype=self.compute.reduce_dtype)  # fmt: skip
+                                    reduce_dtype=self.compute.reduce_dtype,
+                                    priority=config.priority, slice_mb=config.slice_mb)  # fmt: skip
         self.optimizer = make_optimizer(self.model, config)
+        self.scheduled = None  # --priority: each layer steps when the next forward needs it
+        if config.priority:
+            self.scheduled = self.wrapped.scheduled(self.optimizer)
+            self.optimizer = self.scheduled  # type: ignore[assignment]
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -44,13 +49,21 @@ class DataParallelStep(AllreduceStep):
         return self.compute.forward_backward(self.wrapped, x, y, loss_fn)
 
     def clip(self, max_norm: float) -> None:
+        self.wrapped.synchronize()  # --priority: every gradient first (scheduled.py)
         self.compute.unscale_(self.optimizer)
         nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def evaluate(self) -> float:
+        self._settle()
         return evaluate(self.computed, self.work, self.comm, self.device)
 
+    def _settle(self) -> None:
+        """--priority: take the steps still pending (the parameters are read whole)."""
+        if self.scheduled is not None:
+            self.scheduled.synchronize()
+
     def state_dict(self) -> dict[str, Any]:
+        self._settle()
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 **self.compute.state_dict()}  # fmt: skip
 
@@ -60,5 +73,6 @@ class DataParallelStep(AllreduceStep):
         self.compute.load_state_dict(state)
 
     def figures(self) -> dict[str, Any]:
+        self._settle()
         # the bytes each rank sends into the gradient allreduce per step: halved by bf16
         return {**self.compute.figures(), "allreduce_bytes": sum(self.wrapped.bucket_sizes)}
