@@ -195,6 +195,12 @@ class DataParallel(nn.Module):
         self._scheduled = ScheduledOptimizer(self, optimizer)
         return self._scheduled
 
+    def close(self) -> None:
+        """priority=True: stop its threads and communicators (after the last step; the
+        processes' exit stops them too). FIFO: nothing to do."""
+        if self.reducer is not None:
+            self.reducer.close()
+
     def synchronize(self) -> None:
         """priority=True: wait for every slice and set each parameter's `.grad` to its
         average (for clipping, or to read the gradients). FIFO: nothing to do."""

@@ -131,6 +131,7 @@ class PriorityReducer:
         self._inflight = 0  # bytes issued and not yet reduced
         self._issued: collections.deque[tuple[int, Request[torch.Tensor]]] = collections.deque()
         self._error: BaseException | None = None
+        self._closed = False
         self.order: list[int] = []  # the last pass's slices in the order they were reduced
         self._threads = [
             threading.Thread(target=self._guard(loop), name=f"plait-priority-{name}", daemon=True)
@@ -177,6 +178,16 @@ class PriorityReducer:
     def wait_all(self) -> None:
         self._wait_for(lambda: all(self._reduced))
 
+    def close(self) -> None:
+        """Stop the two threads and the two communicators (when no pass is under way)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=5.0)
+        self.ctrl.close()
+        self.data.close()
+
     @property
     def slice_sizes(self) -> list[int]:
         """Bytes per slice, most urgent first."""
@@ -219,8 +230,10 @@ class PriorityReducer:
         checked = False
         while True:
             with self._cond:  # wait for this rank's next pass (no collective while idle)
-                while self._passes <= served:
+                while self._passes <= served and not self._closed:
                     self._cond.wait()
+                if self._closed:
+                    return
             served += 1
             for _ in range(self.plan.num_slices):
                 if self.rank == 0:
@@ -245,8 +258,10 @@ class PriorityReducer:
     def _collect(self) -> None:
         while True:
             with self._cond:
-                while not self._issued:
+                while not self._issued and not self._closed:
                     self._cond.wait()
+                if self._closed and not self._issued:
+                    return
                 k, request = self._issued[0]
             request.wait()
             lo, hi = self.plan.bounds(k)

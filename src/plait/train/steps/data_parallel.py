@@ -72,6 +72,9 @@ class DataParallelStep(AllreduceStep):
         self.optimizer.load_state_dict(state["optimizer"])
         self.compute.load_state_dict(state)
 
+    def close(self) -> None:
+        self.wrapped.close()
+
     def figures(self) -> dict[str, Any]:
         self._settle()
         # the bytes each rank sends into the gradient allreduce per step: halved by bf16
