@@ -90,7 +90,8 @@ class TrainConfig:
     )
     device: DeviceConfig = field(default_factory=DeviceConfig, metadata=group("devices"))
     compute: ComputeConfig = field(
-        default_factory=ComputeConfig, metadata=group("precision, memory and compilation")
+        default_factory=ComputeConfig,
+        metadata=group("precision, memory, compilation and compression"),
     )
     checkpoint: CheckpointConfig = field(
         default_factory=CheckpointConfig, metadata=group("checkpoints")

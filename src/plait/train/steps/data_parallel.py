@@ -35,7 +35,7 @@ class DataParallelStep(AllreduceStep):
         self.compute.checkpoint(self.model)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.wrapped = DataParallel(self.computed, comm=comm,
-                                    reduce_dtype=self.compute.reduce_dtype)  # fmt: skip
+                                    compression=self.compute.compression)  # fmt: skip
         self.optimizer = make_optimizer(self.model, config)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
@@ -60,5 +60,7 @@ class DataParallelStep(AllreduceStep):
         self.compute.load_state_dict(state)
 
     def figures(self) -> dict[str, Any]:
-        # the bytes each rank sends into the gradient allreduce per step: halved by bf16
-        return {**self.compute.figures(), "allreduce_bytes": sum(self.wrapped.bucket_sizes)}
+        # allreduce_bytes: the buckets' bytes (halved by bf16); sent_bytes: what the last
+        # step's gradient collectives took from each rank (compression.py's table)
+        return {**self.compute.figures(), "allreduce_bytes": sum(self.wrapped.bucket_sizes),
+                "sent_bytes": self.wrapped.sent_bytes}  # fmt: skip
