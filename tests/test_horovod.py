@@ -145,6 +145,18 @@ def check_collectives(hvd: Any, ck: Checks) -> None:
     ck.equal("fp16 decompress", hvd.Compression.fp16.decompress(half, ctx).dtype, torch.float32)
     ints = torch.arange(3)
     ck.equal("fp16 leaves ints", hvd.Compression.fp16.compress(ints)[0], ints)
+    # bf16 (plait's): float32's range, so a sum fp16 would overflow (65504) stays finite;
+    # the result is the exact sum up to bf16's rounding (2^-8 relative at most) of each
+    # term and partial sum, each at most n * 1e5 here
+    big = [x * 1e5 for x in xs]
+    got = hvd.allreduce(big[r], op=hvd.Sum, compression=hvd.Compression.bf16)
+    exact = torch.stack(big).sum(0)
+    ck.equal("bf16 compression keeps dtype", got.dtype, torch.float32)
+    ck.true("bf16 does not overflow", bool(torch.isfinite(got).all()))
+    ck.close("bf16 compression", got, exact, rtol=0, atol=n * n * 2**-8 * 1e5)
+    ck.true("bf16 rounds", not torch.equal(got, exact))
+    ck.equal("bf16 compress", hvd.Compression.bf16.compress(xs[r])[0].dtype, torch.bfloat16)
+    ck.equal("bf16 leaves ints", hvd.Compression.bf16.compress(ints)[0], ints)
 
     # in place, async, poll and synchronize
     xs = [data((3, 2), 4, q) for q in range(n)]

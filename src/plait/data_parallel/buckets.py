@@ -89,6 +89,11 @@ class Bucket:
         self.flags = self.buffer[total:] if flags else None
         self.pending = len(params)
 
+    @property
+    def grads(self) -> torch.Tensor:
+        """The gradients' part of the buffer (the flags excluded), shape (sum of numels,)."""
+        return self.buffer[: self.offsets[-1] + self.numels[-1]]
+
     def slice(self, i: int) -> torch.Tensor:
         """Parameter i's region of the buffer, shaped like the parameter."""
         off, n = self.offsets[i], self.numels[i]

@@ -11,6 +11,10 @@ How a step goes (the structure torch DDP made standard):
                        copy the averages back into .grad
     optimizer.step()   any torch optimizer; gradients are already averaged
 
+What a bucket's reduction sends is its compressor's business (compression.py): a plain
+allreduce by default, or fp16/bf16, top-k, PowerSGD; a launch starts the compressor's
+first collectives, the end of backward drives each bucket's to the end (reduction.py).
+
 On a GPU the same steps hold, with streams: a bucket is packed on the stream backward runs
 on, its allreduce (a CUDA collective: NCCL, or plait's schedules over NCCL point-to-point)
 runs on the Communicator's stream after an event that marks the packed buffer ready, and at
@@ -41,11 +45,12 @@ import torch
 from torch import nn
 
 from plait.comm.communicator import Communicator
-from plait.comm.request import Request
 from plait.data_parallel import buckets as bucketing
+from plait.data_parallel import compression as compressing
 from plait.data_parallel import replicas
 from plait.data_parallel.buckets import MiB
 from plait.data_parallel.priority import CREDIT_MB, SLICE_MB, PriorityReducer
+from plait.data_parallel.reduction import Reduction, complete
 from plait.data_parallel.scheduled import ScheduledOptimizer
 from plait.errors import PlaitError
 
@@ -79,16 +84,27 @@ class DataParallel(nn.Module):
         find_unused_parameters: treat parameters that got no gradient on this rank as
             zeros (False: raise UnusedParametersError naming them).
         reduce_dtype: average the gradients in this dtype (e.g. torch.bfloat16: half the
-            bytes on the wire); None: in the gradients' own. See buckets.Bucket.
+            bytes on the wire); None: in the gradients' own. The same as
+            `compression="bf16"` (or "fp16"); see buckets.Bucket.
+        compression: how buckets cross the wire: "none", "fp16", "bf16", "topk:RATIO",
+            "powersgd:RANK", or a compression.Compressor (e.g. PowerSGD(4, start_iter=100)).
+            See compression.py; `sent_bytes` counts what it sends.
         priority: reduce in slices, those the next forward needs first first (P3,
             ByteScheduler; priority.py). With `scheduled(optimizer)` each layer steps
             when the next forward reaches it; without, backward's end waits for every
-            slice as FIFO does.
+            slice as FIFO does. Not with compression yet.
         slice_mb, credit_mb: priority's slice size, and the bytes it keeps on the wire.
+
+    Attributes:
+        sent_bytes: the payload this rank handed to the gradient collectives in the last
+            synchronised backward (compression.py's table gives it per method).
+        trace: the StepTrace of the last synchronised backward.
 
     Raises:
         ReplicaMismatchError: on every rank, if the ranks' parameters differ.
         ValueError: the module's parameters are on more than one device.
+        ConfigError (a ValueError): a bad `compression`, or one that contradicts
+            `reduce_dtype`.
     """
 
     def __init__(
@@ -100,6 +116,7 @@ class DataParallel(nn.Module):
         broadcast_buffers: bool = True,
         find_unused_parameters: bool = False,
         reduce_dtype: torch.dtype | None = None,
+        compression: str | compressing.Compressor | None = None,
         priority: bool = False,
         slice_mb: float = SLICE_MB,
         credit_mb: float = CREDIT_MB,
@@ -119,6 +136,9 @@ class DataParallel(nn.Module):
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         self.trace = StepTrace()
+        # --- compression (compression.py): what a bucket's reduction sends, and how
+        self.compression = compressing.make(compression, reduce_dtype)
+        self.sent_bytes = 0  # payload of the last synchronised backward's collectives
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         placed = sorted({str(p.device) for _, p in named})
@@ -134,7 +154,8 @@ class DataParallel(nn.Module):
         self.reducer: PriorityReducer | None = None
         self._scheduled: ScheduledOptimizer | None = None
         if priority:
-            unsupported = find_unused_parameters or reduce_dtype is not None
+            unsupported = (find_unused_parameters or reduce_dtype is not None
+                           or compression not in (None, "none"))  # fmt: skip
             self.reducer = _priority_reducer(named, comm, slice_mb, credit_mb, unsupported)
         cap = int(bucket_mb * bucketing.MiB)
         plan = bucketing.plan(
@@ -145,7 +166,11 @@ class DataParallel(nn.Module):
         )
         self._buckets = [
             bucketing.Bucket(
-                b, [named[i][1] for i in members], find_unused_parameters, reduce_dtype, comm.size
+                b,
+                [named[i][1] for i in members],
+                find_unused_parameters,
+                self.compression.wire_dtype,
+                comm.size,
             )
             for b, members in enumerate(plan)
         ]
@@ -159,7 +184,7 @@ class DataParallel(nn.Module):
         self._in_backward = False
         self._ready: set[int] = set()  # ids of parameters whose gradient landed this pass
         self._next = 0  # the next bucket to launch
-        self._handles: list[Request[torch.Tensor] | None] = [None] * len(self._buckets)
+        self._handles: list[Reduction | None] = [None] * len(self._buckets)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
         self._order = {id(p): i for i, (_, p) in enumerate(named)}
         if self.reducer is not None:
@@ -246,8 +271,8 @@ class DataParallel(nn.Module):
     def _launch(self, bucket: bucketing.Bucket) -> None:
         bucket.pack()
         self.trace.ready[bucket.index] = time.perf_counter()
-        self._handles[bucket.index] = self.comm.allreduce_async_(
-            bucket.buffer, op=bucket.op, check=not self._checked_buckets
+        self._handles[bucket.index] = self.compression.start(
+            bucket, self.comm, check=not self._checked_buckets
         )
         self._next += 1
 
@@ -263,13 +288,14 @@ class DataParallel(nn.Module):
                 bucket.pending = 0
             self._launch_ready()
             start = time.perf_counter()
-            for bucket, handle in zip(self._buckets, self._handles, strict=True):
-                assert handle is not None
-                handle.wait()
+            handles = [h for h in self._handles if h is not None]
+            complete(handles)  # every bucket's average, in its buffer
+            for bucket in self._buckets:
                 bucket.unpack()
             self.trace.waited_s = time.perf_counter() - start
-            self.trace.started = [h.started_at or 0.0 for h in self._handles if h]
-            self.trace.finished = [h.finished_at or 0.0 for h in self._handles if h]
+            self.trace.started = [h.started_at for h in handles]
+            self.trace.finished = [h.finished_at for h in handles]
+            self.sent_bytes = sum(h.sent_bytes for h in handles)
             if missing and not self.find_unused_parameters:
                 self._unused(missing)
         finally:
@@ -284,6 +310,7 @@ class DataParallel(nn.Module):
             for p in missing:
                 self.reducer.missing(self._order[id(p)])
             self.trace.waited_s = 0.0
+            self.sent_bytes = sum(self.reducer.slice_sizes)  # every slice, averaged whole
             if self._scheduled is None:
                 start = time.perf_counter()
                 self.synchronize()
@@ -321,7 +348,9 @@ def _priority_reducer(
     unsupported: bool,
 ) -> PriorityReducer:
     if unsupported:
-        raise ValueError("priority=True does not take find_unused_parameters or reduce_dtype yet")
+        raise ValueError(
+            "priority=True does not take find_unused_parameters, reduce_dtype or compression yet"
+        )
     if not (slice_mb > 0 and credit_mb > 0):
         raise ValueError(f"slice_mb and credit_mb must be > 0; got {slice_mb} and {credit_mb}")
     if not named:

@@ -1,6 +1,9 @@
-"""`plait train --precision/--reduce-dtype/--activation-checkpointing/--compile`: how each
-rank computes, as one config component, and the lines it adds to the run's header and
-summary.
+"""`plait train --precision/--reduce-dtype/--compression/--activation-checkpointing/--compile`:
+how each rank computes (and sends its gradients), as one config component, and the lines it
+adds to the run's header and summary.
+
+`--reduce-dtype bf16` is `--compression bf16` by its older name (one mechanism:
+DataParallel's fp16/bf16 compressor); `wire` is the compression a run uses either way.
 
 What the options do lives beside the Steps (steps/compute.py, on top of precision.py,
 compile.py and plait.checkpoint_blocks); which strategies take which values is a column of
@@ -13,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from plait.data_parallel import spec
 from plait.options import option
 from plait.train.errors import ConfigError
 
@@ -44,6 +48,14 @@ class ComputeConfig:
             choices=tuple(PRECISIONS),
         ),
     )
+    compression: str = field(
+        default="none",
+        metadata=option(
+            f"how data-parallel ranks send their gradients: {spec.forms()} (top-k and "
+            "PowerSGD with error feedback; fp16/bf16 are --reduce-dtype's)",
+            metavar="METHOD",
+        ),
+    )
     loss_scale: float = field(
         default=LOSS_SCALE,
         metadata=option(
@@ -72,6 +84,13 @@ class ComputeConfig:
             value = getattr(self, name)
             if value not in PRECISIONS:
                 raise ConfigError(f"{name} {value!r} is not one of {', '.join(PRECISIONS)}")
+        spec.parse(self.compression)  # the message says what was expected and given
+        if self.reduce_dtype != "fp32" and self.compression not in ("none", self.reduce_dtype):
+            raise ConfigError(
+                f"reduce_dtype {self.reduce_dtype} and compression {self.compression} both "
+                f"say how gradients cross the wire (--reduce-dtype {self.reduce_dtype} is "
+                f"--compression {self.reduce_dtype}): give one"
+            )
         if not (math.isfinite(self.loss_scale) and self.loss_scale > 0):
             raise ConfigError(f"loss_scale {self.loss_scale:g} is not a finite number > 0")
         if self.loss_scale != LOSS_SCALE and self.precision != "fp16":
@@ -79,6 +98,13 @@ class ComputeConfig:
                 f"loss_scale {self.loss_scale:g} applies to --precision fp16 only, not "
                 f"precision {self.precision}: bf16 has fp32's range and needs no scaling"
             )
+
+    @property
+    def wire(self) -> str:
+        """The compression data parallelism uses: --compression, or --reduce-dtype's."""
+        if self.compression == "none" and self.reduce_dtype != "fp32":
+            return self.reduce_dtype
+        return self.compression
 
     @property
     def plain(self) -> bool:
@@ -91,8 +117,8 @@ class ComputeConfig:
         Raises:
             ConfigError: naming the option and the strategies that take it.
         """
-        if zero and (self.compile or self.reduce_dtype != "fp32"):
-            given = "--compile" if self.compile else f"--reduce-dtype {self.reduce_dtype}"
+        if zero and (self.compile or self.wire != "none"):
+            given = "--compile" if self.compile else self._given_wire()
             raise ConfigError(
                 f"{given} with --zero {zero} is not built yet (ShardedDataParallel gathers "
                 "and reduces in the parameters' dtype, around an eager forward): drop one"
@@ -102,10 +128,12 @@ class ComputeConfig:
                 f"--precision {self.precision} is not supported with --strategy {strategy} "
                 f"(it takes {', '.join(row.precisions)}): {row.limits}"
             )
-        if self.reduce_dtype != "fp32" and not row.reduces_gradients:
+        if self.wire != "none" and not row.reduces_gradients:
+            what = ("the dtype ranks average gradients in" if self.compression == "none"
+                    else "how ranks send the gradients they average")  # fmt: skip
             raise ConfigError(
-                f"--reduce-dtype {self.reduce_dtype} is the dtype ranks average gradients "
-                f"in, and under --strategy {strategy} they do not average them: leave it out"
+                f"{self._given_wire()} is {what}, and under --strategy {strategy} they do "
+                "not average them: leave it out"
             )
         if self.compile and tp > 1:
             raise ConfigError(
@@ -113,14 +141,22 @@ class ComputeConfig:
                 "the tensor-parallel layers' collectives; use --compile with --dp/--pp only"
             )
 
+    def _given_wire(self) -> str:
+        """The option that set `wire`, as the user wrote it."""
+        if self.compression == "none":
+            return f"--reduce-dtype {self.reduce_dtype}"
+        return f"--compression {self.compression}"
+
 
 def describe(config: ComputeConfig) -> str | None:
     """The run header's "compute:" line; None when everything is at its default."""
     if config.plain:
         return None
     parts = [f"{config.precision} autocast" if config.precision != "fp32" else "fp32"]
-    if config.reduce_dtype != "fp32":
-        parts.append(f"gradients averaged in {config.reduce_dtype}")
+    if config.wire in PRECISIONS:
+        parts.append(f"gradients averaged in {config.wire}")
+    elif config.wire != "none":
+        parts.append(f"gradients sent as {config.wire}")
     if config.activation_checkpointing:
         parts.append("activation checkpointing")
     if config.compile:
@@ -139,6 +175,9 @@ def rows(rec: dict[str, Any]) -> list[tuple[str, str]]:
             text += (f"; loss scale {rec['loss_scale']:g} at the end, "
                      f"{rec['skipped_steps']} steps skipped on overflow")  # fmt: skip
         found.append(("precision", text))
+    if rec.get("compression", "none") != "none" and rec.get("sent_bytes") is not None:
+        found.append(("compression", f"{rec['compression']}: {size(rec['sent_bytes'])} sent "
+                      "per step by each rank into the gradient collectives"))  # fmt: skip
     blocks = rec.get("checkpointed_blocks")
     if blocks:
         found.append(("checkpointed", f"{len(blocks)} blocks ({blocks[0]} to {blocks[-1]})"))

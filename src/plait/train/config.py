@@ -102,7 +102,8 @@ class TrainConfig:
     )
     device: DeviceConfig = field(default_factory=DeviceConfig, metadata=group("devices"))
     compute: ComputeConfig = field(
-        default_factory=ComputeConfig, metadata=group("precision, memory and compilation")
+        default_factory=ComputeConfig,
+        metadata=group("precision, memory, compilation and compression"),
     )
     checkpoint: CheckpointConfig = field(
         default_factory=CheckpointConfig, metadata=group("checkpoints")
@@ -283,8 +284,8 @@ class TrainConfig:
         where += ["--pp/--tp"] if self.mesh.on_mesh else []
         if self.compute.precision == "fp16":
             where.append("--precision fp16")
-        if self.compute.reduce_dtype != "fp32":
-            where.append(f"--reduce-dtype {self.compute.reduce_dtype}")
+        if self.compute.wire != "none":  # --compression, or --reduce-dtype its older name
+            where.append(f"--compression {self.compute.wire}")
         if where:
             raise ConfigError(
                 f"--priority schedules DataParallel's reduction (--strategy allreduce, fp32 "

@@ -58,7 +58,8 @@ class MeshModel:
         zero: int = 0,
     ) -> None:
         """`compute`: the Step's --compile (of this stage), --precision (autocast
-        around the stage) and --reduce-dtype (the dp average's buckets); None: none.
+        around the stage) and --compression/--reduce-dtype (the dp average's buckets); None:
+        none.
         `zero`: 1, 2 or 3 shards the stage over dp (ZeRO's stage); 0 replicates it."""
         self.mesh = mesh
         try:
@@ -70,14 +71,14 @@ class MeshModel:
         self.module = self.pipe.stage.to(device)  # this rank's parameters
         self.dp: DataParallel | ShardedDataParallel | None = None
         self.sharded: ShardedDataParallel | None = None
-        if zero:  # (the config refuses --compile and --reduce-dtype with --zero)
+        if zero:  # (the config refuses --compile and --compression with --zero)
             self.dp = self.sharded = ShardedDataParallel(self.module, stage=zero, comm=mesh.dp)
             self.pipe.stage = self.sharded
         if compute is not None:  # compiled: one graph per stage (activations leave between)
             self.pipe.stage = compute.wrap(self.pipe.stage)
         if mesh.dp.size > 1 and not zero:
-            reduce_dtype = compute.reduce_dtype if compute is not None else None
-            self.dp = DataParallel(self.pipe.stage, comm=mesh.dp, reduce_dtype=reduce_dtype)
+            compression = compute.compression if compute is not None else None
+            self.dp = DataParallel(self.pipe.stage, comm=mesh.dp, compression=compression)
             self.pipe.stage = self.dp
         self.first, self.last = self.pipe.first, self.pipe.last
         self.steps = 0

@@ -1,11 +1,11 @@
 """What a Step does around its model's arithmetic: --activation-checkpointing, --compile,
---precision (autocast, fp16's loss scaling) and --reduce-dtype, in one object each Step
-holds (`Compute`), so that every strategy applies them in the same order:
+--precision (autocast, fp16's loss scaling) and --reduce-dtype/--compression, in one object
+each Step holds (`Compute`), so that every strategy applies them in the same order:
 
     checkpoint(model)    the whole model, before a pipeline cuts it (plait.checkpoint_blocks)
     wrap(module)         what this rank runs (the model, or its pipeline stage): compiled,
                          with autocast around it; DataParallel goes around that, with
-                         `reduce_dtype` for its buckets
+                         `compression` for its buckets (--compression, or --reduce-dtype)
     forward_backward     the loss, scaled for backward (fp16); the first call counts the
                          bytes autograd keeps for backward (not with --compile: a compiled
                          graph saves its tensors out of the counting hooks' sight)
@@ -45,7 +45,7 @@ class Compute:
         self.device = device
         low = c.precision != "fp32"
         self.dtype = precision.dtype(c.precision) if low else None
-        self.reduce_dtype = precision.dtype(c.reduce_dtype) if c.reduce_dtype != "fp32" else None
+        self.compression = c.wire  # DataParallel's: "none", "bf16", "topk:0.01", ...
         self.scaler = precision.LossScaler(c.loss_scale, comm) if c.precision == "fp16" else None
         self.blocks: list[str] = []  # the checkpointed blocks' names
         self.activation_bytes: int | None = None  # kept for backward by the first forward
@@ -127,7 +127,7 @@ class Compute:
         """The --json figures of these options (compute.rows prints them)."""
         c, s = self.options, self.scaler
         return {
-            "precision": c.precision, "reduce_dtype": c.reduce_dtype,
+            "precision": c.precision, "reduce_dtype": c.reduce_dtype, "compression": c.wire,
             "loss_scale": s.scale if s is not None else None,
             "skipped_steps": s.skipped if s is not None else 0,
             "checkpointed_blocks": self.blocks, "activation_bytes": self.activation_bytes,

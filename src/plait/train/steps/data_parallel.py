@@ -35,7 +35,7 @@ class DataParallelStep(AllreduceStep):
         self.compute.checkpoint(self.model)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.wrapped = DataParallel(self.computed, comm=comm,
-                                    reduce_dtype=self.compute.reduce_dtype,
+                                    compression=self.compute.compression,
                                     priority=config.priority, slice_mb=config.slice_mb)  # fmt: skip
         self.optimizer = make_optimizer(self.model, config)
         self.scheduled = None  # --priority: each layer steps when the next forward needs it
@@ -77,5 +77,7 @@ class DataParallelStep(AllreduceStep):
 
     def figures(self) -> dict[str, Any]:
         self._settle()
-        # the bytes each rank sends into the gradient allreduce per step: halved by bf16
-        return {**self.compute.figures(), "allreduce_bytes": sum(self.wrapped.bucket_sizes)}
+        # allreduce_bytes: the buckets' bytes (halved by bf16); sent_bytes: what the last
+        # step's gradient collectives took from each rank (compression.py's table)
+        return {**self.compute.figures(), "allreduce_bytes": sum(self.wrapped.bucket_sizes),
+                "sent_bytes": self.wrapped.sent_bytes}  # fmt: skip
