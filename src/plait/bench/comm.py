@@ -31,12 +31,14 @@ from plait.bench.train import time_steps
 class Way:
     """One way of training data-parallel: the wrapped model, its optimizer, a step."""
 
-    def __init__(self, name: str, model: nn.Module, comm: Any, lr: float, slice_mb: float) -> None:
+    def __init__(
+        self, name: str, model: nn.Module, comm: Any, lr: float, slice_mb: float, group: Any
+    ) -> None:
         self.name = name
         self.finish: Callable[[], None] = lambda: None
         self.plait: Any = None
         if name.startswith("ddp"):
-            self.model = _ddp(name, model)
+            self.model = _ddp(name, model, group)
         else:
             from plait import DataParallel
 
@@ -73,15 +75,18 @@ class Way:
         return int(sent) if sent is not None else sum(self.plait.bucket_sizes)
 
 
-def _ddp(name: str, model: nn.Module) -> nn.Module:
+def _ddp(name: str, model: nn.Module, group: Any) -> nn.Module:
+    """torch DDP over `group`, a gloo group of its own: plait's collectives may use the
+    job's default gloo group from their worker thread (the `native` rows across hosts),
+    and two threads' calls on one gloo group would interleave."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model, process_group=group)
     if name == "ddp-fp16":
-        ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+        ddp.register_comm_hook(state=group, hook=default_hooks.fp16_compress_hook)
     elif name == "ddp-powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=4,
+        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=4,
                                             start_powerSGD_iter=2)  # fmt: skip
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp
@@ -89,10 +94,14 @@ def _ddp(name: str, model: nn.Module) -> nn.Module:
 
 def measure(comm: Any, name: str, config: CommBenchConfig) -> dict[str, Any]:
     """{way: [samples/s per repeat]}, bytes sent per step, and FIFO's compute time."""
+    import torch.distributed as dist
+
     from plait.train import workloads
 
     work = workloads.build(name, config.global_batch, comm.rank, comm.size, seed=0)
-    ways = {w: Way(w, work.model(), comm, work.lr, config.slice_mb) for w in config.way_list}
+    group = dist.new_group(backend="gloo")  # DDP's own (see _ddp)
+    ways = {w: Way(w, work.model(), comm, work.lr, config.slice_mb, group)
+            for w in config.way_list}  # fmt: skip
     cpu = torch.device("cpu")
 
     def timed(way: Way, first: int, steps: int) -> float:
