@@ -37,6 +37,7 @@ class Way:
         self.name = name
         self.finish: Callable[[], None] = lambda: None
         self.plait: Any = None
+        self.model: Any  # DataParallel or DDP: both have no_sync()
         if name.startswith("ddp"):
             self.model = _ddp(name, model, group)
         else:
