@@ -153,5 +153,6 @@ def run_world(
 
 def _report(results: dict[int, tuple[str, Any]]) -> str:
     return "; ".join(
-        f"rank {r}: {s} {'' if s == 'ok' else str(v)[-600:]}" for r, (s, v) in sorted(results.items())
+        f"rank {r}: {s} {'' if s == 'ok' else str(v)[-600:]}"
+        for r, (s, v) in sorted(results.items())
     )
