@@ -294,6 +294,7 @@ def test_a_run_resumes_only_with_its_optimizer() -> None:
         check_matches(saved, TrainConfig().options(), "runs/a")
 
 
+@pytest.mark.timeout(300)
 def test_cli_trains_with_lamb(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     done = subprocess.run(
