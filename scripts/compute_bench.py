@@ -30,7 +30,7 @@ from plait.train import workloads
 from plait.train.compute import size
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
-from plait.train.steps.allreduce import make_optimizer
+from plait.train.optimizers import make_optimizer
 from plait.train.steps.compute import Compute
 
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from plait.comm.world import default, init, is_initialized, shutdown
     from plait.data_parallel import DataParallel
     from plait.devices import device
+    from plait.optim import LAMB, LARS
     from plait.sharded import ShardedDataParallel
 
 _LAZY = {
@@ -29,6 +30,8 @@ _LAZY = {
     "DataParallel": "plait.data_parallel",
     "checkpoint_blocks": "plait.activations",
     "device": "plait.devices",
+    "LAMB": "plait.optim",
+    "LARS": "plait.optim",
     "Mesh": "plait.comm.mesh",
     "Request": "plait.comm.request",
     "ShardedDataParallel": "plait.sharded",
@@ -39,6 +42,8 @@ _LAZY = {
 }
 
 __all__ = [
+    "LAMB",
+    "LARS",
     "CollectiveMismatchError",
     "CommTimeoutError",
     "Communicator",

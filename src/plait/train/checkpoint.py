@@ -2,9 +2,10 @@
 
 A checkpoint holds the model's state_dict (the unwrapped module's), the optimizer's state,
 the step, the data position, the RNG states, the losses so far, and the options that must
-match to resume (model, data, workload, batch_size, seed). Under data parallelism every
-rank holds the same state, so rank 0 alone writes. The number of workers may change between
-runs: the data stream depends on the global batch, not on how it is split.
+match to resume (model, data, workload, batch_size, seed, optimizer: another optimizer's
+state would not fit). Under data parallelism every rank holds the same state, so rank 0
+alone writes. The number of workers may change between runs: the data stream depends on
+the global batch, not on how it is split.
 
 Atomic: the bytes go to a temporary file in the same directory, are fsync'ed, and then
 os.replace() puts the file in place (a rename, atomic on POSIX). A crash at any moment
@@ -28,7 +29,7 @@ from plait.train.outdir import checkpoint_path as path
 __all__ = ["check_matches", "check_writable", "load", "path", "rng_state", "save", "set_rng_state"]
 
 FORMAT = 1
-MUST_MATCH = ("model", "data", "workload", "batch_size", "seed")  # options by name
+MUST_MATCH = ("model", "data", "workload", "batch_size", "seed", "optimizer")  # options by name
 
 
 def rng_state() -> dict[str, Any]:
@@ -72,6 +73,8 @@ def check_matches(state: dict[str, Any], options: dict[str, Any], where: str) ->
     """Raise CheckpointError if the checkpoint was written with other MUST_MATCH options."""
     saved = state["options"]
     for key in MUST_MATCH:
+        if key not in saved:  # written before the option existed (optimizer): its default
+            continue
         if saved.get(key) != options.get(key):
             raise CheckpointError(
                 f"the checkpoint in {where} was written by a run with {key} {saved.get(key)!r}, "

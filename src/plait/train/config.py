@@ -28,7 +28,7 @@ from plait.train.parts import (
     at_least,
     one_of,
 )
-from plait.train.recipes import RECIPES, Recipe, server_optimizer
+from plait.train.recipes import RECIPES, Rates, Recipe, server_optimizer
 from plait.train.schedule import lr_at
 from plait.train.strategies import STRATEGIES
 
@@ -114,6 +114,7 @@ class TrainConfig:
         one_of("strategy", self.strategy, tuple(STRATEGIES))
         at_least("workers", self.workers, 1)
         self.optim = self.optim.filled(self.recipe)
+        self._check_optimizer()
         self._check_ps()
         self.mesh = self.mesh.filled(self.workers)
         self.device = self.device.filled()
@@ -161,6 +162,17 @@ class TrainConfig:
         return self.workload.recipe
 
     @property
+    def optimizer(self) -> str:
+        """--optimizer, or the recipe's."""
+        assert self.optim.optimizer is not None, "filled in on creation"
+        return self.optim.optimizer
+
+    @property
+    def rates(self) -> Rates:
+        """The recipe's learning rate and weight decay for the optimizer."""
+        return self.recipe.rates[self.optimizer]
+
+    @property
     def steps(self) -> int:
         assert self.optim.steps is not None, "filled in on creation"
         return self.optim.steps
@@ -190,7 +202,7 @@ class TrainConfig:
 
     def _check_ps(self) -> None:
         """Check the parameter server's options; fill in its defaults and the recipe's
-        optimizer (the servers apply it: recipes.server_optimizer)."""
+        optimizer, or --optimizer's (the servers apply it: recipes.server_optimizer)."""
         if self.strategy != "ps":
             given = self._ps_options_given()
             if given:
@@ -215,7 +227,7 @@ class TrainConfig:
                     "stale_policy and warm_start_steps apply to --ps-mode async or ssp: in "
                     "sync mode no gradient is stale"
                 )
-        self.ps = replace(ps, lr=self.peak_lr, **server_optimizer(self.recipe))
+        self.ps = replace(ps, lr=self.peak_lr, **server_optimizer(self.optimizer, self.rates))
 
     def _ps_options_given(self) -> list[str]:
         """The flags of parameter-server options set away from their defaults."""
@@ -227,6 +239,16 @@ class TrainConfig:
                 map(flag, defaults)
             )
         return given
+
+    def _check_optimizer(self) -> None:
+        """The strategy can apply --optimizer (the parameter servers cannot apply lars or lamb)."""
+        row = STRATEGIES[self.strategy]
+        if self.optimizer not in row.optimizers:
+            raise ConfigError(
+                f"--optimizer {self.optimizer} does not run with --strategy {self.strategy}: "
+                f"{row.optimizer_limits}; use --optimizer {' or '.join(row.optimizers)}, or "
+                "--strategy allreduce"
+            )
 
     def _check_batch(self) -> None:
         """The global batch splits evenly over the replicas, at least a sample per chunk."""
@@ -284,6 +306,8 @@ class TrainConfig:
         where += ["--pp/--tp"] if self.mesh.on_mesh else []
         if self.compute.precision == "fp16":
             where.append("--precision fp16")
+        if self.optim.optimizer in ("lars", "lamb"):  # (a step of some layers: untested)
+            where.append(f"--optimizer {self.optim.optimizer}")
         if self.compute.wire != "none":  # --compression, or --reduce-dtype its older name
             where.append(f"--compression {self.compute.wire}")
         if where:

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
     from plait.sharded import ShardedDataParallel
 
-OPTIMIZER_BYTES = {"adamw": 8, "sgd": 4}  # K: fp32 state bytes per parameter (recipes.py)
+OPTIMIZER_BYTES = {"adamw": 8, "sgd": 4, "lars": 4, "lamb": 8}  # K: fp32 state bytes per
+# parameter of each --optimizer (recipes.OPTIMIZERS): momentum, or Adam's two moments
 
 
 @dataclass
@@ -101,7 +102,7 @@ def sharded_report(
     *,
     psi: int,
     activations: int,
-    recipe_optimizer: str,
+    optimizer_name: str,
 ) -> dict[str, Any]:
     """`report` of a run sharded by `sdp`, from every rank of `comm` (a collective).
 
@@ -122,5 +123,5 @@ def sharded_report(
     ranks = comm.allgather_object((mine, psi, held["largest_units"]))
     return report(
         [r for r, _, _ in ranks], max(p for _, p, _ in ranks), sdp.stage, sdp.comm.size,
-        max(g for _, _, g in ranks), recipe_optimizer,
+        max(g for _, _, g in ranks), optimizer_name,
     )  # fmt: skip

@@ -32,10 +32,11 @@ from torch import nn
 
 from plait.comm.mesh import Mesh
 from plait.data_parallel import DataParallel
+from plait.optim import LayerMap
 from plait.pipeline import Pipeline, ideal_bubble
-from plait.sharded import ShardedDataParallel
+from plait.sharded import ShardedDataParallel, layer_map
 from plait.sharded.state import grad_pieces
-from plait.tensor_parallel import clip_grad_norm_, parallelize
+from plait.tensor_parallel import clip_grad_norm_, parallelize, sharded_parameters
 from plait.train.errors import ConfigError
 from plait.train.workload import LossFn, stages
 
@@ -104,6 +105,14 @@ class MeshModel:
         """Clip the whole model's gradient to `max_norm`; its norm before (a collective)."""
         parts = grad_pieces(self.sharded) if self.sharded is not None else None
         return clip_grad_norm_(self.module, max_norm, self.mesh, parts)
+
+    def layers(self) -> LayerMap:
+        """The layers of what the optimizer steps (the stage's parameters, or with --zero its
+        shards), for LARS and LAMB: norms summed over the dp shards, and over tp for the
+        tp-sharded parameters (replicated ones counted once). Pipeline stages hold
+        different parameters: nothing to sum over pp."""
+        found = layer_map(self.sharded) if self.sharded else LayerMap.of(self.module.parameters())
+        return found.over(self.mesh.tp, split=sharded_parameters(self.module))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
         """Forward only (evaluation): the output on the last stage, None elsewhere."""

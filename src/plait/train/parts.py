@@ -17,7 +17,16 @@ from plait import env
 from plait.options import option
 from plait.train import data as datasets
 from plait.train.errors import ConfigError
-from plait.train.recipes import CUSTOM, MODEL_TASK, MODELS, RECIPES, TASK_NAMES, Recipe, per_model
+from plait.train.recipes import (
+    CUSTOM,
+    MODEL_TASK,
+    MODELS,
+    OPTIMIZERS,
+    RECIPES,
+    TASK_NAMES,
+    Recipe,
+    per_model,
+)
 
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # plait.pipeline.SCHEDULES (not imported: no torch)
 LR_SCALINGS = ("none", "linear")
@@ -121,11 +130,21 @@ class OptimConfig:
             default_text=per_model("batch_size"),
         ),
     )
+    optimizer: str | None = field(
+        default=None,
+        metadata=option(
+            "sgd (momentum 0.9, Nesterov), adamw (betas 0.9, 0.95), lars (You et al. 2017) "
+            "or lamb (You et al. 2020): the last two scale each layer's step by its norm, "
+            "for large batches",
+            choices=OPTIMIZERS,
+            default_text=per_model("optimizer"),
+        ),
+    )
     lr: float | None = field(
         default=None,
         metadata=option(
             "peak learning rate (at the model's base batch with --lr-scaling linear)",
-            default_text=per_model("lr"),
+            default_text=per_model("lr") + "; each optimizer has its own (recipes.py)",
         ),
     )
     lr_scaling: str = field(
@@ -151,6 +170,8 @@ class OptimConfig:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
+        if self.optimizer is not None:
+            one_of("optimizer", self.optimizer, OPTIMIZERS)
         one_of("lr_scaling", self.lr_scaling, LR_SCALINGS)
         one_of("lr_decay", self.lr_decay, LR_DECAYS)
         for name in ("steps", "batch_size"):
@@ -165,8 +186,10 @@ class OptimConfig:
                 raise ConfigError(f"warmup_steps {self.warmup_steps} > steps {self.steps}")
 
     def filled(self, r: Recipe) -> OptimConfig:
-        """These options with the recipe's defaults where None."""
+        """These options with the recipe's defaults where None (the learning rate: the
+        recipe's for the optimizer)."""
         steps = r.steps if self.steps is None else self.steps
+        optimizer = r.optimizer if self.optimizer is None else self.optimizer
         warmup = self.warmup_steps
         if warmup is None:  # the recipe's, but never more than a tenth of the run
             warmup = min(r.warmup_steps, steps // 10)
@@ -174,7 +197,8 @@ class OptimConfig:
             self,
             steps=steps,
             batch_size=r.batch_size if self.batch_size is None else self.batch_size,
-            lr=r.lr if self.lr is None else self.lr,
+            optimizer=optimizer,
+            lr=r.rates[optimizer].lr if self.lr is None else self.lr,
             warmup_steps=warmup,
         )
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from plait.train.compute import PRECISIONS
+from plait.train.recipes import OPTIMIZERS
 
 if TYPE_CHECKING:
     from plait.train.step import StepType
@@ -37,6 +38,8 @@ class Strategy:
     precisions: tuple[str, ...] = tuple(PRECISIONS)  # the --precision values it takes
     reduces_gradients: bool = True  # whether ranks average gradients (--reduce-dtype)
     limits: str = ""  # why it takes fewer of the options above, for the error
+    optimizers: tuple[str, ...] = OPTIMIZERS  # the --optimizer values it takes
+    optimizer_limits: str = ""  # why it takes fewer, for the error
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -54,6 +57,9 @@ STRATEGIES: dict[str, Strategy] = {
         reduces_gradients=False,
         limits="the servers apply each worker's float32 gradient as it comes, so no worker "
         "can skip an overflowed fp16 step with the others; bf16 needs no loss scaling",
+        optimizers=("sgd", "adamw"),
+        optimizer_limits="each server steps its own slices of the parameters, and lars and "
+        "lamb scale a layer's step by norms of the whole layer, which no server holds",
     ),
 }
 

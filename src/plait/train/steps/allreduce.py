@@ -1,5 +1,5 @@
 """What the Steps of `--strategy allreduce` share (data_parallel.py, mesh.py): the ranks of
-one Communicator, each training its part of every global step with the recipe's torch
+one Communicator, each training its part of every global step with the run's torch
 optimizer, their losses averaged over the ranks."""
 
 from __future__ import annotations
@@ -19,17 +19,6 @@ from plait.train.models import count_parameters
 from plait.train.step import Step, every_step
 from plait.train.steps.compute import Compute
 from plait.train.workload import Workload
-
-
-def make_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """The recipe's optimizer: SGD (momentum 0.9, Nesterov) or AdamW (betas 0.9, 0.95)."""
-    r = config.recipe
-    if r.optimizer == "sgd":
-        return torch.optim.SGD(module.parameters(), lr=config.peak_lr, momentum=0.9,
-                               nesterov=True, weight_decay=r.weight_decay)  # fmt: skip
-    return torch.optim.AdamW(
-        module.parameters(), lr=config.peak_lr, betas=(0.9, 0.95), weight_decay=r.weight_decay
-    )
 
 
 class AllreduceStep(Step):
@@ -77,5 +66,5 @@ class AllreduceStep(Step):
         return averaged
 
     def describe(self) -> dict[str, Any]:
-        return {"strategy": self.config.strategy, "optimizer": self.config.recipe.optimizer,
+        return {"strategy": self.config.strategy, "optimizer": self.config.optimizer,
                 "replicas": self.replicas, "mesh": None}  # fmt: skip

@@ -19,7 +19,8 @@ from plait.comm.communicator import Communicator
 from plait.data_parallel import DataParallel
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate
-from plait.train.steps.allreduce import AllreduceStep, make_optimizer
+from plait.train.optimizers import make_optimizer
+from plait.train.steps.allreduce import AllreduceStep
 from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
 

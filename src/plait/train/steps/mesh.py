@@ -20,7 +20,8 @@ from plait.train.errors import ConfigError
 from plait.train.evaluate import evaluate_mesh
 from plait.train.mesh_model import MeshModel
 from plait.train.models import count_parameters
-from plait.train.steps.allreduce import AllreduceStep, make_optimizer
+from plait.train.optimizers import make_optimizer
+from plait.train.steps.allreduce import AllreduceStep
 from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
 
@@ -59,8 +60,10 @@ class MeshStep(AllreduceStep):
         self.model = MeshModel(model, mesh, chunks=config.mesh.chunks,
                                schedule=config.mesh.schedule, device=self.device,
                                compute=self.compute, zero=config.zero)  # fmt: skip
-        # --zero: the optimizer steps this rank's shards of the stage
-        self.optimizer = make_optimizer(self.model.sharded or self.model.module, config)
+        # --zero: the optimizer steps this rank's shards of the stage; LARS and LAMB take
+        # each parameter's norms over its shards and tp slices (MeshModel.layers)
+        self.optimizer = make_optimizer(self.model.sharded or self.model.module, config,
+                                        self.model.layers())  # fmt: skip
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         """The loss exists on the last stage's dp * tp ranks only (tp replicas alike): they
@@ -87,7 +90,7 @@ class MeshStep(AllreduceStep):
             found["zero"] = sdp.stage
             found["memory"] = memory.sharded_report(
                 sdp, self.optimizer, self.comm, psi=part, activations=self.model.peak_saved,
-                recipe_optimizer=self.config.recipe.optimizer,
+                optimizer_name=self.config.optimizer,
             )  # fmt: skip
         return found
 

@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from plait.comm.communicator import Communicator
-from plait.sharded import ShardedDataParallel
+from plait.sharded import ShardedDataParallel, layer_map
 from plait.sharded import checkpoint as sharded_checkpoint
 from plait.train import memory
 from plait.train.config import TrainConfig
 from plait.train.evaluate import even_out, score_shard
-from plait.train.steps.allreduce import AllreduceStep, make_optimizer
+from plait.train.optimizers import make_optimizer
+from plait.train.steps.allreduce import AllreduceStep
 from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
 
@@ -40,7 +41,8 @@ class ShardedStep(AllreduceStep):
         self.compute.checkpoint(self.model)
         self.wrapped = ShardedDataParallel(self.model, stage=self.stage, comm=comm)
         self.computed = self.compute.wrap(self.wrapped)  # under autocast (--precision)
-        self.optimizer = make_optimizer(self.wrapped, config)
+        # LARS and LAMB: each parameter's norms summed over the shards of every rank
+        self.optimizer = make_optimizer(self.wrapped, config, layer_map(self.wrapped))
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -106,7 +108,7 @@ class ShardedStep(AllreduceStep):
         report = memory.sharded_report(
             self.wrapped, self.optimizer, self.comm, psi=self.parameters,
             activations=self.compute.activation_bytes or 0,
-            recipe_optimizer=self.config.recipe.optimizer,
+            optimizer_name=self.config.optimizer,
         )  # fmt: skip
         return {**self.compute.figures(), "zero": self.stage, "memory": report}
 
