@@ -7,8 +7,8 @@ same steps in a fresh order (seeded, the same on every rank), so the ratio of a 
 pairs measurements taken seconds apart. A timing is the slowest rank's; the priority way's
 includes the last step's layers (stepped in the next forward otherwise).
 
-Bytes sent per step, per rank: for plait what its DataParallel counts (`sent_bytes` where
-the compression reports it, else the buckets'); for DDP the gradient's bytes (fp16 hook:
+Bytes sent per step, per rank: for plait what its DataParallel counts (`sent_bytes`, the
+last step's payload); for DDP the gradient's bytes (fp16 hook:
 half), and none for its PowerSGD hook (torch does not expose them).
 """
 
@@ -72,8 +72,7 @@ class Way:
     def sent_bytes(self) -> int | None:
         if self.plait is None:
             return self.ddp_bytes
-        sent = getattr(self.plait, "sent_bytes", None)
-        return int(sent) if sent is not None else sum(self.plait.bucket_sizes)
+        return int(self.plait.sent_bytes)
 
 
 def _ddp(name: str, model: nn.Module, group: Any) -> nn.Module:

@@ -158,11 +158,15 @@ class DataParallel(nn.Module):
                            or compression not in (None, "none"))  # fmt: skip
             self.reducer = _priority_reducer(named, comm, slice_mb, credit_mb, unsupported)
         cap = int(bucket_mb * bucketing.MiB)
-        plan = bucketing.plan(
-            [p.numel() * p.element_size() for _, p in named],
-            [p.dtype for _, p in named],
-            cap,
-            min(cap, bucketing.FIRST_BUCKET_BYTES),
+        plan = (
+            []
+            if priority
+            else bucketing.plan(  # priority: slices, not buckets
+                [p.numel() * p.element_size() for _, p in named],
+                [p.dtype for _, p in named],
+                cap,
+                min(cap, bucketing.FIRST_BUCKET_BYTES),
+            )
         )
         self._buckets = [
             bucketing.Bucket(
@@ -187,8 +191,6 @@ class DataParallel(nn.Module):
         self._handles: list[Reduction | None] = [None] * len(self._buckets)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
         self._order = {id(p): i for i, (_, p) in enumerate(named)}
-        if self.reducer is not None:
-            self._buckets = []
 
     # ---------------------------------------------------------------- public
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -21,7 +21,7 @@ parameter does the same), and freeing the storage is what really returns the mem
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -73,6 +73,13 @@ class FlatUnit:
         """Give `full` its storage back (its contents are undefined until gathered)."""
         if not self.gathered:
             self.full.untyped_storage().resize_(self._nbytes)
+
+    def pieces(self) -> Iterator[tuple[int, int, int]]:
+        """(i, start, stop): parameter i's part of this rank's shard is shard[start:stop];
+        in shard order, and what no piece covers is padding (layout.py's `Unit.pieces`)."""
+        index = {e.name: i for i, e in enumerate(self.unit.entries)}
+        for piece in self.unit.pieces(self.rank, self.world):
+            yield index[piece.entry.name], piece.at, piece.at + piece.hi - piece.lo
 
     def shard_in_full(self) -> torch.Tensor:
         return self.full[self.rank * self.size : (self.rank + 1) * self.size]

@@ -27,12 +27,10 @@ def layer_map(sdp: ShardedDataParallel) -> LayerMap:
     segments: dict[int, tuple[Segment, ...]] = {}
     for flat in sdp.units:
         first = len(ndims)
-        index = {e.name: i for i, e in enumerate(flat.unit.entries)}
         for e, p in zip(flat.unit.entries, flat.params, strict=True):
             ndims.append(len(e.shape))
             keys.append(id(p))
         segments[id(flat.shard)] = tuple(
-            Segment(first + index[piece.entry.name], piece.at, piece.at + piece.hi - piece.lo)
-            for piece in flat.unit.pieces(flat.rank, flat.world)
+            Segment(first + i, start, stop) for i, start, stop in flat.pieces()
         )
     return LayerMap(ndims, segments, keys).over(sdp.comm)

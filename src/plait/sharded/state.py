@@ -112,8 +112,5 @@ def grad_pieces(sdp: ShardedDataParallel) -> list[tuple[torch.nn.Parameter, torc
         g = flat.shard.grad
         if g is None:
             continue
-        index = {e.name: i for i, e in enumerate(flat.unit.entries)}
-        for piece in flat.unit.pieces(flat.rank, flat.world):
-            param = flat.params[index[piece.entry.name]]
-            found.append((param, g[piece.at : piece.at + piece.hi - piece.lo]))
+        found += [(flat.params[i], g[start:stop]) for i, start, stop in flat.pieces()]
     return found
