@@ -107,6 +107,10 @@ class ScheduledOptimizer:
         def hook(module: nn.Module, args: Any) -> None:
             due = [i for i in own if i in self._pending]
             if due:
+                # and every other pending parameter already reduced: one optimizer call
+                # for many layers (each call costs ~0.1 ms of Python; gpt has 36 layers)
+                mine = set(due)
+                due += [i for i in self._pending if i not in mine and self._reducer.reduced(i)]
                 self._take(due)
 
         return hook
