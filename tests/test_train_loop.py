@@ -30,6 +30,7 @@ ENV = {"PLAIT_TIMEOUT": "60"}
 GPT_SMALL = {"model": "gpt", "data": "synthetic", "steps": 12, "batch_size": 4,
              "eval_every": 4, "log_every": 5}  # fmt: skip
 MLP_SMALL = {"model": "mlp", "steps": 12, "batch_size": 24, "eval_every": 5}
+COMPRESSED = ("topk:0.05", "powersgd:2")  # the compressions that carry state between steps
 ONE_VS_TWO = {"mlp": MLP_SMALL, "gpt": {**GPT_SMALL, "lr_scaling": "linear", "warmup_steps": 3}}
 
 
@@ -70,6 +71,9 @@ def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
     for name, options in ONE_VS_TWO.items():
         results[name] = (_alone(comm, options), _train(comm, options))
     results["sequence"] = _sequence(comm, GPT_SMALL, f"{tmp}/resume")
+    for method in COMPRESSED:  # each rank's residuals are in rank 0's checkpoint
+        name = method.replace(":", "-")
+        results[method] = _sequence(comm, {**MLP_SMALL, "compression": method}, f"{tmp}/{name}")
     nan = {**MLP_SMALL, "out": f"{tmp}/nan", "checkpoint_every": 3, "log_every": 4}
     results["nan"] = _nan(comm, nan)
     return results
@@ -97,6 +101,22 @@ def test_two_ranks_train_like_one_process(two_ranks: tuple[list[Any], Path], nam
     assert len(one["losses"]) == 12 and one["losses"][-1] < one["losses"][0]
     assert abs(two0["eval_value"] - one["eval_value"]) < 1e-3
     assert [s for s, _ in two0["evals"]] == [s for s, _ in one["evals"]]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", COMPRESSED)
+def test_a_resumed_compressed_run_keeps_every_ranks_residuals(
+    two_ranks: tuple[list[Any], Path], method: str
+) -> None:
+    full, _, resumed = two_ranks[0][0][method]
+    assert resumed["losses"] == full["losses"]  # from zeros they would differ after step 6
+    state = checkpoint.load(two_ranks[1] / method.replace(":", "-"))
+    saved = state["compression_by_rank"]
+    assert saved["compression"] == method and len(saved["ranks"]) == 2
+    if method.startswith("topk"):  # two ranks' gradients leave two different residuals
+        (a,), (b,) = (r["residuals"].values() for r in saved["ranks"])
+        assert a.shape == b.shape and not torch.equal(a, b)
 
 
 @pytest.mark.timeout(300)

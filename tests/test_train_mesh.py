@@ -156,6 +156,11 @@ def test_each_mesh_trains_like_one_process(four_ranks: list[dict[str, Any]], ind
     # the theory is the schedule's idle share, here counted cell by cell on its printed grid
     assert got["bubble_theory"] == idle_share_on_grid(got["schedule"], pp, chunks)
     assert 0.0 <= got["bubble_fraction"] < 1.0 and len(got["bubble_by_stage"]) == pp
+    # each rank's gradient payload: only dp replicas average, and replicas send alike
+    sent = got["sent_bytes_by_rank"]
+    assert len(sent) == 4 and got["sent_bytes"] == max(sent)
+    assert (min(sent) > 0) == (got["dp"] > 1), sent
+    assert all(sent.count(v) % got["dp"] == 0 for v in sent), sent
     if got["schedule"] == "gpipe":
         assert got["peak_activations"] == [chunks] * pp
     else:  # 1F1B: stage s holds at most min(pp - s, chunks)

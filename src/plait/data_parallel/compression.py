@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import torch
 
@@ -54,6 +55,15 @@ class Compressor:
 
     def __repr__(self) -> str:
         return "none"
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this rank carries from one step to the next (a checkpoint keeps it; it
+        differs between ranks). Tensors are the live ones: serialize them at once."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{self!r} keeps no state; got {sorted(state)}")
 
 
 class Cast(Compressor):
@@ -105,11 +115,20 @@ class TopK(Compressor):
     def __repr__(self) -> str:
         return f"topk:{self.ratio:g}"
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"residuals": dict(self.residuals)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # (moved to the gradients' device at their first use)
+        self.residuals = {int(i): e for i, e in state["residuals"].items()}
+
     def reduce(self, bucket: Bucket, wire: Wire) -> Parts:
         grads = bucket.grads  # (n,), the gradients' dtype
         n, dtype = grads.numel(), grads.dtype
         k = kept(self.ratio, n)
         acc = self.residuals.get(bucket.index)
+        if acc is not None and acc.device != grads.device:  # loaded from a checkpoint
+            acc = self.residuals[bucket.index] = acc.to(grads.device)
         if acc is None:
             acc = self.residuals[bucket.index] = grads.clone()
         else:
@@ -209,9 +228,20 @@ class PowerSGD(Compressor):
         self.epsilon = epsilon
         self.generator = torch.Generator().manual_seed(seed)
         self.layouts: dict[int, _Layout] = {}  # bucket index -> its layout and state
+        self._restored: dict[int, dict[str, Any]] = {}  # from a checkpoint, until first use
 
     def __repr__(self) -> str:
         return f"powersgd:{self.rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        buckets = {i: {"steps": s.steps, "q": s.q, "errors": list(s.errors)}
+                   for i, s in self.layouts.items()}  # fmt: skip
+        return {"generator": self.generator.get_state(), "buckets": buckets}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.layouts.clear()  # rebuilt from the buckets, then given their saved state
+        self._restored = {int(i): b for i, b in state["buckets"].items()}
 
     def layout(self, bucket: Bucket) -> _Layout:
         """Which of the bucket's parameters are compressed, at which rank."""
@@ -227,6 +257,12 @@ class PowerSGD(Compressor):
                 else:
                     plain.append(i)
             found = self.layouts[bucket.index] = _Layout(matrices, plain)
+            saved = self._restored.pop(bucket.index, None)
+            if saved is not None:
+                device = bucket.buffer.device
+                found.steps = saved["steps"]
+                found.q = None if saved["q"] is None else saved["q"].to(device)
+                found.errors = [e.to(device) for e in saved["errors"]]
         return found
 
     def reduce(self, bucket: Bucket, wire: Wire) -> Parts:

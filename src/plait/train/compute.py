@@ -176,8 +176,9 @@ def rows(rec: dict[str, Any]) -> list[tuple[str, str]]:
                      f"{rec['skipped_steps']} steps skipped on overflow")  # fmt: skip
         found.append(("precision", text))
     if rec.get("compression", "none") != "none" and rec.get("sent_bytes") is not None:
+        who = "the busiest rank" if "sent_bytes_by_rank" in rec else "each rank"  # a mesh's
         found.append(("compression", f"{rec['compression']}: {size(rec['sent_bytes'])} sent "
-                      "per step by each rank into the gradient collectives"))  # fmt: skip
+                      f"per step by {who} into the gradient collectives"))  # fmt: skip
     blocks = rec.get("checkpointed_blocks")
     if blocks:
         found.append(("checkpointed", f"{len(blocks)} blocks ({blocks[0]} to {blocks[-1]})"))

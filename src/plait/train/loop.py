@@ -308,8 +308,10 @@ class _Run:
         }  # fmt: skip
         if self.step.sharded_checkpoints:  # every rank writes its shards
             self.step.save_checkpoint(self.out, common)
-        elif self.step.rank == 0:
-            checkpoint.save(self.out, {**common, **self.step.state_dict()})
+        else:
+            by_rank = self.step.rank_states()  # (a collective)
+            if self.step.rank == 0:
+                checkpoint.save(self.out, {**common, **self.step.state_dict(), **by_rank})
         self.saved_step = step
 
     def paused(self, work: Callable[[], None]) -> None:

@@ -142,7 +142,14 @@ class MeshModel:
             bubble[s] = self.bubble_sum / max(self.steps - 1, 1)
             peak[s] = self.peak_inflight
             saved[s] = self.peak_saved
-        both = self.mesh.comm.allreduce(torch.cat([bubble, peak, saved]), op="sum").tolist()
+        # sent: what each rank gave its dp collectives in the last step (its own stage's
+        # and tp slice's gradients, as compressed); zero without DataParallel
+        sent = torch.zeros(self.mesh.comm.size, dtype=torch.float64)
+        if isinstance(self.dp, DataParallel):
+            sent[self.mesh.comm.rank] = self.dp.sent_bytes
+        figures = torch.cat([bubble, peak, saved, sent])
+        both = self.mesh.comm.allreduce(figures, op="sum").tolist()
+        by_rank = [int(v) for v in both[3 * pp :]]
         chunks, shape = self.pipe.chunks, self.mesh.shape
         return {
             "dp": shape["dp"], "pp": shape["pp"], "tp": shape["tp"], "chunks": chunks,
@@ -151,5 +158,7 @@ class MeshModel:
             "bubble_theory": ideal_bubble(self.pipe.schedule, pp, chunks),
             "bubble_by_stage": both[:pp],
             "peak_activations": [int(v) for v in both[pp : 2 * pp]],
-            "peak_saved_bytes": [int(v) for v in both[2 * pp :]],
+            "peak_saved_bytes": [int(v) for v in both[2 * pp : 3 * pp]],
+            "sent_bytes": max(by_rank),  # the busiest rank's: it bounds the step
+            "sent_bytes_by_rank": by_rank,
         }  # fmt: skip

@@ -76,6 +76,11 @@ class Step(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise ConfigError(f"{type(self).__name__} cannot resume from checkpoints yet")
 
+    def rank_states(self) -> dict[str, Any]:
+        """State that differs between ranks, for rank 0's checkpoint (every rank calls it:
+        it may be a collective); {} when every rank's state is rank 0's."""
+        return {}
+
     def save_checkpoint(self, out: str, common: dict[str, Any]) -> None:
         """Sharded checkpoints: every rank writes its part; rank 0 `common` besides."""
         raise ConfigError(f"{type(self).__name__} does not write sharded checkpoints")

@@ -10,6 +10,7 @@ checkpoints).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -72,6 +73,33 @@ class DataParallelStep(AllreduceStep):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.compute.load_state_dict(state)
+        self._load_compression(state.get("compression_by_rank"))
+
+    def rank_states(self) -> dict[str, Any]:
+        """top-k's residuals, PowerSGD's error memories and Q: each rank's own."""
+        compressor = self.wrapped.compression
+        if not compressor.state_dict():  # the same answer on every rank: no collective
+            return {}
+        states = self.comm.allgather_object(compressor.state_dict())
+        return {"compression_by_rank": {"compression": repr(compressor), "ranks": states}}
+
+    def _load_compression(self, saved: dict[str, Any] | None) -> None:
+        compressor = self.wrapped.compression
+        if not compressor.state_dict():  # none, fp16, bf16: nothing carried between steps
+            return
+        why = None
+        if saved is None:
+            why = "the checkpoint holds none"
+        elif saved["compression"] != repr(compressor):
+            why = f"the checkpoint's is for --compression {saved['compression']}"
+        elif len(saved["ranks"]) != self.comm.size:
+            why = f"it was written by {len(saved['ranks'])} ranks, not {self.comm.size}"
+        if why is None:
+            assert saved is not None
+            compressor.load_state_dict(saved["ranks"][self.comm.rank])
+        elif self.comm.rank == 0:  # the run goes on, not as the uninterrupted one would
+            print(f"plait train: note: --compression {compressor!r} starts its residuals "
+                  f"from zeros: {why}", file=sys.stderr, flush=True)  # fmt: skip
 
     def close(self) -> None:
         self.wrapped.close()
