@@ -28,6 +28,8 @@ PS_CONFIGS: dict[str, list[str]] = {
     "ps ssp tau=1": ["--strategy", "ps", "--ps-mode", "ssp", "--staleness", "1"],
     "ps ssp tau=4": ["--strategy", "ps", "--ps-mode", "ssp", "--staleness", "4"],
     "ps async": ["--strategy", "ps", "--ps-mode", "async"],
+    # P3/TicTac order on the servers' wire (docs/parameter-server.md#priority), 1 MiB slices
+    "ps sync priority": ["--strategy", "ps", "--ps-mode", "sync", "--priority"],
 }
 PS_BASELINE = "ps sync"
 # bench ps: the issues' bars per straggler mode, (configuration, least throughput vs

@@ -9,8 +9,8 @@
 
 Files: config (PSConfig), wire (message format), sharding (the plan), optim (slice
 optimizers), consistency (clocks, gates, staleness), server (the state machine: a message
-in, replies out), loop (its ZeroMQ socket), checkpoint (shard files), transport + client
-(worker side), roles (init), __main__ (`python -m plait.ps`: restart a killed server).
+in, replies out), loop (its ZeroMQ socket), checkpoint (shard files), transport + request +
+client (worker side), roles (init), __main__ (`python -m plait.ps`: restart a killed server).
 """
 
 from __future__ import annotations

@@ -12,12 +12,19 @@ gradients alone: slices of large tensors are sent straight from their memory.
 A model on a GPU works the same: its gradients are copied to pinned host buffers before a
 push returns, and pulled values are copied back to the GPU on the caller's stream
 (staging.py). The servers run on the CPU either way.
+
+With PSConfig(priority=True) the servers answer a pull key by key in the order the model
+consumes its parameters, and `wait_per_layer(model)` lets each layer's forward wait only
+for its own values (TicTac), so the next forward starts before the whole pull is in:
+
+    client.wait_per_layer(model)                   # once
+    loss.backward(); client.push_pull_async(None)  # no wait: each layer waits for itself
+    client.wait()                                  # every value written (before evaluating)
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -25,9 +32,9 @@ import torch
 from plait import env
 from plait.comm.request import Request
 from plait.comm.store import barrier
-from plait.errors import PeerFailureError
 from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.errors import PSError
+from plait.ps.request import ServerRequest
 from plait.ps.roles import Role
 from plait.ps.sharding import (
     Key,
@@ -42,78 +49,6 @@ from plait.ps.sharding import (
 from plait.ps.staging import Staging
 from plait.ps.transport import Transport
 from plait.ps.wire import DTYPES, Message
-
-
-class ServerRequest(Request[None]):
-    """An operation in flight on every server; `wait()` finishes it (and raises its error).
-
-    The transport's I/O thread hands each server's reply to `reply`; `wait()`, on the
-    user's thread, checks them and, for a pull, writes the values into the parameters.
-    """
-
-    def __init__(
-        self,
-        servers: int,
-        transport: Transport,
-        write: Callable[[int, Message], None] | None,
-    ) -> None:
-        self._transport = transport
-        self._write = write  # where pulled values go (None: nothing to write)
-        self._servers = servers  # replies to wait for
-        self._replies: dict[int, Message | Exception] = {}
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._finished = False
-        if servers == 0:
-            self._done.set()
-
-    def reply(self, server: int, reply: Message | Exception) -> None:
-        """Server `server` answered (or its request failed); the transport's callback."""
-        with self._lock:
-            if server in self._replies:
-                return
-            self._replies[server] = reply
-            if len(self._replies) == self._servers:
-                self._done.set()
-
-    def done(self) -> bool:
-        """Whether every server has answered (wait() will not block)."""
-        return self._done.is_set()
-
-    def wait(self) -> None:
-        """Block until every server answered; write pulled values into the parameters.
-
-        Raises:
-            PeerFailureError: sync mode, a worker died (its rank and how it was seen).
-            PSError: a server rejected the request, or stayed silent for server_timeout_s.
-        """
-        while not self._done.wait(0.5):
-            if not self._transport.alive():
-                raise PSError(f"the PS I/O thread stopped: {self._transport.failure}")
-        if self._finished:
-            return
-        self._finished = True
-        for s, r in self.replies():
-            if isinstance(r, Exception):
-                raise r
-            if r.op == "error":
-                raise _error(s, r)
-        if self._write is not None:
-            for s, r in self.replies():
-                assert isinstance(r, Message)
-                self._write(s, r)
-
-    def replies(self) -> list[tuple[int, Message | Exception]]:
-        """(server, its reply or failure), in server order, of those that answered."""
-        return sorted(self._replies.items(), key=lambda x: x[0])
-
-
-def _error(server: int, reply: Message) -> Exception:
-    kind, reason = reply.meta.get("error"), str(reply.meta.get("reason", "?"))
-    rank = reply.meta.get("rank")
-    if kind == "peer_failure" and isinstance(rank, int):
-        return PeerFailureError(rank=rank, reason=f"worker {rank}: {reason}")
-    return PSError(f"parameter server {server} rejected the request ({kind}): {reason}")
 
 
 class Client:
@@ -155,6 +90,12 @@ class Client:
         on_gpu = any(p.device.type == "cuda" for p in self.params)
         self._staging = Staging(self.params) if on_gpu else None
         self._last_push: ServerRequest | None = None  # what last sent the staged gradients
+        self._unwritten: ServerRequest | None = None  # the last pull, maybe not all written
+        # the keys holding each parameter's elements (a layer waits for these: wait_per_layer)
+        self._keys_of_param: list[set[int]] = [set() for _ in self.params]
+        for k in self.plan.keys:
+            for seg in k.segments:
+                self._keys_of_param[seg.param].add(k.key)
         endpoints = [store.get(store_server_key(s)).decode() for s in range(role.num_servers)]
         # worker 0 hosts the store under `plait run`: it must not finish (and take the store
         # down) before the slowest worker has read it
@@ -206,6 +147,46 @@ class Client:
     ) -> Request[None]:
         return self._push("push_pull", grads, lr)
 
+    def wait(self) -> None:
+        """Finish the last pull: write every value not written yet (a no-op if none)."""
+        if self._unwritten is not None:
+            self._unwritten.wait()
+
+    def wait_per_layer(self, model: torch.nn.Module) -> list[Any]:
+        """Let each submodule's forward wait only for its own parameters' pulled values.
+
+        A forward pre-hook on every submodule that holds parameters of this client waits
+        for (and writes) the keys holding them, of the last pull still unwritten; with
+        PSConfig(priority=True) those of the first layers come first, so the next forward
+        starts while the last layers' values are on the wire (TicTac's order). It assumes a
+        parameter is read only inside its own module's forward (true of torch.nn layers);
+        anything else must call wait() first. Returns the hooks' handles (to remove them).
+
+        Raises:
+            PSError: `model` holds none of this client's parameters.
+        """
+        index = {id(p): i for i, p in enumerate(self.params)}
+        handles = []
+        for module in model.modules():
+            mine = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
+            if not mine:
+                continue
+            keys = sorted(set().union(*(self._keys_of_param[i] for i in mine)))
+            handles.append(module.register_forward_pre_hook(self._hook(keys)))
+        if not handles:
+            raise PSError(
+                f"wait_per_layer: the model holds none of this client's {len(self.params)} "
+                "parameters; pass the model whose named_parameters made the client"
+            )
+        return handles
+
+    def _hook(self, keys: list[int]) -> Any:
+        def wait_for_keys(module: torch.nn.Module, args: Any) -> None:
+            if self._unwritten is not None:
+                self._unwritten.wait_keys(keys)
+
+        return wait_for_keys
+
     def stats(self) -> dict[str, Any]:
         """Staleness and failure counts over all servers (every worker's gradients)."""
         if self._final_stats is not None:
@@ -255,10 +236,15 @@ class Client:
         lr: float | None = None,
         with_versions: bool = False,
     ) -> ServerRequest:
+        # a pull still being written finishes first: its values are what this request's
+        # gradients were computed from, and two pulls must not write in turn
+        self.wait()
         n = self.role.num_servers
-        handle = ServerRequest(n, self._transport, self._write if writes else None)
+        keys_of = [[k.key for k in ks] for ks in self._keys]
+        handle = ServerRequest(n, self._transport, self._write if writes else None, keys_of)
+        requests = []
         for s in range(n):
-            keys = [k.key for k in self._keys[s]] if op != "pull" else []
+            keys = keys_of[s] if op != "pull" else []
             msg = Message(
                 op,
                 keys=keys,
@@ -269,7 +255,13 @@ class Client:
             )
             if op in ("stats", "bye", "hb"):
                 msg.keys = []
-            self._transport.submit(s, msg, handle.reply)
+            # P3's priority: the consumption index of the first key it carries (keys are
+            # numbered in registration order); all equal without priority: FIFO
+            first = keys_of[s][0] if keys_of[s] else len(self.plan.keys)
+            requests.append((s, msg, handle.reply, first if self.cfg.priority else 0))
+        self._transport.submit_all(requests)
+        if writes:
+            self._unwritten = handle
         return handle
 
     def _push(

@@ -64,6 +64,9 @@ class PSConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     slice_mb: float = 4.0  # the largest slice (MiB); small tensors are packed up to it
+    # P3 / TicTac: requests queued and replies sent in the order the next forward consumes
+    # the parameters, a pull answered key by key (docs/parameter-server.md, "Priority")
+    priority: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # write the shard every K updates (0: never, but at exit)
     resume: bool = False  # restore each server's shard from checkpoint_dir

@@ -11,6 +11,14 @@ round open, SSP bound) is kept and answered later, by the `handle` or `tick` cal
 it go: a deferred reply. Requests are safe to resend: a push whose id is not above the
 worker's last applied push id is acknowledged without being applied again (ids persist in
 checkpoints), and a resent pull only refreshes where its deferred reply goes.
+
+Priority (PSConfig(priority=True)): a reply with values goes as one part per key, in key
+order, which is the order the model consumes its parameters (keys are numbered in
+registration order, sharding.py); and the replies one call lets go are sent most urgent
+first (by their key, acknowledgements and errors before any value), so when a sync round
+releases every worker's pull, each worker's first layers leave before anyone's last layers
+(P3, Jayarajan et al. SysML'19; TicTac, Hashemi et al. SysML'19). Only the order and the
+cutting change: the consistency rules see one request per worker and server as before.
 """
 
 from __future__ import annotations
@@ -202,6 +210,8 @@ class Server:
 
     def flush(self) -> list[Reply]:
         out, self.out = self.out, []
+        if self.cfg is not None and self.cfg.priority:  # stable: FIFO within a key
+            out.sort(key=lambda r: r[1].keys[0] if r[1].keys else -1)
         return out
 
     # -- replies --------------------------------------------------------------------------
@@ -218,7 +228,15 @@ class Server:
         assert self.cons is not None
         values = [self.values[k] for k in keys]
         versions = [self.cons.version[k] for k in keys]
-        self.send(origin, Message("ok", rid, -1, keys, values, versions))
+        if not (self.cfg is not None and self.cfg.priority) or len(keys) < 2:
+            self.send(origin, Message("ok", rid, -1, keys, values, versions))
+            return
+        order = sorted(range(len(keys)), key=lambda i: keys[i])  # consumption order
+        for part, i in enumerate(order):
+            meta = {"part": part, "parts": len(keys)}
+            self.send(
+                origin, Message("ok", rid, -1, [keys[i]], [values[i]], [versions[i]], meta=meta)
+            )
 
     def fail_sync(self, origin: Any, rid: int) -> bool:
         """In sync mode with a dead worker, answer with a PeerFailure error; True if so."""

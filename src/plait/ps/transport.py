@@ -12,24 +12,34 @@ Resending is safe: the server applies a push only if its request id is above the
 applied for this worker (ids persist in its checkpoints) and re-answers it otherwise; a pull
 has no effect to repeat. A server silent (no reply, not even to heartbeats) for
 server_timeout_s fails the requests waiting on it with PSError.
+
+Priority (PSConfig(priority=True); ps-lite's van keeps its send queue the same way, and P3,
+Jayarajan et al. SysML'19, is built on it): the requests waiting to be sent form a priority
+queue ordered by (priority, submission order), the priority being the consumption index of
+the first key a request carries (0: the model's first layer). The I/O thread takes every
+waiting request at once and sends the most urgent first; `submit_all` queues one
+operation's requests together, so they are always ordered among themselves. With every
+priority equal (the default) the queue is first-in-first-out. A reply may come in parts
+(one per key, meta `part` i of `parts` n, server.py): the request stays pending until all
+its parts came, and each part that comes puts its resend off.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import itertools
-import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from plait.ps.errors import PSError
-from plait.ps.wire import Message, WireError, decode, encode
+from plait.ps.wire import MAX_FRAMES, Message, WireError, decode, encode
 
 Callback = Callable[[int, "Message | Exception"], None]  # (server, reply or failure)
 FIRST_RESEND_S = 1.0
@@ -43,6 +53,29 @@ class _Pending:
     callback: Callback
     next_resend: float
     backoff: float
+    received: set[int] = field(default_factory=set)  # the reply parts received so far
+
+
+@dataclass(order=True)
+class Outgoing:
+    """A request waiting in the send queue; ordered by (priority, seq): FIFO within a
+    priority."""
+
+    priority: int
+    seq: int
+    server: int = field(compare=False)
+    rid: int = field(compare=False)
+    frames: list[Any] = field(compare=False)
+    callback: Callback = field(compare=False)
+    clock: int = field(compare=False)
+
+
+def parts_of(msg: Message) -> tuple[int, int] | None:
+    """(part index, part count) of a reply ((0, 1): in one piece); None if they are bad."""
+    parts, part = msg.meta.get("parts", 1), msg.meta.get("part", 0)
+    if type(parts) is not int or type(part) is not int or not 0 <= part < parts <= MAX_FRAMES:
+        return None
+    return part, parts
 
 
 class Transport:
@@ -63,7 +96,8 @@ class Transport:
         self.ctx = zmq.Context()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[int, int, list[Any], Callback, int]] = queue.Queue()
+        self._outbox: list[Outgoing] = []  # a heap, guarded by _lock
+        self._seq = itertools.count()
         self._wake_name = f"inproc://plait-ps-wake-{id(self)}"
         self._wake_rx = self.ctx.socket(zmq.PULL)
         self._wake_rx.bind(self._wake_name)
@@ -77,17 +111,32 @@ class Transport:
         self._thread = threading.Thread(target=self._run, name="plait-ps-io", daemon=True)
         self._thread.start()
 
-    def submit(self, server: int, msg: Message, callback: Callback) -> int:
+    def submit(self, server: int, msg: Message, callback: Callback, priority: int = 0) -> int:
         """Queue `msg` for `server` (its request id is set here); return the id."""
+        return self.submit_all([(server, msg, callback, priority)])[0]
+
+    def submit_all(self, requests: Sequence[tuple[int, Message, Callback, int]]) -> list[int]:
+        """Queue (server, message, callback, priority) requests together: the I/O thread
+        takes them in one go, most urgent (lowest priority) first; return their ids."""
         if self.failure is not None:
             raise PSError(f"the PS I/O thread stopped: {self.failure}")
         with self._lock:
-            msg.rid = next(self._ids)
-            msg.worker = self.worker
-            clock = msg.clock if msg.op in ("push", "push_pull") else 0
-            self._queue.put((server, msg.rid, encode(msg), callback, clock))
+            for server, msg, callback, priority in requests:
+                msg.rid = next(self._ids)
+                msg.worker = self.worker
+                clock = msg.clock if msg.op in ("push", "push_pull") else 0
+                out = Outgoing(
+                    priority, next(self._seq), server, msg.rid, encode(msg), callback, clock
+                )
+                heapq.heappush(self._outbox, out)
             self._wake_tx.send(b"")
-        return msg.rid
+        return [msg.rid for _, msg, _, _ in requests]
+
+    def take(self) -> list[Outgoing]:
+        """Every waiting request, most urgent first (the I/O thread's; tests read it too)."""
+        with self._lock:
+            out, self._outbox = self._outbox, []
+        return [heapq.heappop(out) for _ in range(len(out))]
 
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -138,16 +187,12 @@ class Transport:
                         self._wake_rx.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-            while True:
-                try:
-                    server, rid, parts, callback, clock = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                self.sent_clock = max(self.sent_clock, clock)
-                pending[rid] = _Pending(
-                    server, parts, callback, now + FIRST_RESEND_S, FIRST_RESEND_S
+            for o in self.take():
+                self.sent_clock = max(self.sent_clock, o.clock)
+                pending[o.rid] = _Pending(
+                    o.server, o.frames, o.callback, now + FIRST_RESEND_S, FIRST_RESEND_S
                 )
-                self._send(socks[server], parts)
+                self._send(socks[o.server], o.frames)
             for s in socks:
                 if s in events:
                     self._receive(index[s], s, pending, last_heard)
@@ -212,6 +257,19 @@ class Transport:
             if isinstance(lost, int):
                 self.lost[server] = lost
             waiting = pending.get(msg.rid)
-            if waiting is not None and waiting.server == server:
+            if waiting is None or waiting.server != server:
+                continue
+            where = parts_of(msg)
+            if where is None:
+                print(
+                    f"[plait.ps worker {self.worker}] bad reply from server {server}: meta "
+                    f"part={msg.meta.get('part')!r:.20}, parts={msg.meta.get('parts')!r:.20}; "
+                    f"expected 0 <= part < parts <= {MAX_FRAMES}",
+                    file=sys.stderr,
+                )
+                continue
+            waiting.received.add(where[0])
+            waiting.next_resend = now + waiting.backoff  # the server is answering: wait on
+            if len(waiting.received) >= where[1]:
                 del pending[msg.rid]
-                waiting.callback(server, msg)
+            waiting.callback(server, msg)

@@ -16,7 +16,8 @@ Header fields (anything else is rejected):
     versions  list of int >= 0: one per key, or empty
     lr        float > 0 or nil
     clock     int >= 0
-    meta      map of str -> nil/bool/int/float/str/list of int (small extras: errors, stats)
+    meta      map of str -> nil/bool/int/float/str/list of int (small extras: errors, stats,
+              `part` i of `parts` n of a reply cut per key: PSConfig(priority=True))
 
 Nothing here is unpickled; a message that breaks any rule raises WireError(reason).
 """

@@ -73,7 +73,10 @@ class TrainConfig:
         metadata=option(
             "reduce gradients in slices, those the next forward needs first first, and "
             "step each layer when the next forward reaches it (P3; DataParallel(priority="
-            "True)); --strategy allreduce without --zero, --pp or --tp"
+            "True)); --strategy allreduce without --zero, --pp or --tp. With --strategy ps: "
+            "requests and replies in the order the next forward consumes the parameters, a "
+            "pull answered slice by slice, each layer waiting only for its own "
+            "(PSConfig(priority=True))"
         ),
     )
     slice_mb: float = field(
@@ -228,6 +231,8 @@ class TrainConfig:
                     "sync mode no gradient is stale"
                 )
         self.ps = replace(ps, lr=self.peak_lr, **server_optimizer(self.optimizer, self.rates))
+        if self.priority:  # the servers' slices are P3's (--slice-mb), sent in consumption order
+            self.ps = replace(self.ps, priority=True, slice_mb=self.slice_mb)
 
     def _ps_options_given(self) -> list[str]:
         """The flags of parameter-server options set away from their defaults."""
@@ -300,6 +305,13 @@ class TrainConfig:
         if self.slice_mb != 1.0 and not self.priority:
             raise ConfigError(f"--slice-mb {self.slice_mb:g} applies to --priority only")
         if not self.priority:
+            return
+        if self.strategy == "ps":
+            if self.compute.compile:  # a layer's hook blocks on the wire: not in a graph
+                raise ConfigError(
+                    "--priority with --strategy ps waits for each layer's values in a forward "
+                    "hook; not with --compile yet"
+                )
             return
         where = [f"--strategy {self.strategy}"] if self.strategy != "allreduce" else []
         where += [f"--zero {self.zero}"] if self.zero else []

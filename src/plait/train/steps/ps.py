@@ -26,6 +26,12 @@ memory). A worker joins without `plait.init()`, so it takes its device itself
 on a GPU, the Client passes gradients and parameters through pinned host copies
 (plait/ps/staging.py).
 
+--priority (PSConfig(priority=True)): the servers answer each pull slice by slice in the
+order the model consumes its parameters, and `update` does not wait for the pull: each
+layer's forward waits for its own values (Client.wait_per_layer), so the next forward starts
+on the first layers while the last layers' values are still coming (P3, TicTac). The values
+are the same either way; only when they are written changes.
+
 Test hook: PLAIT_TRAIN_KILL_AT="RANK:N" makes worker RANK kill itself (SIGKILL) after its
 N-th push, as a crash would.
 """
@@ -87,6 +93,8 @@ class ParameterServerStep(Step):
         self.compute.checkpoint(self.model)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.client = Client(self.model.named_parameters(), self.ps, role)
+        if self.ps.priority:
+            self.client.wait_per_layer(self.model)
         self.store = role.store
         who, _, after = (env.get("PLAIT_TRAIN_KILL_AT") or "").partition(":")
         self.kill_at = (int(who), int(after)) if who and after else None
@@ -118,6 +126,8 @@ class ParameterServerStep(Step):
         (idle) until the end to report."""
         if last and self.rank != 0:
             self.client.push(lr=lr)
+        elif self.ps.priority:
+            self.client.push_pull_async(lr=lr)  # the next forward's layers wait, each for its own
         else:
             self.client.push_pull(lr=lr)
         self.worker_steps += 1
@@ -129,6 +139,7 @@ class ParameterServerStep(Step):
         return own
 
     def evaluate(self) -> float:
+        self.client.wait()  # every value of the last pull (--priority leaves some unwritten)
         return evaluate_alone(self.computed, self.work, self.device)
 
     def describe(self) -> dict[str, Any]:
