@@ -16,8 +16,9 @@ timed part.
   same global batch). It leaves out evaluation and start-up, and assumes the timed steps'
   speed holds over the whole run.
 
-torch DDP ways are not trained here: `plait train` has no DDP path, and their hooks' fp16
-and PowerSGD arithmetic are measured by their plait counterparts. No torch imported here.
+torch DDP ways are not trained here: `plait train` has no DDP path (their hooks' fp16 and
+PowerSGD arithmetic is close to, not the same as, plait's fp16 and powersgd). No torch
+imported here: each run is a whole `plait train` job.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def render(rows: list[dict[str, Any]]) -> None:
              f"loopback, global batch {first['global_batch']}, seed 0)")  # fmt: skip
     table = report.table(title, head(rates), left="way")
     report.add_rows(table, [(r["workload"], _cells(r, rates)) for r in rows])
-    report.console(110).print(table)
+    report.console(130).print(table)
     for workload in dict.fromkeys(r["workload"] for r in rows):
         r = next(r for r in rows if r["workload"] == workload and "skipped" not in r)
         bar = "1 point" if r["metric"] == "accuracy" else f"{TARGET_SLACK['loss']} nats"
