@@ -460,6 +460,15 @@ class CommBenchConfig:
     with its fp16 and PowerSGD (rank 4) communication hooks). The FIFO row also shows
     the step's compute time (the same steps under no_sync): where communication is of the
     order of computation is where scheduling can gain.
+
+    --to-target adds accuracy (bench/comm_target.py): each plait way trains the workload's
+    recipe to its end with `plait train` on this machine (hosts x nproc workers, loopback:
+    compression changes the arithmetic, not the link), same seed, at --global-batch, with
+    held-out evaluation every --target-eval-every steps. The report gives each way's final
+    held-out metric, its gap to fifo (uncompressed), and the first evaluated step at which
+    it reached the target: fifo's final metric less 1 point of accuracy, or plus 0.05 nats
+    of loss. Time to target = those steps x the way's median step time at each link rate
+    of the timed part (skipped with --no-timing). torch DDP ways are not trained there.
     """
 
     workloads: str = field(
@@ -478,11 +487,31 @@ class CommBenchConfig:
     repeats: int = field(default=3, metadata=option("repeats per cell"))
     warmup: int = field(default=3, metadata=option("untimed steps of each before timing"))
     slice_mb: float = field(default=1.0, metadata=option("priority's slice size in MiB"))
+    to_target: bool = field(
+        default=False, metadata=option("also train each way to the end: held-out metric, target")
+    )
+    target_steps: int | None = field(
+        default=None, metadata=option("--to-target's steps", default_text="the model's recipe")
+    )
+    target_eval_every: int | None = field(
+        default=None,
+        metadata=option("--to-target: evaluate every K steps", metavar="K", default_text="1/20"),
+    )
+    no_timing: bool = field(default=False, metadata=option("with --to-target: skip the timing"))
     json: str | None = _json()
     markdown: bool = _markdown()
 
     def __post_init__(self) -> None:
         _subset("workloads", self.workloads, MODELS)
+        if self.no_timing and not self.to_target:
+            raise ConfigError("--no-timing leaves nothing to do without --to-target")
+        if self.to_target and "fifo" not in self.way_list:
+            raise ConfigError(f"--to-target needs fifo in --ways (its target is fifo's final "
+                              f"metric); got --ways {self.ways}")  # fmt: skip
+        for name, k in (("--target-steps", self.target_steps),
+                        ("--target-eval-every", self.target_eval_every)):  # fmt: skip
+            if k is not None and k < 1:
+                raise ConfigError(f"{name} must be >= 1; got {k}")
         for way in self.way_list:
             if way not in COMM_WAYS and not way.startswith(("topk:", "powersgd:")):
                 raise ConfigError(f"way {way!r} is not one of {', '.join(COMM_WAYS)}, "

@@ -1,7 +1,8 @@
 """`plait bench comm`, the parent side: one job per link rate, then a row per way.
 
 Each rate brings up fresh simulated hosts (launch/hosts.py) and takes them down after;
-with --hosts 1 the ranks run on this machine's loopback (no rate).
+with --hosts 1 the ranks run on this machine's loopback (no rate). --to-target then trains
+every way's recipe to its end (bench/comm_target.py).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from plait.bench import report, worker_io
+from plait.bench import comm_target, report, worker_io
 from plait.bench.configs import CommBenchConfig
 from plait.bench.worker_io import BenchFailed
 from plait.launch.hosts import HostsError, launch_on_hosts
@@ -19,13 +20,24 @@ BASELINE = "fifo"
 
 
 def run(config: CommBenchConfig) -> int:
-    runs = {str(rate): measure(config, rate) for rate in config.rate_list}
-    rows = summarize(runs)
-    render(rows)
-    if config.markdown:
-        print(markdown(rows))
+    runs: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    if not config.no_timing:
+        runs = {str(rate): measure(config, rate) for rate in config.rate_list}
+        rows = summarize(runs)
+        render(rows)
+        if config.markdown:
+            print(markdown(rows))
+    saved: dict[str, Any] = {"runs": runs, "summary": rows}
+    if config.to_target:  # after the timing, whose step times give the time to target
+        trained = comm_target.measure(config)
+        target_rows = comm_target.summarize(trained, rows)
+        comm_target.render(target_rows)
+        if config.markdown:
+            print(comm_target.markdown(target_rows))
+        saved.update(to_target=trained, target_summary=target_rows)
     if config.json:
-        worker_io.save(config.json, {"runs": runs, "summary": rows})
+        worker_io.save(config.json, saved)
     return 0
 
 
