@@ -32,7 +32,13 @@ class Way:
     """One way of training data-parallel: the wrapped model, its optimizer, a step."""
 
     def __init__(
-        self, name: str, model: nn.Module, comm: Any, lr: float, slice_mb: float, group: Any
+        self,
+        name: str,
+        model: nn.Module,
+        comm: Any,
+        lr: float,
+        config: CommBenchConfig,
+        group: Any,
     ) -> None:
         self.name = name
         self.finish: Callable[[], None] = lambda: None
@@ -45,7 +51,8 @@ class Way:
 
             kwargs: dict[str, Any] = {}
             if name == "priority":
-                kwargs = {"priority": True, "slice_mb": slice_mb}
+                kwargs = {"priority": True, "slice_mb": config.slice_mb,
+                          "credit_mb": config.credit_mb}  # fmt: skip
             elif name != "fifo":
                 kwargs = {"compression": name}
             self.model = self.plait = DataParallel(model, comm, **kwargs)
@@ -100,7 +107,7 @@ def measure(comm: Any, name: str, config: CommBenchConfig) -> dict[str, Any]:
 
     work = workloads.build(name, config.global_batch, comm.rank, comm.size, seed=0)
     group = dist.new_group(backend="gloo")  # DDP's own (see _ddp)
-    ways = {w: Way(w, work.model(), comm, work.lr, config.slice_mb, group)
+    ways = {w: Way(w, work.model(), comm, work.lr, config, group)
             for w in config.way_list}  # fmt: skip
     cpu = torch.device("cpu")
 

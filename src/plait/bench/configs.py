@@ -487,6 +487,9 @@ class CommBenchConfig:
     repeats: int = field(default=3, metadata=option("repeats per cell"))
     warmup: int = field(default=3, metadata=option("untimed steps of each before timing"))
     slice_mb: float = field(default=1.0, metadata=option("priority's slice size in MiB"))
+    credit_mb: float = field(
+        default=2.0, metadata=option("priority's credit: MiB issued and not yet reduced")
+    )
     to_target: bool = field(
         default=False, metadata=option("also train each way to the end: held-out metric, target")
     )
@@ -520,6 +523,8 @@ class CommBenchConfig:
         _batch_divides(self.global_batch, [self.hosts * self.nproc])
         if not self.slice_mb > 0:
             raise ConfigError(f"--slice-mb must be > 0; got {self.slice_mb}")
+        if not self.credit_mb > 0:
+            raise ConfigError(f"--credit-mb must be > 0; got {self.credit_mb}")
 
     @property
     def way_list(self) -> list[str]:
