@@ -43,6 +43,7 @@ def body(comm: Communicator, folder: str) -> str:
     )
     model(torch.ones(4, 3)).sum().backward()
     opt.step()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.start_timeline(f"{folder}/main{r}.json")  # the same file: goes on recording
     hvd.stop_timeline()
     hvd.stop_timeline()  # stopping twice is harmless
@@ -134,6 +135,8 @@ def test_horovod_timeline(tmp_path: Path) -> None:
     # packed calls (a group, the optimizer's bucket): the fusion buffer in and out
     for name in ("grouped_allreduce.g_1of2", "allreduce.weight", "allreduce.bias"):
         assert _phases(tensors[name]) == FUSED, (name, tensors[name])
+    fused_broadcast = [p.replace("ALLREDUCE", "BROADCAST") for p in FUSED]
+    assert _phases(tensors["broadcast.weight"]) == fused_broadcast  # broadcast_parameters
     assert _phases(tensors["allgather.ag"])[::2] == ["NEGOTIATE_ALLGATHER", "QUEUE"]
     assert _phases(tensors["broadcast.bc"])[:2] == ["NEGOTIATE_BROADCAST", "BROADCAST"]
 

@@ -187,9 +187,10 @@ class Timeline:
         ops: Sequence[Op[Any]],
         ready: int,
         copy_in: tuple[int, int] | None = None,
+        names: list[str] | None = None,
     ) -> list[Op[Any]]:
         """record() and wrap `ops` in its clocks: what most hvd calls need."""
-        rec = self.record(d, prefix, name, tensors, ready, copy_in)
+        rec = self.record(d, prefix, name, tensors, ready, copy_in, names)
         return rec.wrap(ops, self.cycles if self.mark_cycles else None)
 
     def readiness(self) -> list[tuple[tuple[tuple[int, ...], int], str, int]]:
@@ -268,13 +269,18 @@ def stop(d: Dispatcher | None) -> None:
     if tl is None:
         return
     mine = tl.readiness()
-    if d is not None and d.comm.size > 1:
-        gathered = d.run_other("stop_timeline", lambda c: c.allgather_object(mine))
-        everyone = list(enumerate(gathered))
-    else:
-        everyone = [(tl.rank, mine)]
-    if tl.rank != 0:
-        return
+    everyone = [(tl.rank, mine)]
+    try:
+        if d is not None and d.comm.size > 1:
+            gathered = d.run_other("stop_timeline", lambda c: c.allgather_object(mine))
+            everyone = list(enumerate(gathered))
+    finally:  # a failed gather (a dead peer) still leaves rank 0's own view on disk
+        if tl.rank == 0:
+            _write(tl, mine, everyone)
+
+
+def _write(tl: Timeline, mine: list[Any], everyone: list[tuple[int, list[Any]]]) -> None:
+    """Rank 0: take each rank's call times for the calls it made too, and write the file."""
     first = {key: name for key, name, _ in mine}
     ticks: dict[Any, dict[int, int]] = {}
     for rank, entries in everyone:
