@@ -44,6 +44,10 @@ def body(comm: Communicator, folder: str) -> str:
     model(torch.ones(4, 3)).sum().backward()
     opt.step()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if r == 0:  # rank 1 has run out of data: it joins while rank 0 reduces once more
+        hvd.allreduce(torch.ones(2), name="extra")
+    hvd.join()
+    hvd.allreduce(torch.ones(2), name="after_join")
     hvd.start_timeline(f"{folder}/main{r}.json")  # the same file: goes on recording
     hvd.stop_timeline()
     hvd.stop_timeline()  # stopping twice is harmless
@@ -140,6 +144,10 @@ def test_horovod_timeline(tmp_path: Path) -> None:
     assert _phases(tensors["allgather.ag"])[::2] == ["NEGOTIATE_ALLGATHER", "QUEUE"]
     assert _phases(tensors["broadcast.bc"])[:2] == ["NEGOTIATE_BROADCAST", "BROADCAST"]
 
+    # after a join, calls are matched again (rank 1 made one call fewer before it)
+    assert [e["name"] for e in tensors["allreduce.extra"] if e["ph"] == "X"] == ["0"]
+    assert {e["name"] for e in tensors["allreduce.after_join"] if e["ph"] == "X"} == {"0", "1"}
+
     env_tensors = _by_tensor(_load(tmp_path / "env.json"))
     assert list(env_tensors) == ["allreduce.from_env"]
 
@@ -150,3 +158,10 @@ def test_horovod_timeline(tmp_path: Path) -> None:
 
     for error in errors:  # every rank learns that rank 0 cannot write the file
         assert "writable file path" in error and "missing/dir/t.json" in error, error
+
+
+def test_an_empty_timeline_is_valid_json() -> None:
+    from plait.horovod.torch.timeline_format import render
+
+    events = json.loads(render([], 7))
+    assert events[0]["args"] == {"start_time_since_epoch_in_micros": 7} and len(events) == 2

@@ -280,4 +280,8 @@ def join(device: int = -1) -> int:
     state()
     if isinstance(device, bool) or not isinstance(device, int) or device < -1:
         raise ValueError(f"device must be a GPU index or -1; got {device!r}")
-    return dispatcher(None).join(None if device == -1 else torch.device("cuda", device))
+    last = dispatcher(None).join(None if device == -1 else torch.device("cuda", device))
+    tl = timeline.current()
+    if tl:
+        tl.joined()
+    return last

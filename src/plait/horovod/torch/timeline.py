@@ -46,6 +46,10 @@ KINDS = {
 _COLLECTIVES = ("allreduce", "allgather", "broadcast")  # Op kinds that move data
 
 
+# a call's identity across ranks: (its process set's ranks, joins so far, n-th call since)
+Key = tuple[tuple[int, ...], int, int]
+
+
 def now() -> int:
     """This process's monotonic clock in microseconds (Horovod's timeline unit)."""
     return time.monotonic_ns() // 1000
@@ -55,7 +59,7 @@ def now() -> int:
 class Record:
     """One hvd call on this rank: its tensors' names and when each phase ran (local us)."""
 
-    key: tuple[tuple[int, ...], int]  # (the process set's ranks, n-th call on it): cross-rank
+    key: Key
     kind: str  # ALLREDUCE | ALLGATHER | BROADCAST
     names: list[str]
     args: list[dict[str, str]]  # each tensor's dtype and shape, for the End event
@@ -148,6 +152,7 @@ class Timeline:
         self.records: list[Record] = []
         self.cycles: list[int] = []
         self._calls: dict[tuple[int, ...], int] = {}
+        self._joins = 0  # calls are counted afresh after each hvd.join() (see joined())
         self._serial = 0
         self._lock = threading.Lock()  # calls come from the script and from autograd's hooks
 
@@ -168,7 +173,7 @@ class Timeline:
             n = self._calls.get(ranks, 0)
             self._calls[ranks] = n + 1
             rec = Record(
-                key=(ranks, n),
+                key=(ranks, self._joins, n),
                 kind=KINDS[prefix],
                 names=names or op_names(prefix, name, len(tensors), self._serial),
                 args=[_shape_args(t) for t in tensors],
@@ -193,7 +198,14 @@ class Timeline:
         rec = self.record(d, prefix, name, tensors, ready, copy_in, names)
         return rec.wrap(ops, self.cycles if self.mark_cycles else None)
 
-    def readiness(self) -> list[tuple[tuple[tuple[int, ...], int], str, int]]:
+    def joined(self) -> None:
+        """hvd.join() returned: ranks that joined early made fewer calls than the others, so
+        calls are matched across ranks by their count since the last join."""
+        with self._lock:
+            self._joins += 1
+            self._calls.clear()
+
+    def readiness(self) -> list[tuple[Key, str, int]]:
         """What rank 0 needs from this rank: each call's key, first name and call time."""
         with self._lock:
             return [(r.key, r.names[0], r.ready - self.ref) for r in self.records]
