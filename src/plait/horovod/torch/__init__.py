@@ -5,8 +5,9 @@ Covered: init/shutdown and topology queries, every collective of horovod.torch (
 grouped allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join; blocking,
 in place and async with poll/synchronize; differentiable like Horovod's),
 DistributedOptimizer, broadcast_parameters / broadcast_optimizer_state / object helpers,
-Compression.none/fp16 (and plait's own bf16), process sets. Differences (Adasum, timelines,
-SyncBatchNorm, elastic, join's scope) are listed in docs/horovod.md.
+Compression.none/fp16 (and plait's own bf16), process sets, Horovod's timeline.
+Differences (Adasum, the timeline's, SyncBatchNorm, elastic, join's scope) are listed in
+docs/horovod.md.
 """
 
 from plait.horovod.torch.basics import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import warnings
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import plait
 from plait.comm.communicator import Communicator
+from plait.horovod.torch import timeline
 from plait.horovod.torch.dispatch import Dispatcher, clear_handles
 
 # Reduction ops, numbered as Horovod numbers them (horovod/common/common.h)
@@ -139,6 +140,7 @@ def init(
             homogeneous=len({size for _, _, size in everyone}) == 1,
             process_sets={0: global_process_set},
         )
+        _timeline_from_env()
     for ps in process_sets or ():
         if ps is not global_process_set and ps.process_set_id is None:
             add_process_set(ps)
@@ -150,12 +152,15 @@ def shutdown() -> None:
     st, _state = _state, None
     if st is None:
         return
-    for ps in st.process_sets.values():
-        if ps._dispatcher is not None:
-            ps._dispatcher.close()
-        ps.process_set_id, ps._dispatcher = None, None
-    clear_handles()
-    plait.shutdown()
+    try:
+        timeline.stop(st.dispatcher)  # a recording still on: rank 0 writes it now
+    finally:
+        for ps in st.process_sets.values():
+            if ps._dispatcher is not None:
+                ps._dispatcher.close()
+            ps.process_set_id, ps._dispatcher = None, None
+        clear_handles()
+        plait.shutdown()
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
@@ -281,16 +286,36 @@ def rocm_built() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """No-op with a warning: plait does not write Horovod timelines."""
-    state()
-    warnings.warn(
-        f"hvd.start_timeline({file_path!r}) does nothing under plait.horovod: plait does not "
-        "write Horovod timelines (HOROVOD_TIMELINE is ignored too)",
-        RuntimeWarning,
-        stacklevel=2,
-    )
+    """Record Horovod's timeline into `file_path` (written by rank 0 when it stops).
+
+    Call it on every rank, at the same point of the script: ranks agree on a zero of time
+    here and match calls by their order after it. A second call with the same path goes
+    on recording; with another path, the first timeline is written and a new one starts.
+
+    Raises:
+        ValueError: rank 0 cannot write `file_path` (on every rank), or hvd.init() was not
+            called.
+    """
+    timeline.start(state().dispatcher, file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
-    """No-op (see start_timeline)."""
-    state()
+    """Stop recording; rank 0 writes the file. Call it on every rank (it gathers each
+    rank's call times to rank 0)."""
+    timeline.stop(state().dispatcher)
+
+
+def _timeline_from_env() -> None:
+    """HOROVOD_TIMELINE=path (HOROVOD_TIMELINE_MARK_CYCLES=1 for cycle markers) starts a
+    timeline at hvd.init(), as Horovod does; DYNAMIC means none until start_timeline()."""
+    path = os.environ.get("HOROVOD_TIMELINE", "")
+    raw = os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "").strip().lower()
+    if raw not in _BOOLS:
+        raise ValueError(
+            f"HOROVOD_TIMELINE_MARK_CYCLES must be 0 or 1 (or false/true); got {raw!r}"
+        )
+    if path and path != "DYNAMIC":
+        start_timeline(path, mark_cycles=_BOOLS[raw])
+
+
+_BOOLS = {"": False, "0": False, "false": False, "1": True, "true": True}

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from plait.horovod.torch import timeline
 from plait.horovod.torch.basics import ProcessSet, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.dispatch import Op
@@ -16,8 +17,13 @@ from plait.horovod.torch.reduce_ops import pack
 Tensor = torch.Tensor
 
 
-def _broadcast_tensors(tensors: list[Tensor], root: int, ps: ProcessSet) -> None:
-    """Overwrite every tensor with the root's: one broadcast per dtype, not one per tensor."""
+def _broadcast_tensors(
+    tensors: list[Tensor], root: int, ps: ProcessSet, names: list[str | None] | None = None
+) -> None:
+    """Overwrite every tensor with the root's: one broadcast per dtype, not one per tensor.
+    With a timeline on, each tensor is Horovod's `broadcast.<name>` there, packed."""
+    tl = timeline.current()
+    ready = timeline.now() if tl else 0
     packs = pack(tensors)
 
     def run_for(flat: Tensor) -> Any:
@@ -43,7 +49,14 @@ def _broadcast_tensors(tensors: list[Tensor], root: int, ps: ProcessSet) -> None
         for t, new in zip(tensors, out, strict=True):
             t.detach().copy_(new)  # type: ignore[arg-type]
 
-    dispatcher(ps).run([*ops, Op("local", lambda comm, flat: copy_back())])
+    ops.append(Op("local", lambda comm, flat: copy_back()))
+    d = dispatcher(ps)
+    if tl:
+        labels = names or [None] * len(tensors)
+        called = [f"broadcast.{n}" if n else f"broadcast.noname.{i}" for i, n in enumerate(labels)]
+        copied = (ready, timeline.now())
+        ops = tl.trace(d, "broadcast", None, tensors, ops, ready, copied, called)
+    d.run(ops)
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = _global) -> None:
@@ -54,14 +67,15 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = 
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError(f"invalid params of type: {type(params)}")
-    tensors = []
+    tensors, names = [], []
     for name, p in items:
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"parameter {name!r} is a {type(p).__name__}, not a tensor")
         tensors.append(p)
+        names.append(None if name is None else str(name))
     root = check_root(root_rank, process_set)
     if tensors:
-        _broadcast_tensors(tensors, root, process_set)
+        _broadcast_tensors(tensors, root, process_set, names)
 
 
 def broadcast_optimizer_state(

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from plait.horovod.torch import timeline
 from plait.horovod.torch.basics import ProcessSet, dispatcher, state
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.dispatch import Op, apply, register
@@ -46,15 +47,23 @@ def allgather_async(
     tensor: Tensor, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start concatenating every rank's `tensor` along dim 0 (which may differ); a handle."""
-    handle = dispatcher(process_set).submit([_allgather_op(tensor)])
+    handle = dispatcher(process_set).submit(_traced("allgather", name, [tensor], process_set))
     return register(handle, lambda results: results[0])
+
+
+def _traced(prefix: str, name: str | None, tensors: Sequence[Tensor], ps: ProcessSet) -> Any:
+    """One allgather op per tensor; with a timeline on, recorded under Horovod's names."""
+    tl = timeline.current()
+    ready = timeline.now() if tl else 0
+    ops = [_allgather_op(t) for t in tensors]
+    return tl.trace(dispatcher(ps), prefix, name, tensors, ops, ready) if tl else ops
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: Tensor, ps: ProcessSet) -> Tensor:
+    def forward(ctx: Any, tensor: Tensor, ps: ProcessSet, name: Any) -> Tensor:
         ctx.hvd = (tensor.shape[0], ps)
-        out: Tensor = dispatcher(ps).run([_allgather_op(tensor)])[0]
+        out: Tensor = dispatcher(ps).run(_traced("allgather", name, [tensor], ps))[0]
         return out
 
     @staticmethod
@@ -63,12 +72,12 @@ class _Allgather(torch.autograd.Function):
         reduced = allreduce(grad, process_set=ps)  # Average, as Horovod
         everyone = allgather(torch.tensor([rows], dtype=torch.int64), process_set=ps)
         offset = int(everyone[: dispatcher(ps).comm.rank].sum())
-        return reduced.narrow(0, offset, rows), None
+        return reduced.narrow(0, offset, rows), None, None
 
 
 def allgather(tensor: Tensor, name: str | None = None, process_set: ProcessSet = _global) -> Tensor:
     """Concatenate every rank's `tensor` along dim 0 (which may differ); differentiable."""
-    out: Tensor = apply(_Allgather, tensor, process_set)
+    out: Tensor = apply(_Allgather, tensor, process_set, name)
     return out
 
 
@@ -76,7 +85,9 @@ def grouped_allgather_async(
     tensors: Sequence[Tensor], name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start an allgather of each tensor; synchronize returns the list of results."""
-    handle = dispatcher(process_set).submit([_allgather_op(t) for t in tensors])
+    handle = dispatcher(process_set).submit(
+        _traced("grouped_allgather", name, tensors, process_set)
+    )
     return register(handle, lambda results: list(results))
 
 
@@ -97,8 +108,14 @@ def check_root(root_rank: object, ps: ProcessSet) -> int:
     return root_rank
 
 
-def _broadcast_ops(tensor: Tensor, root: int) -> list[Op[Any]]:
-    """Overwrite `tensor` in place with the root's (through a contiguous buffer if needed)."""
+def _broadcast_ops(
+    tensor: Tensor, root: int, name: str | None, ps: ProcessSet, ready: int = -1
+) -> list[Op[Any]]:
+    """Overwrite `tensor` in place with the root's (through a contiguous buffer if needed);
+    with a timeline on, recorded as Horovod's `broadcast.<name>` called at `ready`."""
+    tl = timeline.current()
+    if tl and ready < 0:
+        ready = timeline.now()
     target = tensor.detach()
     buf = target if target.is_contiguous() else target.contiguous()
 
@@ -112,15 +129,17 @@ def _broadcast_ops(tensor: Tensor, root: int) -> list[Op[Any]]:
     ]
     if buf is not target:
         ops.append(Op("local", lambda comm, flat: target.copy_(buf)))
-    return ops
+    return tl.trace(dispatcher(ps), "broadcast", name, [tensor], ops, ready) if tl else ops
 
 
 def broadcast_async(
     tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start broadcasting the root's `tensor` into a new tensor; returns a handle."""
+    ready = timeline.now() if timeline.current() else -1
     out = tensor.detach().clone(memory_format=torch.contiguous_format)
-    handle = dispatcher(process_set).submit(_broadcast_ops(out, check_root(root_rank, process_set)))
+    root = check_root(root_rank, process_set)
+    handle = dispatcher(process_set).submit(_broadcast_ops(out, root, name, process_set, ready))
     return register(handle, lambda _: out)
 
 
@@ -129,23 +148,26 @@ def broadcast_async_(
 ) -> int:
     """Start overwriting `tensor` with the root's, in place; returns a handle."""
     root = check_root(root_rank, process_set)
-    return register(dispatcher(process_set).submit(_broadcast_ops(tensor, root)), lambda _: tensor)
+    ops = _broadcast_ops(tensor, root, name, process_set)
+    return register(dispatcher(process_set).submit(ops), lambda _: tensor)
 
 
 def broadcast_(
     tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
 ) -> Tensor:
     """Overwrite `tensor` with the root's, in place; return it."""
-    dispatcher(process_set).run(_broadcast_ops(tensor, check_root(root_rank, process_set)))
+    root = check_root(root_rank, process_set)
+    dispatcher(process_set).run(_broadcast_ops(tensor, root, name, process_set))
     return tensor
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: Tensor, root: int, ps: ProcessSet) -> Tensor:
+    def forward(ctx: Any, tensor: Tensor, root: int, ps: ProcessSet, name: Any) -> Tensor:
         ctx.hvd = (root, ps)
+        ready = timeline.now() if timeline.current() else -1
         out = tensor.detach().clone(memory_format=torch.contiguous_format)
-        dispatcher(ps).run(_broadcast_ops(out, root))
+        dispatcher(ps).run(_broadcast_ops(out, root, name, ps, ready))
         return out
 
     @staticmethod
@@ -154,14 +176,15 @@ class _Broadcast(torch.autograd.Function):
         reduced = allreduce(grad, process_set=ps)  # Average, as Horovod
         if dispatcher(ps).comm.rank != root:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(
     tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
 ) -> Tensor:
     """Return the root's `tensor` on every rank, as a new tensor (differentiable)."""
-    out: Tensor = apply(_Broadcast, tensor, check_root(root_rank, process_set), process_set)
+    root = check_root(root_rank, process_set)
+    out: Tensor = apply(_Broadcast, tensor, root, process_set, name)
     return out
 
 
@@ -257,4 +280,8 @@ def join(device: int = -1) -> int:
     state()
     if isinstance(device, bool) or not isinstance(device, int) or device < -1:
         raise ValueError(f"device must be a GPU index or -1; got {device!r}")
-    return dispatcher(None).join(None if device == -1 else torch.device("cuda", device))
+    last = dispatcher(None).join(None if device == -1 else torch.device("cuda", device))
+    tl = timeline.current()
+    if tl:
+        tl.joined()
+    return last

@@ -23,6 +23,7 @@ import torch
 
 from plait.comm.request import Request
 from plait.errors import PlaitError
+from plait.horovod.torch import timeline
 from plait.horovod.torch.basics import Adasum, Average, ProcessSet, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.compression import Compression, Compressor
@@ -58,8 +59,10 @@ class _InFlight:
         params: list[Tensor],
         pieces: list[tuple[Tensor, Any]],
         packs: list[Packed],
+        record: timeline.Record | None,
     ) -> None:
         self.handle, self.params, self.pieces, self.packs = handle, params, pieces, packs
+        self.record = record  # its timeline entry, while a timeline records
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -212,6 +215,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _launch(self, b: int) -> None:
         assert self._dispatcher is not None and b == self._next
+        tl = timeline.current()
+        ready = timeline.now() if tl else 0
         pieces = []
         with torch.no_grad():
             for p in self._buckets[b]:
@@ -224,8 +229,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ops = [
             o for pk in packs for o in allreduce_ops(pk.flat, self._comm_op, self._pre, self._post)
         ]
+        rec = None
+        if tl:  # Horovod names each gradient allreduce.<parameter name>
+            params = self._buckets[b]
+            names = [f"allreduce.{self._parameter_names.get(p, '')}" for p in params]
+            grads = [t for t, _ in pieces]
+            rec = tl.record(self._dispatcher, "allreduce", None, grads, ready, None, names)
+            rec.copy_in = (ready, timeline.now())  # compression and packing: into the buffer
+            ops = rec.wrap(ops, tl.cycles if tl.mark_cycles else None)
         handle = self._dispatcher.submit(ops)
-        self._inflight.append(_InFlight(handle, self._buckets[b], pieces, packs))
+        self._inflight.append(_InFlight(handle, self._buckets[b], pieces, packs, rec))
         self._next += 1
 
     def synchronize(self) -> None:
@@ -243,6 +256,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f.handle.wait()
             except PlaitError as e:
                 raise as_horovod(e) from None
+            t0 = timeline.now() if f.record else 0
             out: list[Tensor | None] = [None] * len(f.pieces)
             for pk in f.packs:
                 pk.unpack(out)
@@ -250,6 +264,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for p, (_, ctx), reduced in zip(f.params, f.pieces, out, strict=True):
                     assert p.grad is not None and reduced is not None
                     p.grad.copy_(self._compression.decompress(reduced, ctx))
+            if f.record:  # out of the bucket's buffer into each .grad
+                f.record.copy_out = (t0, timeline.now())
         self._synchronized = True
 
     @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 Horovod's rules: `op` defaults to Average and `average=` is its deprecated spelling;
 `prescale_factor` multiplies each rank's input before the reduction and `postscale_factor`
-the result; `name` only labels Horovod's timeline and is ignored here. Grouped variants pack
+the result; `name` labels the call in Horovod's timeline (timeline.py). Grouped variants pack
 each dtype's tensors into one buffer, so a group costs one collective per dtype (and device,
 where a group mixes CPU and CUDA tensors). Every result is on its input's device.
 """
@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
+from plait.horovod.torch import timeline
 from plait.horovod.torch.basics import Average, ProcessSet, Sum, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.compression import Compression, Compressor
-from plait.horovod.torch.dispatch import Op, apply, register
+from plait.horovod.torch.dispatch import Dispatcher, Op, apply, register
 
 Tensor = torch.Tensor
 
@@ -89,12 +90,15 @@ def allreduce_async(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing `tensor` over all ranks into a new tensor; returns a handle."""
+    tl = timeline.current()
+    ready = timeline.now() if tl else 0
     rop = comm_op(reduction(op, average))
     d = dispatcher(process_set)
     buf = _copy(tensor)
-    return register(
-        d.submit(allreduce_ops(buf, rop, prescale_factor, postscale_factor)), lambda _: buf
-    )
+    ops = allreduce_ops(buf, rop, prescale_factor, postscale_factor)
+    if tl:
+        ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
+    return register(d.submit(ops), lambda _: buf)
 
 
 def allreduce_async_(
@@ -107,8 +111,12 @@ def allreduce_async_(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing `tensor` in place; don't touch it before synchronize(handle)."""
+    tl = timeline.current()
+    ready = timeline.now() if tl else 0
     d = dispatcher(process_set)
     ops = _inplace_ops(tensor, comm_op(reduction(op, average)), prescale_factor, postscale_factor)
+    if tl:
+        ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
     return register(d.submit(ops), lambda _: tensor)
 
 
@@ -122,8 +130,13 @@ def allreduce_(
     process_set: ProcessSet = _global,
 ) -> Tensor:
     """Reduce `tensor` over all ranks in place; return it."""
+    tl = timeline.current()
+    ready = timeline.now() if tl else 0
     d = dispatcher(process_set)
-    d.run(_inplace_ops(tensor, comm_op(reduction(op, average)), prescale_factor, postscale_factor))
+    ops = _inplace_ops(tensor, comm_op(reduction(op, average)), prescale_factor, postscale_factor)
+    if tl:
+        ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
+    d.run(ops)
     return tensor
 
 
@@ -141,18 +154,23 @@ class _Allreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, tensor: Tensor, op: int, pre: float, post: float, ps: ProcessSet
+        ctx: Any, tensor: Tensor, op: int, pre: float, post: float, ps: ProcessSet, name: Any
     ) -> Tensor:
+        tl = timeline.current()
+        ready = timeline.now() if tl else 0
         ctx.hvd = (op, pre, post, ps)
-        buf = _copy(tensor)
-        dispatcher(ps).run(allreduce_ops(buf, comm_op(op), pre, post))
+        d, buf = dispatcher(ps), _copy(tensor)
+        ops = allreduce_ops(buf, comm_op(op), pre, post)
+        if tl:
+            ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
+        d.run(ops)
         return buf
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         op, pre, post, ps = ctx.hvd
         out = allreduce(grad, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
-        return out, None, None, None, None
+        return out, None, None, None, None, None
 
 
 def allreduce(
@@ -169,7 +187,7 @@ def allreduce(
     rop = reduction(op, average)
     comm_op(rop)
     sent, ctx = compression.compress(tensor)
-    out = apply(_Allreduce, sent, rop, prescale_factor, postscale_factor, process_set)
+    out = apply(_Allreduce, sent, rop, prescale_factor, postscale_factor, process_set, name)
     return compression.decompress(out, ctx)
 
 
@@ -210,6 +228,28 @@ def _grouped_ops(packs: list[Packed], op: str, pre: float, post: float) -> list[
     return [o for p in packs for o in allreduce_ops(p.flat, op, pre, post)]
 
 
+def _packed(
+    tensors: Sequence[Tensor], ps: ProcessSet, name: str | None, op: str, pre: float, post: float
+) -> tuple[Dispatcher, list[Packed], list[Op[Any]], timeline.Record | None]:
+    """A grouped allreduce's dispatcher, fusion buffers and ops; with a timeline on, the
+    record whose MEMCPY_IN_FUSION_BUFFER is the packing (timed here, on the caller)."""
+    tl = timeline.current()
+    ready = timeline.now() if tl else 0
+    d, packs = dispatcher(ps), pack(tensors)
+    ops = _grouped_ops(packs, op, pre, post)
+    if not tl:
+        return d, packs, ops, None
+    rec = tl.record(d, "grouped_allreduce", name, tensors, ready, (ready, timeline.now()))
+    return d, packs, ops, rec
+
+
+def _traced(rec: timeline.Record | None, ops: list[Op[Any]]) -> list[Op[Any]]:
+    tl = timeline.current()
+    if rec is None or tl is None:
+        return ops
+    return rec.wrap(ops, tl.cycles if tl.mark_cycles else None)
+
+
 def _unpacked(packs: list[Packed], n: int) -> tuple[Tensor, ...]:
     out: list[Tensor | None] = [None] * n
     for p in packs:
@@ -233,8 +273,8 @@ def grouped_allreduce_async(
 ) -> int:
     """Start reducing a list of tensors into new tensors (one collective per dtype)."""
     rop = comm_op(reduction(op, average))
-    d, packs = dispatcher(process_set), pack(tensors)
-    handle = d.submit(_grouped_ops(packs, rop, prescale_factor, postscale_factor))
+    d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
+    handle = d.submit(_traced(rec, ops))
     return register(handle, lambda _: _unpacked(packs, len(tensors)))
 
 
@@ -249,10 +289,9 @@ def grouped_allreduce_async_(
 ) -> int:
     """Start reducing a list of tensors in place."""
     rop = comm_op(reduction(op, average))
-    d, packs = dispatcher(process_set), pack(tensors)
-    ops = _grouped_ops(packs, rop, prescale_factor, postscale_factor)
+    d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
     ops.append(local(lambda: _copy_back(packs, tensors)))
-    return register(d.submit(ops), lambda _: tuple(tensors))
+    return register(d.submit(_traced(rec, ops)), lambda _: tuple(tensors))
 
 
 def grouped_allreduce_(
@@ -266,9 +305,8 @@ def grouped_allreduce_(
 ) -> tuple[Tensor, ...]:
     """Reduce a list of tensors in place; return them."""
     rop = comm_op(reduction(op, average))
-    d, packs = dispatcher(process_set), pack(tensors)
-    ops = _grouped_ops(packs, rop, prescale_factor, postscale_factor)
-    d.run([*ops, local(lambda: _copy_back(packs, tensors))])
+    d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
+    d.run(_traced(rec, [*ops, local(lambda: _copy_back(packs, tensors))]))
     return tuple(tensors)
 
 
@@ -277,13 +315,17 @@ class _GroupedAllreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, op: int, pre: float, post: float, ps: ProcessSet, *tensors: Tensor
+        ctx: Any, op: int, pre: float, post: float, ps: ProcessSet, name: Any, *tensors: Tensor
     ) -> Any:
         ctx.hvd = (op, pre, post, ps)
-        packs = pack(tensors)
-        dispatcher(ps).run(_grouped_ops(packs, comm_op(op), pre, post))
+        d, packs, ops, rec = _packed(tensors, ps, name, comm_op(op), pre, post)
+        d.run(_traced(rec, ops))
+        t0 = timeline.now() if rec else 0
         # separate tensors, not views of one buffer: autograd outputs may be modified in place
-        return tuple(t.clone() for t in _unpacked(packs, len(tensors)))
+        out = tuple(t.clone() for t in _unpacked(packs, len(tensors)))
+        if rec:  # the copies out of the fusion buffer
+            rec.copy_out = (t0, timeline.now())
+        return out
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
@@ -291,7 +333,7 @@ class _GroupedAllreduce(torch.autograd.Function):
         out = grouped_allreduce(
             list(grads), op=op, prescale_factor=pre, postscale_factor=post, process_set=ps
         )
-        return (None, None, None, None, *out)
+        return (None, None, None, None, None, *out)
 
 
 def grouped_allreduce(
@@ -316,6 +358,7 @@ def grouped_allreduce(
         prescale_factor,
         postscale_factor,
         process_set,
+        name,
         *[s for s, _ in sent],
     )
     return [compression.decompress(t, c) for t, (_, c) in zip(out, sent, strict=True)]
