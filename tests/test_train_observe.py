@@ -72,6 +72,22 @@ def test_tensorboard_scalars(observed: Path) -> None:
     assert len(list((observed / "tb").iterdir())) == 1  # rank 0 alone writes
 
 
+@pytest.mark.skipif(not HAVE_TENSORBOARD, reason="tensorboard is not installed "
+                    "(pip install 'plait[tensorboard]')")  # fmt: skip
+def test_tensorboard_takes_the_traced_overlap_ratio(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from plait.train.board import Board
+
+    board = Board(str(tmp_path))
+    board.handle("finish", {"steps": 8, "trace": {"overlap_ratio": 0.25}})
+    board.handle("finish", {"steps": 9})  # an untraced run: nothing
+    board.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("comm/overlap_ratio")] == [(8, 0.25)]
+
+
 def _options(**more: Any) -> dict[str, Any]:
     return {"model": "mlp", "data": "synthetic", "steps": STEPS, "workers": 1, **more}
 

@@ -2,9 +2,10 @@
 
 The loop's records (report.py) go to the renderer and, through `tee`, here: the loss and
 learning rate at every flush, samples/s at every log line, the held-out metric at every
-evaluation, and the overlap ratio where a record carries one (`overlap_ratio`, from the
-trace's metrics). The writer is torch.utils.tensorboard's, which needs the tensorboard
-package: an optional extra, checked before any worker starts (`require`).
+evaluation, and with --trace the run's overlap ratio (the finish record's
+`trace.overlap_ratio`, from plait.trace.metrics; absent without a trace). The writer is
+torch.utils.tensorboard's, which needs the tensorboard package: an optional extra,
+checked before any worker starts (`require`).
 """
 
 from __future__ import annotations
@@ -50,9 +51,11 @@ class Board:
             w.add_scalar("train/samples_per_s", rec["samples_per_s"], rec["step"])
         if kind == "eval":
             w.add_scalar(f"eval/{rec['name']}", rec["value"], rec["step"])
-        if "overlap_ratio" in rec and "step" in rec:
-            w.add_scalar("comm/overlap_ratio", rec["overlap_ratio"], rec["step"])
         if kind == "finish":
+            # --trace's metrics, where the run was traced: one value for the whole run
+            overlap = (rec.get("trace") or {}).get("overlap_ratio")
+            if overlap is not None:
+                w.add_scalar("comm/overlap_ratio", overlap, rec["steps"])
             w.flush()
 
     def close(self) -> None:
