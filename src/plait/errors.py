@@ -51,5 +51,9 @@ class ConfigError(PlaitError, ValueError):
     """An option has a bad value; the message shows the failing check and what was given."""
 
 
+class MissingExtraError(PlaitError, ImportError):
+    """An optional dependency is not installed; the message gives the pip command."""
+
+
 class CheckpointError(PlaitError):
     """A checkpoint cannot be written, read, or does not match this run."""

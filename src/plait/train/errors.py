@@ -6,13 +6,9 @@ and `plait bench` raise, so one `except` catches every command's.
 
 from __future__ import annotations
 
-from plait.errors import CheckpointError, ConfigError, PlaitError
+from plait.errors import CheckpointError, ConfigError, MissingExtraError, PlaitError
 
 __all__ = ["CheckpointError", "ConfigError", "MissingExtraError", "NonFiniteLossError"]
-
-
-class MissingExtraError(PlaitError, ImportError):
-    """An optional dependency is not installed; the message gives the pip command."""
 
 
 class NonFiniteLossError(PlaitError, FloatingPointError):

@@ -31,7 +31,7 @@ from typing import Any, TextIO, cast
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
-from plait.train import compile, device, outdir
+from plait.train import board, compile, device, outdir
 from plait.train import data as datasets
 from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
@@ -112,7 +112,20 @@ def _check(config: TrainConfig) -> TrainConfig:
         outdir.check_writable(out)
     if config.log.json is not None:
         outdir.check_file_writable(config.log.json)
+    if config.log.tensorboard is not None:
+        board.require()  # one line now, not after the workers have started
+    if config.log.profile is not None:
+        _check_folder(config.log.profile_dir, "--profile-dir")
     return config
+
+
+def _check_folder(folder: str, what: str) -> None:
+    """Create `folder` if needed; CheckpointError unless files can be written there."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"cannot create {what} {folder!r}: {e.strerror}") from None
+    outdir.check_file_writable(os.path.join(folder, "probe"), what)
 
 
 def _check_workload(config: TrainConfig) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from plait import env
-from plait.train import checkpoint, compile, compute, strategies, workloads
+from plait.train import board, checkpoint, compile, compute, profile, strategies, workloads
 from plait.train.config import TrainConfig, WorkloadConfig
 from plait.train.errors import ConfigError, NonFiniteLossError
 from plait.train.report import Emit
@@ -99,10 +99,16 @@ def train(
     work = workloads.resolve(config, workload)
     work.check_data(config.batch_size)
     step = kind(config, group, work)
+    writer = None  # --tensorboard: rank 0 writes what it reports
     try:
+        if config.log.tensorboard and step.rank == 0:
+            writer = board.Board(config.log.tensorboard)
+        emit = board.tee(emit, writer)
         return _Run(config, step, work, emit, time.time() if t0 is None else t0).go(stop_after)
     finally:
         step.close()
+        if writer is not None:
+            writer.close()
 
 
 def _poisoned(loss_fn: LossFn) -> LossFn:
@@ -127,11 +133,14 @@ class _Run:
         self.first = 0
         self.losses: list[float] = []
         self.evals: list[list[float]] = []
+        self.throughput: list[list[float]] = []  # [step, samples/s since the last log line]
         self.saved_step: int | None = None
         self.compile_s: float | None = None  # --compile: the warm-up's seconds
         nan_step, _, who = (env.get("PLAIT_TRAIN_NAN_AT") or "").partition(":")
         self.nan_at = int(nan_step) if nan_step and who in ("", str(step.rank)) else None
         self.straggler = Straggler.from_env(config.workload.seed)
+        self.profiler = profile.Profiler(config.log.profile, config.log.profile_dir, step.rank,
+                                         step.device.type)  # fmt: skip
         data = work.data
         self.unit = getattr(data, "unit", "sample")  # what a sample is, for the report
         self.token = getattr(data, "token", "")  # LM: what the loss is per
@@ -161,11 +170,13 @@ class _Run:
         while current is not None:
             step, part = current
             clock += 1
+            self.profiler.began(step)
             began = time.perf_counter()
             self.forward_backward(step, part)
             current = next(slices, None)  # first: the last slice's update is told so
             s.update(c.lr_at(step), last=current is None)
             self.straggler.delay(s.rank, s.world_size, clock, time.perf_counter() - began)
+            self.profiler.ended(step)
             self.say("step", {"step": step})
             crossed = range(last + 1, step + 1)
             last = max(last, step)
@@ -175,6 +186,7 @@ class _Run:
                     result = self.result(step, self.train_s())
                     result.stopped_at = step
                     return result
+        self.profiler.stop()  # a worker that skipped the window's last step (ps async)
         s.finish()
         return self.end(trained_last=last == self.steps > self.first)
 
@@ -274,12 +286,13 @@ class _Run:
         self.losses.extend(values)
         start, paused, since = self.window
         seconds = time.perf_counter() - start - (self.paused_s - paused)
+        rate = (step - since) * self.batch / max(seconds, 1e-9)
         self.say("log" if log else "loss", {
             "step": step, "steps": self.steps, "loss": values[-1], "lr": self.config.lr_at(step),
-            "samples_per_s": (step - since) * self.batch / max(seconds, 1e-9),
-            "elapsed_s": time.time() - self.t0,
+            "samples_per_s": rate, "elapsed_s": time.time() - self.t0,
         })  # fmt: skip
         if log:
+            self.throughput.append([step, rate])
             self.window = (time.perf_counter(), self.paused_s, step)
 
     def evaluate(self, step: int) -> None:
@@ -334,5 +347,6 @@ class _Run:
             samples_per_s=trained * self.batch / max(train_s, 1e-9) if trained else 0.0,
             wall_s=time.time() - self.t0, model=self.work.name, data=self.work.data.name,
             eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
+            throughput=self.throughput,
             device=self.step.device.type, compile_s=self.compile_s, extra=self.step.figures(),
         )  # fmt: skip

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from plait import env
 from plait.options import option
 from plait.train import data as datasets
+from plait.train import profile
 from plait.train.errors import ConfigError
 from plait.train.recipes import (
     CUSTOM,
@@ -353,14 +354,40 @@ class LogConfig:
         default=None,
         metadata=option("report the loss every K steps", metavar="K", default_text="steps / 10"),
     )
+    tensorboard: str | None = field(
+        default=None,
+        metadata=option(
+            "write TensorBoard scalars (loss, learning rate, samples/s, the held-out metric) "
+            "to DIR, from rank 0; needs pip install 'plait[tensorboard]'",
+            metavar="DIR",
+        ),
+    )
+    profile: str | None = field(
+        default=None,
+        metadata=option(
+            "run torch.profiler on every rank over steps A to B (A:B, e.g. 5:8), or over N "
+            "steps after the first (N); writes --profile-dir/rank<R>.json",
+            metavar="STEPS",
+        ),
+    )
+    profile_dir: str = field(
+        default="profile",
+        metadata=option("where --profile writes each rank's Chrome trace", metavar="DIR"),
+    )
 
     def __post_init__(self) -> None:
         if self.eval_every is not None:
             at_least("eval_every", self.eval_every, 0)
         if self.log_every is not None:
             at_least("log_every", self.log_every, 1)
+        if self.profile is not None:
+            profile.window(self.profile)
+        elif self.profile_dir != "profile":
+            raise ConfigError(f"--profile-dir {self.profile_dir} applies to --profile only")
 
     def filled(self, steps: int) -> LogConfig:
+        if self.profile is not None:
+            profile.check(self.profile, steps)
         return replace(
             self,
             eval_every=max(1, steps // 5) if self.eval_every is None else self.eval_every,

@@ -29,6 +29,7 @@ class TrainResult:
     eval_baseline: float | None = None
     losses: list[float] = field(default_factory=list)  # steps 1..steps, global-batch means
     evals: list[list[float]] = field(default_factory=list)  # [step, value]
+    throughput: list[list[float]] = field(default_factory=list)  # [step, samples/s] per log
     stopped_at: int | None = None  # set when stop_after ended the run early
     device: str = "cpu"  # the workers' kind of device: cpu or cuda
     compile_s: float | None = None  # --compile: the first forward and backward, off the clock
