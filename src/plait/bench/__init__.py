@@ -1,6 +1,6 @@
 """`plait bench`: each benchmark measures plait against its peer in the same run.
 
-Where a benchmark NAME lives: its options in configs.py (one config dataclass, the
+Where a benchmark NAME lives: its options in configs/ (one config dataclass, the
 defaults of CLI and workers alike), its parent side in jobs/NAME.py (launch, repeats,
 collect, tables), its measuring ranks in NAME.py (`python -m plait.bench.NAME`, which
 imports torch), the JSON hand-off between them in worker_io.py, and what every report

@@ -2,7 +2,7 @@
 
 The parent (bench/jobs/) starts `python -m plait.bench.NAME CONFIG_JSON OUT [EXTRA...]` on
 every rank; each rank rebuilds the config from CONFIG_JSON (so it has the defaults and
-checks of bench/configs.py, written once), and rank 0 writes its measurements to OUT,
+checks of bench/configs/, written once), and rank 0 writes its measurements to OUT,
 which the parent reads back. This module imports no torch.
 """
 

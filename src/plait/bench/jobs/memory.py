@@ -1,6 +1,6 @@
 """`plait bench memory`, the parent side: one job per way and world size, then the report.
 
-What it measures is in MemoryBenchConfig's docstring (bench/configs.py); the ranks are
+What it measures is in MemoryBenchConfig's docstring (bench/configs/); the ranks are
 bench/memory.py. One job per way, not one per world size, because a process's peak memory
 (ru_maxrss) only grows: each way's peak must be taken in processes of its own. So the step
 times of two ways are taken minutes apart, not paired by repeat as `plait bench train`'s are.

@@ -1,6 +1,6 @@
 """`plait bench ps`: run `plait train` per configuration and repeat, then compare them.
 
-What it measures is in PsBenchConfig's docstring (bench/configs.py). There are no bench
+What it measures is in PsBenchConfig's docstring (bench/configs/). There are no bench
 workers here: each run is a whole `plait train` job, whose --json figures are collected.
 """
 
