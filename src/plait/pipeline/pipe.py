@@ -168,6 +168,10 @@ class Pipeline:
             else:  # "B"
                 start, end = self._backward(act.mb, run, final=i == self.final_backward)
             run.stats.record(act, start, end, t0)
+            rec = self.comm.recorder  # plait.trace: one event per action while recording
+            if rec is not None:
+                rec.complete("pipeline", f"{act.kind}{act.mb}", start, end,
+                             {"stage": self.rank, "mb": act.mb})  # fmt: skip
         for req in run.pending:
             req.wait()
         run.stats.finish(time.perf_counter() - t0)

@@ -112,6 +112,8 @@ def _check(config: TrainConfig) -> TrainConfig:
         outdir.check_writable(out)
     if config.log.json is not None:
         outdir.check_file_writable(config.log.json)
+    if config.log.trace is not None:
+        outdir.check_file_writable(config.log.trace, what="--trace")
     return config
 
 

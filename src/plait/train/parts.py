@@ -341,6 +341,15 @@ class LogConfig:
     json: str | None = field(
         default=None, metadata=option("write the run's figures to FILE as JSON", metavar="FILE")
     )
+    trace: str | None = field(
+        default=None,
+        metadata=option(
+            "record a timeline of every rank (steps, compute, collectives, buckets, pipeline "
+            "actions) and write it to FILE as a Chrome trace (open in Perfetto); its metrics "
+            "join --json and the summary",
+            metavar="FILE",
+        ),
+    )
     eval_every: int | None = field(
         default=None,
         metadata=option(

@@ -33,8 +33,9 @@ class DataParallelStep(AllreduceStep):
 
     def __init__(self, config: TrainConfig, comm: Communicator, work: Workload) -> None:
         self.model = self.whole_model(config, comm, work)
-        self.compute = Compute(config, self.device)
+        self.compute = Compute(config, self.device, recorder=comm.recorder)
         self.compute.checkpoint(self.model)
+        self.compute.watch_blocks(self.model)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.wrapped = DataParallel(self.computed, comm=comm,
                                     compression=self.compute.compression,

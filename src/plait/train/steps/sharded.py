@@ -37,8 +37,9 @@ class ShardedStep(AllreduceStep):
         self.model = self.whole_model(config, comm, work)
         self.stage = config.zero
         # each rank holds other shards' gradients: fp16's skip is agreed over `comm`
-        self.compute = Compute(config, self.device, comm)
+        self.compute = Compute(config, self.device, comm, recorder=comm.recorder)
         self.compute.checkpoint(self.model)
+        self.compute.watch_blocks(self.model)
         self.wrapped = ShardedDataParallel(self.model, stage=self.stage, comm=comm)
         self.computed = self.compute.wrap(self.wrapped)  # under autocast (--precision)
         # LARS and LAMB: each parameter's norms summed over the shards of every rank
