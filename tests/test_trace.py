@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from plait import Communicator, DataParallel, trace
+from plait import Communicator, DataParallel, PeerFailureError, trace
 from plait.trace import metrics
 from plait.train.config import TrainConfig
 from plait.train.loop import train
@@ -82,8 +82,19 @@ def _pipeline(comm: Communicator, path: str) -> Any:
     return train(config, comm).figures()
 
 
+def _straggler(comm: Communicator, path: str) -> Any:
+    """Rank 1 made 4x slower at every step: the trace names it the slowest rank."""
+    os.environ["PLAIT_TRAIN_STRAGGLER"] = "1:4"
+    try:
+        config = TrainConfig.from_options({**MLP, "workers": comm.size, "trace": path})
+        return train(config, comm).figures()["trace"]
+    finally:
+        del os.environ["PLAIT_TRAIN_STRAGGLER"]
+
+
 def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
     return {
+        "straggler": _straggler(comm, f"{tmp}/straggler.json"),
         "overlap": _dp_run(comm, f"{tmp}/overlap.json", overlap=True),
         "no_overlap": _dp_run(comm, f"{tmp}/no_overlap.json", overlap=False),
         "clock": _clock(comm, f"{tmp}/clock.json"),
@@ -215,6 +226,13 @@ def test_recording_off_records_nothing(two_ranks: tuple[list[Any], Path]) -> Non
     assert results[0]["overlap"]["after"] is None  # finish detached the recorder
 
 
+@pytest.mark.timeout(200)
+def test_the_straggler_is_the_slowest_rank(two_ranks: tuple[list[Any], Path]) -> None:
+    got = two_ranks[0][0]["straggler"]
+    assert got["steps"] == MLP["steps"]
+    assert got["slowest_rank"]["1"] >= MLP["steps"] - 1, got["slowest_rank"]
+
+
 def _env_traced(comm: Communicator) -> Any:
     comm.allreduce(torch.ones(100))
     return comm.recorder is not None
@@ -252,6 +270,29 @@ def test_plait_train_trace_end_to_end(tmp_path: Path) -> None:
     summary = json.loads(figures.read_text())["trace"]
     assert summary["path"] == str(out) and summary["steps"] == 4
     assert sum(summary["slowest_rank"].values()) == 4
+
+
+def _peer_dies(comm: Communicator) -> Any:
+    if comm.rank == 1:
+        os._exit(1)  # the engine sees rank 1's sockets close
+    try:
+        comm.allreduce(torch.ones(10), algorithm="ring")
+    except PeerFailureError:
+        return "failed"
+    return "no failure"
+
+
+@pytest.mark.timeout(120)
+def test_after_a_failure_each_rank_writes_its_own_events(tmp_path: Path) -> None:
+    path = tmp_path / "dead.json"
+    env = {**ENV, "PLAIT_TRACE": str(path), "PLAIT_HEARTBEAT_TIMEOUT": "2"}
+    got = run_world(2, _peer_dies, timeout=60, env=env, tolerate=[1])
+    assert got[0] == "failed"
+    assert not path.exists()  # nothing to gather: no merged trace
+    events = json.loads((tmp_path / "dead.json.rank0.json").read_text())["traceEvents"]
+    failures = [e for e in events if e.get("cat") == "failure"]
+    assert failures and failures[0]["ph"] == "i" and failures[0]["s"] == "p"
+    assert "rank 1" in failures[0]["args"]["message"], failures
 
 
 # ------------------------------------------------------------- metrics on made events
