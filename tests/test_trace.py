@@ -212,6 +212,10 @@ def test_a_pipeline_records_one_f_and_one_b_per_micro_batch_per_stage(
                 [f"F{m}" for m in range(chunks)] + [f"B{m}" for m in range(chunks)]
             )
             assert all(e["args"] == {"stage": pid, "mb": int(e["name"][1:])} for e in acts)
+            recvs = [e for e in events if e["pid"] == pid and e["name"] == "recv"
+                     and start <= e["ts"] <= end]  # fmt: skip
+            assert len(recvs) == chunks  # stage 0 each gradient, stage 1 each activation
+            assert all(e["args"]["peer"] == 1 - pid and e["args"]["bytes"] > 0 for e in recvs)
     bubble = figures["trace"]["bubble"]
     assert 0.0 < bubble < 1.0
     assert figures["trace"]["steps"] == GPT_PP["steps"]

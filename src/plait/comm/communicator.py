@@ -112,6 +112,12 @@ class Communicator:
     def recorder(self, recorder: Recorder | None) -> None:
         self._runner.recorder = recorder
 
+    @property
+    def label(self) -> str:
+        """How a trace names this communicator: "world" for the job's, else its members'
+        global ranks ("0,2")."""
+        return self._runner.label
+
     def close(self) -> None:
         """Stop the async worker thread (the engine stays: other communicators share it)."""
         self._runner.worker.stop()
