@@ -270,7 +270,20 @@ def test_plait_train_trace_end_to_end(tmp_path: Path) -> None:
     cats = {e["cat"] for e in events}
     assert {"step", "data", "compute", "comm", "bucket", "eval"} <= cats, cats
     names = {e["name"] for e in events if e["cat"] == "compute"}
-    assert {"forward", "backward", "optimizer", "forward:1"} <= names, names
+    # mlp: Flatten, Linear, ReLU, Linear; the blocks fed no gradient-needing input have
+    # no backward event
+    assert {"forward", "backward", "optimizer", "forward:0", "forward:3", "backward:2",
+            "backward:3"} <= names, names  # fmt: skip
+    assert "backward:0" not in names and "backward:1" not in names
+    steps = _steps(events, 0)
+    for start, end in steps:  # the blocks' backward lies inside the step's backward
+        (bwd,) = [e for e in events if e["pid"] == 0 and e["name"] == "backward"
+                  and start <= e["ts"] <= end]  # fmt: skip
+        blocks = [e for e in events if e["pid"] == 0 and e["name"].startswith("backward:")
+                  and start <= e["ts"] <= end]  # fmt: skip
+        assert len(blocks) == 2
+        for b in blocks:
+            assert bwd["ts"] <= b["ts"] and b["ts"] + b["dur"] <= bwd["ts"] + bwd["dur"] + 1
     summary = json.loads(figures.read_text())["trace"]
     assert summary["path"] == str(out) and summary["steps"] == 4
     assert sum(summary["slowest_rank"].values()) == 4

@@ -1,10 +1,14 @@
 """--trace for one run: recording starts on the run's communicator before the Step is
 built, and ends, on every rank, when the run does; rank 0 writes the merged trace and its
-metrics (plait.trace.metrics) join the run's figures (--json's "trace")."""
+metrics (plait.trace.metrics) join the run's figures (--json's "trace"). And the model's
+per-block forward and backward events (`watch_blocks`)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
+from torch import nn
 
 from plait import trace
 from plait.train.errors import ConfigError
@@ -51,3 +55,47 @@ class Tracing:
         """After the run, or an error: stop recording (no collective: the peers may be gone)."""
         if self.owned and not self.done:
             self.group.recorder = None
+
+
+def watch_blocks(model: nn.Module, rec: trace.Recorder | None) -> None:
+    """While a trace records: "forward:<name>" and "backward:<name>" events for each
+    top-level block of `model` (its children; a ModuleList's items one by one). Nothing
+    at all when not recording: no hooks are registered.
+
+    Forward: a pre-hook and a hook. Backward, with tensor hooks rather than module backward
+    hooks (those wrap a module's outputs and break in-place operations after it): it begins
+    when the gradient of the block's output is computed and ends when that of its input is,
+    so a block whose input needs no gradient (the first, fed the data) has no backward
+    event.
+    """
+    if rec is None:
+        return
+    for name, block in _blocks(model):
+        began = [0.0, 0.0]  # forward's start, backward's start
+
+        def pre(_m: nn.Module, args: Any, began: list[float] = began,
+                label: str = f"backward:{name}") -> None:  # fmt: skip
+            began[0] = trace.now()
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(lambda _g: rec.complete("compute", label, began[1], trace.now()))
+
+        def post(_m: nn.Module, _a: Any, out: Any, began: list[float] = began,
+                 label: str = f"forward:{name}") -> None:  # fmt: skip
+            rec.complete("compute", label, began[0], trace.now())
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(lambda _g: began.__setitem__(1, trace.now()))
+
+        block.register_forward_pre_hook(pre)
+        block.register_forward_hook(post)
+
+
+def _blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's top-level blocks: its children, containers' items one by one."""
+    out: list[tuple[str, nn.Module]] = []
+    for name, child in model.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += [(f"{name}.{n}", c) for n, c in child.named_children()]
+        else:
+            out.append((name, child))
+    return out

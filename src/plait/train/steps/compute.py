@@ -122,26 +122,6 @@ class Compute:
             return loss
         return loss_fn(module(x), y)
 
-    def watch_blocks(self, model: nn.Module) -> None:
-        """While a trace records: a "forward:<name>" event per top-level block of `model`
-        (its children, a ModuleList's items one by one), by forward hooks; nothing when
-        not recording (no hooks at all)."""
-        rec = self.recorder
-        if rec is None:
-            return
-        for name, block in _blocks(model):
-            began: list[float] = [0.0]
-
-            def pre(_m: nn.Module, _a: Any, began: list[float] = began) -> None:
-                began[0] = trace.now()
-
-            def post(_m: nn.Module, _a: Any, _o: Any, began: list[float] = began,
-                     label: str = f"forward:{name}") -> None:  # fmt: skip
-                rec.complete("compute", label, began[0], trace.now())
-
-            block.register_forward_pre_hook(pre)
-            block.register_forward_hook(post)
-
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss backward starts from: times the loss scale with fp16."""
         return loss if self.scaler is None else self.scaler.scaled(loss)
@@ -212,14 +192,3 @@ class Compiled(nn.Module):
 
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
-
-
-def _blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's top-level blocks: its children, containers' items one by one."""
-    out: list[tuple[str, nn.Module]] = []
-    for name, child in model.named_children():
-        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
-            out += [(f"{name}.{n}", c) for n, c in child.named_children()]
-        else:
-            out.append((name, child))
-    return out

@@ -18,6 +18,7 @@ from torch import nn
 
 from plait.comm.communicator import Communicator
 from plait.data_parallel import DataParallel
+from plait.train import traced
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate
 from plait.train.optimizers import make_optimizer
@@ -35,7 +36,7 @@ class DataParallelStep(AllreduceStep):
         self.model = self.whole_model(config, comm, work)
         self.compute = Compute(config, self.device, recorder=comm.recorder)
         self.compute.checkpoint(self.model)
-        self.compute.watch_blocks(self.model)
+        traced.watch_blocks(self.model, comm.recorder)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.wrapped = DataParallel(self.computed, comm=comm,
                                     compression=self.compute.compression,
