@@ -393,3 +393,25 @@ def test_recorder_spans_instants_and_tracks() -> None:
     assert all(e["pid"] == 3 for e in events)
     with trace.maybe(None, "compute", "x"):  # recording off: nothing to record into
         pass
+
+
+def test_threads_record_into_one_buffer_at_once() -> None:
+    import threading
+
+    rec = trace.Recorder(rank=0)
+    together = threading.Barrier(4)  # all alive at once: a finished thread's ident is reused
+
+    def work() -> None:
+        together.wait()
+        for i in range(5000):
+            rec.complete("comm", "allreduce", float(i), float(i) + 1)
+
+    threads = [threading.Thread(target=work, name=f"t{k}") for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(rec.events) == 20000
+    assert sorted(rec.threads.values()) == ["t0", "t1", "t2", "t3"]
+    per_thread = Counter(e[4] for e in rec.events)
+    assert sorted(per_thread.values()) == [5000] * 4

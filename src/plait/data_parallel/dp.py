@@ -282,12 +282,12 @@ class DataParallel(nn.Module):
         self._next += 1
 
     def _finish(self) -> None:
-        if self.reducer is not None:
-            self._finish_priority()
-            return
         rec = self.comm.recorder
         if rec is not None:  # backward's computation ends here: what follows is waiting
             rec.backward_end = time.perf_counter()
+        if self.reducer is not None:
+            self._finish_priority()
+            return
         try:
             missing = [p for b in self._buckets for p in b.params if id(p) not in self._ready]
             # launch and wait for every bucket even when about to raise: the other ranks

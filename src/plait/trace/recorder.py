@@ -37,7 +37,9 @@ class Recorder:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.events: list[Event] = []
-        self.threads: dict[int, str] = {}  # ident -> thread name, at its first event
+        # ident -> thread name, at its first event (an ended thread's ident may be reused
+        # by a new one, whose events then share its track and name)
+        self.threads: dict[int, str] = {}
         self.origin = now()  # when recording began on this rank (its clock)
         self.offset: Any = None  # clock.Offset to rank 0's clock, once estimated
         self.path: str | None = None  # where shutdown writes it (PLAIT_TRACE), if anywhere

@@ -123,6 +123,8 @@ def _document(
             "offsets_us": [p["offset"] * chrome.US for p in by_rank],
             "uncertainty_us": [p["uncertainty"] * chrome.US for p in by_rank],
         },
+        "world_size": len(parts),
+        "events": len(merged),
         "metrics": metrics.summary(merged),
         **(other or {}),
     }
