@@ -17,6 +17,9 @@ Non-finite losses are found at the flush after them; under allreduce every rank 
 same reduced values, so all stop together (NonFiniteLossError). Checkpoints are written
 only after a flush found every loss finite, so the last one on disk is good.
 
+--trace (traced.py): the loop records each step, its data, the optimizer step, evaluations
+and checkpoints into the run's trace (plait.trace); the Steps record forward and backward.
+
 Test hooks (plait/env.py): PLAIT_TRAIN_NAN_AT="STEP[:RANK]" makes that rank's loss NaN at
 STEP (every rank's when RANK is left out); PLAIT_TRAIN_STRAGGLER="RANK:FACTOR" makes one
 rank FACTOR x slower, "transient:FACTOR" one drawn per step from the seed (straggler.py).
