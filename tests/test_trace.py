@@ -232,9 +232,12 @@ def test_recording_off_records_nothing(two_ranks: tuple[list[Any], Path]) -> Non
 
 @pytest.mark.timeout(200)
 def test_the_straggler_is_the_slowest_rank(two_ranks: tuple[list[Any], Path]) -> None:
-    got = two_ranks[0][0]["straggler"]
+    results, tmp = two_ranks
+    got = results[0]["straggler"]
     assert got["steps"] == MLP["steps"]
     assert got["slowest_rank"]["1"] >= MLP["steps"] - 1, got["slowest_rank"]
+    events = _valid(json.loads((tmp / "straggler.json").read_text()), 2)
+    assert not [e for e in events if ":" in e["name"]]  # no block events without --trace-blocks
 
 
 def _env_traced(comm: Communicator) -> Any:
@@ -261,7 +264,8 @@ def test_plait_train_trace_end_to_end(tmp_path: Path) -> None:
     out, figures = tmp_path / "t.json", tmp_path / "run.json"
     res = subprocess.run(
         [sys.executable, "-m", "plait", "train", "--model", "mlp", "--workers", "2",
-         "--steps", "4", "--eval-every", "2", "--trace", str(out), "--json", str(figures)],
+         "--steps", "4", "--eval-every", "2", "--trace", str(out), "--trace-blocks",
+         "--json", str(figures)],
         capture_output=True, text=True, timeout=110, env={**os.environ, **ENV},
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr

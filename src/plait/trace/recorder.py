@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 now = time.perf_counter
+_get_ident = threading.get_ident
 
 # (cat, name, start, end or None for an instant, thread ident, args or None)
 Event = tuple[str, str, float, float | None, int, dict[str, Any] | None]
@@ -49,7 +50,7 @@ class Recorder:
         self.backward_end: float | None = None
 
     def _thread(self) -> int:
-        ident = threading.get_ident()
+        ident = _get_ident()
         if ident not in self.threads:
             self.threads[ident] = threading.current_thread().name
         return ident
@@ -74,7 +75,12 @@ class Recorder:
         on the named `track` (events that overlap this thread's without nesting in them,
         such as a DataParallel bucket's phases: Chrome traces want a thread's spans nested).
         """
-        ident = self._thread() if track is None else self._track(track)
+        if track is None:  # _thread(), inlined: this is the hot path
+            ident = _get_ident()
+            if ident not in self.threads:
+                self.threads[ident] = threading.current_thread().name
+        else:
+            ident = self._track(track)
         self.events.append((cat, name, start, end, ident, args))
 
     def instant(self, cat: str, name: str, args: dict[str, Any] | None = None) -> None:

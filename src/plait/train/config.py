@@ -133,6 +133,8 @@ class TrainConfig:
             # their clocks and gather their events over (the client records push/pull/wait
             # into a recorder it is given; see docs/tracing.md)
             raise ConfigError("--trace records --strategy allreduce runs; not --strategy ps yet")
+        if self.log.trace_blocks and self.log.trace is None:
+            raise ConfigError("--trace-blocks adds to a trace: give --trace FILE too")
         steps = self.steps
         self.checkpoint = self.checkpoint.filled(steps)
         self.log = self.log.filled(steps)

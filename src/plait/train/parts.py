@@ -350,6 +350,14 @@ class LogConfig:
             metavar="FILE",
         ),
     )
+    trace_blocks: bool = field(
+        default=False,
+        metadata=option(
+            "with --trace: also a forward and a backward event per top-level block of the "
+            "model (hooks: tens of microseconds per block and step, which a small model's "
+            "step feels)"
+        ),
+    )
     eval_every: int | None = field(
         default=None,
         metadata=option(

@@ -36,7 +36,8 @@ class DataParallelStep(AllreduceStep):
         self.model = self.whole_model(config, comm, work)
         self.compute = Compute(config, self.device, recorder=comm.recorder)
         self.compute.checkpoint(self.model)
-        traced.watch_blocks(self.model, comm.recorder)
+        if config.log.trace_blocks:  # --trace-blocks: hooks, only when asked for
+            traced.watch_blocks(self.model, comm.recorder)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.wrapped = DataParallel(self.computed, comm=comm,
                                     compression=self.compute.compression,

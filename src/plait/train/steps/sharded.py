@@ -39,7 +39,8 @@ class ShardedStep(AllreduceStep):
         # each rank holds other shards' gradients: fp16's skip is agreed over `comm`
         self.compute = Compute(config, self.device, comm, recorder=comm.recorder)
         self.compute.checkpoint(self.model)
-        traced.watch_blocks(self.model, comm.recorder)
+        if config.log.trace_blocks:  # --trace-blocks: hooks, only when asked for
+            traced.watch_blocks(self.model, comm.recorder)
         self.wrapped = ShardedDataParallel(self.model, stage=self.stage, comm=comm)
         self.computed = self.compute.wrap(self.wrapped)  # under autocast (--precision)
         # LARS and LAMB: each parameter's norms summed over the shards of every rank
