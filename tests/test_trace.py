@@ -9,10 +9,12 @@ the command line is run once end to end. metrics.py is tested on events made by 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import pytest
 import torch
 from torch import nn
 
-from plait import Communicator, DataParallel, PeerFailureError, trace
+from plait import CommTimeoutError, Communicator, DataParallel, PeerFailureError, trace
 from plait.trace import metrics
 from plait.train.config import TrainConfig
 from plait.train.loop import train
@@ -314,6 +316,25 @@ def test_after_a_failure_each_rank_writes_its_own_events(tmp_path: Path) -> None
     failures = [e for e in events if e.get("cat") == "failure"]
     assert failures and failures[0]["ph"] == "i" and failures[0]["s"] == "p"
     assert "rank 1" in failures[0]["args"]["message"], failures
+
+
+def _times_out(comm: Communicator) -> Any:
+    rec = trace.start(comm)  # no path: nothing for shutdown to gather after the timeouts
+    if comm.rank == 1:
+        time.sleep(5)  # alive (heartbeats go on) but late: rank 0's wait times out
+    # rank 0 times out; rank 1 then finds rank 0 gone (it left) or times out too
+    with contextlib.suppress(CommTimeoutError, PeerFailureError):
+        comm.allreduce(torch.ones(10), algorithm="ring")
+    comm.recorder = None
+    return [(e[0], e[1], e[3], e[5]) for e in rec.events if e[0] == "failure"]
+
+
+@pytest.mark.timeout(120)
+def test_a_timeout_is_a_failure_instant() -> None:
+    got = run_world(2, _times_out, timeout=60, env={"PLAIT_TIMEOUT": "2"})
+    ((cat, name, end, args),) = got[0]
+    assert (cat, name, end) == ("failure", "CommTimeoutError", None)
+    assert "waited" in args["message"] and "rank 1" in args["message"], args
 
 
 # ------------------------------------------------------------- metrics on made events

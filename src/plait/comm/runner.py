@@ -36,7 +36,7 @@ from plait.comm.engine import Engine
 from plait.comm.request import Request
 from plait.comm.topology import Topology
 from plait.comm.worker import Worker
-from plait.errors import PlaitError
+from plait.errors import CommTimeoutError, PlaitError
 
 if TYPE_CHECKING:
     from plait.trace.recorder import Recorder
@@ -149,7 +149,10 @@ class Runner:
             try:
                 with torch.no_grad():  # per thread: the async worker needs it too
                     return fn(Context(self, seq))
-            except PlaitError:
+            except PlaitError as e:
+                rec = self.recorder  # a timeout, on the trace (a dead peer is, by its hook)
+                if rec is not None and isinstance(e, CommTimeoutError):
+                    rec.instant("failure", type(e).__name__, {"message": str(e)})
                 raise  # raised alike on every rank (mismatch), or a peer's failure
             except Exception as e:  # only here: the peers are mid-call and would wait
                 self.engine.abort(f"raised {type(e).__name__} inside a collective: {e}")
