@@ -33,7 +33,8 @@ class Recorder:
     the communicator's worker threads record without a lock of ours on the hot path.
     """
 
-    __slots__ = ("backward_end", "events", "offset", "origin", "path", "rank", "threads")
+    __slots__ = ("__weakref__", "backward_end", "events", "offset", "origin", "path", "rank",
+                 "threads")  # fmt: skip
 
     def __init__(self, rank: int) -> None:
         self.rank = rank

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import weakref
 from typing import Any
 
 import torch
@@ -38,10 +39,17 @@ def start(comm: Any, path: str | os.PathLike[str] | None = None) -> Recorder:
     rec.offset = clock.sync(comm)
     rec.path = None if path is None else str(path)
     comm.recorder = rec
-    # a dead or silent peer: an instant on this rank's track (on the engine's hook thread)
-    comm.engine.on_failure(
-        lambda err: rec.instant("failure", type(err).__name__, {"message": str(err)})
-    )
+    # a dead or silent peer: an instant on this rank's track (on the engine's hook thread).
+    # The engine keeps its hooks for good: a weak reference, so that a finished recording's
+    # events are not kept alive by it
+    ref = weakref.ref(rec)
+
+    def failed(err: Exception) -> None:
+        alive = ref()
+        if alive is not None:
+            alive.instant("failure", type(err).__name__, {"message": str(err)})
+
+    comm.engine.on_failure(failed)
     return rec
 
 
