@@ -339,8 +339,9 @@ def test_a_timeout_is_a_failure_instant() -> None:
 
 # ------------------------------------------------------------- metrics on made events
 def _x(pid: int, cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
-    return {"ph": "X", "pid": pid, "tid": 0, "cat": cat, "name": name, "ts": ts, "dur": dur,
-            "args": args}  # fmt: skip
+    """A complete event; collectives on tid 1 (the communicator's worker), the rest on 0."""
+    return {"ph": "X", "pid": pid, "tid": 1 if cat == "comm" else 0, "cat": cat, "name": name,
+            "ts": ts, "dur": dur, "args": args}  # fmt: skip
 
 
 def test_intervals_union_and_intersect() -> None:
@@ -367,6 +368,22 @@ def test_exposed_comm_and_overlap_ratio() -> None:
     assert s["overlap_ratio"] == 0.5 and s["exposed_comm_ms"] == 0.005
     assert s["data_stall"] == pytest.approx(3 / 20)
     assert s["bubble"] is None
+
+
+def test_a_blocking_collective_inside_compute_is_exposed() -> None:
+    # ZeRO's gather in a forward hook: on the computing thread, the thread waited in it
+    blocking = {**_x(0, "comm", "allgather", 2, 3), "tid": 0}
+    events = [_x(0, "step", "step 1", 0, 10, step=1), _x(0, "compute", "forward", 0, 10),
+              blocking, _x(0, "comm", "allreduce", 6, 2)]  # fmt: skip
+    (row,) = metrics.per_step(events)
+    assert (row["comm_us"], row["overlapped_us"], row["exposed_us"]) == (5, 2, 3)
+
+
+def test_difference_of_intervals() -> None:
+    a = [(0, 10), (20, 30)]
+    assert metrics.difference(a, [(2, 3), (5, 22), (29, 40)]) == [(0, 2), (3, 5), (22, 29)]
+    assert metrics.difference(a, []) == a
+    assert metrics.difference([], a) == []
 
 
 def test_no_communication_has_no_overlap_ratio() -> None:

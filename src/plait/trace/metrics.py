@@ -5,7 +5,10 @@ through the same code. Definitions, per rank and step (the rank's "step N" span)
 
     comm       the union of the rank's "comm" spans in the step
     compute    the union of its "compute" spans (forward, backward, optimizer and the
-               per-block ones) and "pipeline" actions (F, B)
+               per-block ones) and "pipeline" actions (F, B), less its blocking
+               collectives: "comm" spans on a thread that records compute spans (the
+               thread waited in them; ZeRO's gathers in forward, tensor parallelism's
+               allreduces, DataParallel's buffer broadcast), so those count as exposed
     exposed    |comm - compute|: communication nothing computed under, the time it adds
     overlap    |comm & compute| / |comm|, summed over ranks and steps (Holistic Trace
                Analysis's "comm-computation overlap": time computing while
@@ -63,6 +66,24 @@ def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
     return out
 
 
+def difference(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """The parts of `a` outside `b` (both disjoint and sorted)."""
+    out: list[Interval] = []
+    j = 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:  # b's intervals over before this one
+            j += 1
+        cur, k = start, j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
 def clip(spans: list[Interval], window: Interval) -> list[Interval]:
     return intersect(union(spans), [window])
 
@@ -71,8 +92,8 @@ class Merged:
     """Disjoint sorted intervals, clipped to a window by bisection: a run's every step
     clips the same lists, which sorting once keeps O(log n) a step, not O(n log n)."""
 
-    def __init__(self, spans: list[Interval]) -> None:
-        self.spans = union(spans)
+    def __init__(self, spans: list[Interval], minus: list[Interval] | None = None) -> None:
+        self.spans = union(spans) if minus is None else difference(union(spans), union(minus))
         self.starts = [s for s, _ in self.spans]
 
     def clip(self, window: Interval) -> list[Interval]:
@@ -83,16 +104,27 @@ class Merged:
 
 
 def _merged(events: list[dict[str, Any]]) -> dict[tuple[int, str], Merged]:
-    """(pid, what) -> the union of its X events, what being a category or "compute" (the
-    compute and pipeline categories together)."""
+    """(pid, what) -> the union of its X events, what being a category or "computing":
+    the compute and pipeline spans less the collectives that blocked the thread computing
+    (those recorded on a thread that records compute spans too)."""
     raw: dict[tuple[int, str], list[Interval]] = defaultdict(list)
+    computing: set[tuple[int, int]] = set()  # (pid, tid) of the threads that compute
     for e in events:
         if e.get("ph") == "X":
             span = (e["ts"], e["ts"] + e["dur"])
             raw[e["pid"], e["cat"]].append(span)
             if e["cat"] in COMPUTE:
                 raw[e["pid"], "compute+pipeline"].append(span)
-    return {key: Merged(spans) for key, spans in raw.items()}
+                computing.add((e["pid"], e["tid"]))
+    blocked: dict[int, list[Interval]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e["cat"] == "comm" and (e["pid"], e["tid"]) in computing:
+            blocked[e["pid"]].append((e["ts"], e["ts"] + e["dur"]))
+    merged = {key: Merged(spans) for key, spans in raw.items()}
+    for (pid, what), spans in raw.items():
+        if what == "compute+pipeline":
+            merged[pid, "computing"] = Merged(spans, minus=blocked.get(pid, []))
+    return merged
 
 
 def per_step(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -109,7 +141,7 @@ def per_step(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         pid, window = e["pid"], (e["ts"], e["ts"] + e["dur"])
         comm = within(pid, "comm", window)
-        covered = length(intersect(comm, within(pid, "compute+pipeline", window)))
+        covered = length(intersect(comm, within(pid, "computing", window)))
         rows.append({
             "rank": pid, "step": e["args"].get("step"), "step_us": e["dur"],
             "comm_us": length(comm), "overlapped_us": covered,
