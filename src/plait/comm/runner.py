@@ -107,9 +107,8 @@ class Runner:
         # shared-memory segments, made by the first call that needs one: "all" (every rank
         # on one host) and "local" (this host's ranks, for the hierarchical algorithms)
         self.arenas: dict[str, shm.Arena] = {}
-        self.recorder: Recorder | None = None  # plait.trace: set while a trace records
-        # the trace's "group" of this communicator's collectives
-        self.label = "world" if comm_id == 1 else ",".join(map(str, ranks))
+        self.recorder: Recorder | None = None  # plait.trace's, while a trace records
+        self.label = "world" if comm_id == 1 else ",".join(map(str, ranks))  # traces' "group"
 
     def run(self, fn: Callable[[Context], T], on: torch.Tensor | None = None) -> T:
         """Run a call now (after the queued async ones); return its result. `on`: the
