@@ -11,8 +11,8 @@ from typing import Any
 Event = dict[str, Any]
 
 
-def span(cat: str, name: str, rank: int, ts: float, dur: float, **args: Any) -> Event:
-    return {"ph": "X", "cat": cat, "name": name, "pid": rank, "tid": 0, "ts": ts, "dur": dur,
+def span(cat: str, name: str, rank: int, ts: float, dur: float, tid: int = 0, **args: Any) -> Event:
+    return {"ph": "X", "cat": cat, "name": name, "pid": rank, "tid": tid, "ts": ts, "dur": dur,
             "args": args}  # fmt: skip
 
 
@@ -43,7 +43,9 @@ def data_parallel(steps: int = 3, ranks: int = 2) -> dict[str, Any]:
             events.append(span("compute", "forward:0", r, base + 10, 100))  # nested: once
             events.append(span("compute", "forward:1", r, base + 120, 150))
             events.append(span("compute", "backward", r, base + 300, 400))
-            events.append(span("comm", "allreduce", r, base + 500, 300, algorithm="ring",
+            # on the communication thread (tid 1), as DataParallel's async allreduces are: a
+            # collective on the computing thread would block it (trace/metrics.py)
+            events.append(span("comm", "allreduce", r, base + 500, 300, tid=1, algorithm="ring",
                                bytes=4096, group="world"))  # fmt: skip
             events.append(span("compute", "optimizer", r, base + 800, 50))
             t += total

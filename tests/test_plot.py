@@ -28,12 +28,6 @@ needs_mpl = pytest.mark.skipif(
 # ---- the breakdown, a pure function -------------------------------------------------------
 
 
-def test_interval_helpers() -> None:
-    assert breakdown.union([(5, 7), (0, 2), (1, 3), (3, 4)]) == [(0, 4), (5, 7)]
-    assert breakdown.subtract([(0, 10)], [(2, 3), (5, 12)]) == [(0, 2), (3, 5)]
-    assert breakdown.clip([(0, 4), (6, 9)], 3, 7) == [(3, 4), (6, 7)]
-
-
 def test_breakdown_by_hand() -> None:
     """The numbers worked out in synthetic_trace.data_parallel's docstring: the nested
     forward:<block> spans count once, the allreduce is exposed only past the backward."""
@@ -51,9 +45,10 @@ def test_breakdown_hidden_and_outside_the_step() -> None:
     events = [
         st.span("step", "step 1", 0, 100, 100, step=1),
         st.span("compute", "backward", 0, 100, 50),
-        st.span("comm", "allreduce", 0, 120, 20),  # hidden under backward
-        st.span("comm", "allreduce", 0, 140, 30),  # 20 of it exposed: [150, 170)
-        st.span("ps", "wait", 0, 190, 40),  # 10 inside the step, exposed
+        # on the communication thread (tid 1): the computing thread goes on meanwhile
+        st.span("comm", "allreduce", 0, 120, 20, tid=1),  # hidden under backward
+        st.span("comm", "allreduce", 0, 140, 30, tid=1),  # 20 of it exposed: [150, 170)
+        st.span("ps", "wait", 0, 190, 40, tid=1),  # 10 inside the step, exposed
         st.span("compute", "forward", 0, 0, 90),  # before the step
     ]
     (t,) = breakdown.step_times(events)

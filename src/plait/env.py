@@ -109,6 +109,10 @@ VARIABLES: tuple[Var, ...] = (
         "the alpha-beta calibration file of `auto` (default: "
         "$XDG_CACHE_HOME/plait/calibration.json, XDG_CACHE_HOME defaulting to ~/.cache)",
         "communication"),
+    # tracing
+    Var("PLAIT_TRACE", "path", None,
+        "record a trace of the run (docs/tracing.md) and write it, merged over the ranks, "
+        "to this Chrome trace JSON file at plait.shutdown()", "tracing"),
     # launch
     Var("PLAIT_SERVERS", "int", None,
         "how many of a job's ranks (the last ones) are parameter servers", "launch"),

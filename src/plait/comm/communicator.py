@@ -32,7 +32,7 @@ arguments (reductions.py, gathers.py) and hands the call to its runner (runner.p
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from plait.comm.engine import Engine
 from plait.comm.request import Request
 from plait.comm.runner import Context, Runner
 from plait.comm.topology import Topology
+
+if TYPE_CHECKING:
+    from plait.trace.recorder import Recorder
 
 Tensor = torch.Tensor
 
@@ -99,6 +102,21 @@ class Communicator:
         """The shared-memory segments made so far ("all": every rank; "local": this host's
         ranks), for tests and benchmarks."""
         return self._runner.arenas
+
+    @property
+    def recorder(self) -> Recorder | None:
+        """The trace this communicator's collectives record into (plait.trace), or None."""
+        return self._runner.recorder
+
+    @recorder.setter
+    def recorder(self, recorder: Recorder | None) -> None:
+        self._runner.recorder = recorder
+
+    @property
+    def label(self) -> str:
+        """How a trace names this communicator: "world" for the job's, else its members'
+        global ranks ("0,2")."""
+        return self._runner.label
 
     def close(self) -> None:
         """Stop the async worker thread (the engine stays: other communicators share it)."""
@@ -362,9 +380,11 @@ class Communicator:
         if found is None:
             return None
         group, name = found
-        return Communicator(
+        child = Communicator(
             self._runner.engine,
             [self.ranks[r] for r in group],
             [self.topology.nodes[r] for r in group],
             split.child_id(self._runner.id, seq, name, group),
         )
+        child.recorder = self.recorder  # one rank, one trace buffer
+        return child

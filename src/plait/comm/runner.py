@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,10 @@ from plait.comm.engine import Engine
 from plait.comm.request import Request
 from plait.comm.topology import Topology
 from plait.comm.worker import Worker
-from plait.errors import PlaitError
+from plait.errors import CommTimeoutError, PlaitError
+
+if TYPE_CHECKING:
+    from plait.trace.recorder import Recorder
 
 T = TypeVar("T")
 
@@ -103,6 +107,8 @@ class Runner:
         # shared-memory segments, made by the first call that needs one: "all" (every rank
         # on one host) and "local" (this host's ranks, for the hierarchical algorithms)
         self.arenas: dict[str, shm.Arena] = {}
+        self.recorder: Recorder | None = None  # plait.trace's, while a trace records
+        self.label = "world" if comm_id == 1 else ",".join(map(str, ranks))  # traces' "group"
 
     def run(self, fn: Callable[[Context], T], on: torch.Tensor | None = None) -> T:
         """Run a call now (after the queued async ones); return its result. `on`: the
@@ -142,7 +148,10 @@ class Runner:
             try:
                 with torch.no_grad():  # per thread: the async worker needs it too
                     return fn(Context(self, seq))
-            except PlaitError:
+            except PlaitError as e:
+                rec = self.recorder  # a timeout, on the trace (a dead peer is, by its hook)
+                if rec is not None and isinstance(e, CommTimeoutError):
+                    rec.instant("failure", type(e).__name__, {"message": str(e)})
                 raise  # raised alike on every rank (mismatch), or a peer's failure
             except Exception as e:  # only here: the peers are mid-call and would wait
                 self.engine.abort(f"raised {type(e).__name__} inside a collective: {e}")
@@ -252,7 +261,22 @@ class Context(Channel):
     def run_row(self, collective: str, algorithm: str, buf: torch.Tensor, *args: Any) -> Any:
         """Run the routing table's row on `buf` (1-D, contiguous) by the path its device
         takes: on CUDA, NCCL's collective or plait's schedule over NCCL point-to-point, or
-        staged through host memory (cuda.py's table)."""
+        staged through host memory (cuda.py's table).
+
+        While a trace records, the row's run is one "comm" event (the agreement check
+        before it is not inside: the data movement is what the trace shows)."""
+        rec = self.runner.recorder
+        if rec is None:
+            return self._run_row(collective, algorithm, buf, *args)
+        start = time.perf_counter()
+        try:
+            return self._run_row(collective, algorithm, buf, *args)
+        finally:
+            nbytes = buf.numel() * buf.element_size()
+            info = {"algorithm": algorithm, "bytes": nbytes, "group": self.runner.label}
+            rec.complete("comm", collective, start, time.perf_counter(), info)
+
+    def _run_row(self, collective: str, algorithm: str, buf: torch.Tensor, *args: Any) -> Any:
         if buf.is_cpu and self.runner.test_link is None:  # the CPU path: nothing more to ask
             return routes.ROUTES[collective, algorithm].run(self, buf, *args)
         link = self.link_for(buf.device)

@@ -83,6 +83,9 @@ def init() -> Communicator:
             raise
         _default = Communicator(engine, list(range(world.size)), nodes, 1, dist.group.WORLD)
         atexit.register(_at_exit)
+        from plait import trace  # PLAIT_TRACE=PATH: record until shutdown() writes PATH
+
+        trace.from_env(_default)
         return _default
 
 
@@ -129,6 +132,7 @@ def shutdown() -> None:
         comm, _default = _default, None
         if comm is None:
             return
+        _write_trace(comm)
         comm.close()
         engine = comm.engine
         _failed = _failed or engine.error is not None
@@ -138,6 +142,20 @@ def shutdown() -> None:
         if _owns_torch_group and not _failed:
             dist.destroy_process_group()
             _owns_torch_group = False
+
+
+def _write_trace(comm: Communicator) -> None:
+    """PLAIT_TRACE: gather and write the trace (each rank its own after a failure). A
+    failure to write is reported, not raised: the run itself is over and fine."""
+    rec = comm.recorder
+    if rec is None or rec.path is None:
+        return
+    from plait import trace
+
+    try:
+        trace.finish(comm)
+    except Exception as e:  # shutdown must go on and release the sockets
+        print(f"plait: PLAIT_TRACE: the trace was not written: {e}", file=sys.stderr)
 
 
 def _at_exit() -> None:

@@ -65,6 +65,7 @@ class StepTrace:
 
     first_grad: float = 0.0  # the first parameter's gradient landed
     last_grad: float = 0.0  # the last one did: backward's computation is over
+    packing: list[float] = field(default_factory=list)  # each bucket's packing began
     ready: list[float] = field(default_factory=list)  # each bucket launched (by index)
     started: list[float] = field(default_factory=list)  # each allreduce began on the worker
     finished: list[float] = field(default_factory=list)  # ... and ended
@@ -249,7 +250,8 @@ class DataParallel(nn.Module):
                 if self._scheduled is not None:
                     self._scheduled.synchronize()
                 self.reducer.begin()
-            self.trace = StepTrace(first_grad=now, ready=[0.0] * len(self._buckets))
+            n = len(self._buckets)
+            self.trace = StepTrace(first_grad=now, packing=[0.0] * n, ready=[0.0] * n)
             # runs when the whole backward pass is done, in the thread that ran it
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
         self.trace.last_grad = now
@@ -271,6 +273,7 @@ class DataParallel(nn.Module):
             self._launch(self._buckets[self._next])
 
     def _launch(self, bucket: bucketing.Bucket) -> None:
+        self.trace.packing[bucket.index] = time.perf_counter()
         bucket.pack()
         self.trace.ready[bucket.index] = time.perf_counter()
         self._handles[bucket.index] = self.compression.start(
@@ -279,6 +282,9 @@ class DataParallel(nn.Module):
         self._next += 1
 
     def _finish(self) -> None:
+        rec = self.comm.recorder
+        if rec is not None:  # backward's computation ends here: what follows is waiting
+            rec.backward_end = time.perf_counter()
         if self.reducer is not None:
             self._finish_priority()
             return
@@ -292,16 +298,36 @@ class DataParallel(nn.Module):
             start = time.perf_counter()
             handles = [h for h in self._handles if h is not None]
             complete(handles)  # every bucket's average, in its buffer
+            unpacked = [time.perf_counter()]
             for bucket in self._buckets:
                 bucket.unpack()
+                unpacked.append(time.perf_counter())
             self.trace.waited_s = time.perf_counter() - start
             self.trace.started = [h.started_at for h in handles]
             self.trace.finished = [h.finished_at for h in handles]
+            if rec is not None:
+                self._record(rec, unpacked)
             self.sent_bytes = sum(h.sent_bytes for h in handles)
             if missing and not self.find_unused_parameters:
                 self._unused(missing)
         finally:
             self._reset()
+
+    def _record(self, rec: Any, unpacked: list[float]) -> None:
+        """Each bucket's life as four "bucket" events: packed (gradients copied into its
+        flat buffer), queued (launched, waiting for the communicator's worker), wire (its
+        collectives running), unpacked (the averages copied back into .grad)."""
+        t, sizes = self.trace, self.bucket_sizes
+        for i in range(len(self._buckets)):
+            if i >= len(t.started):
+                break
+            phases = (("packed", t.packing[i], t.ready[i]),
+                      ("queued", t.ready[i], t.started[i] or t.ready[i]),
+                      ("wire", t.started[i] or t.ready[i], t.finished[i] or t.ready[i]),
+                      ("unpacked", unpacked[i], unpacked[i + 1]))  # fmt: skip
+            for phase, begin, end in phases:
+                rec.complete("bucket", f"bucket {i}", begin, end,
+                             {"phase": phase, "bytes": sizes[i]}, track=f"bucket {i}")  # fmt: skip
 
     def _finish_priority(self) -> None:
         """End of backward: what never landed is reduced as zeros (the ranks stay in step),

@@ -28,6 +28,7 @@ from plait.pipeline.balance import stage_sizes
 from plait.pipeline.p2p import recv_tensor, send_tensor
 from plait.pipeline.schedule import SCHEDULES, ScheduleError
 from plait.pipeline.stats import PipeStats, Saved
+from plait.trace.recorder import Recorder
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Accumulate = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -54,6 +55,7 @@ class _StepState:
     pending: list[Request] = field(default_factory=list)  # sends, waited for at the end
     total: torch.Tensor | None = None  # the last stage's loss so far
     inflight: int = 0  # micro-batches forwarded whose backward has not run
+    rec: Recorder | None = None  # plait.trace's, while a trace records
 
 
 class Pipeline:
@@ -131,6 +133,18 @@ class Pipeline:
             return True
         return self.checkpoint == "except_last" and mb < self.chunks - 1
 
+    def _recv(self, peer: int, tag: int, rec: Recorder | None) -> torch.Tensor:
+        """The activation or gradient from stage `peer`; while a trace records, the wait is
+        a "recv" comm event (the stage idles there: the bubble's other side)."""
+        if rec is None:
+            return recv_tensor(self.comm, peer, tag, self.device)
+        start = time.perf_counter()
+        t = recv_tensor(self.comm, peer, tag, self.device)
+        info = {"algorithm": "p2p", "bytes": t.numel() * t.element_size(),
+                "group": self.comm.label, "peer": peer}  # fmt: skip
+        rec.complete("comm", "recv", start, time.perf_counter(), info)
+        return t
+
     def _tag(self, kind: str, mb: int) -> int:
         return (0 if kind == "F" else 1) * self.chunks + mb
 
@@ -158,6 +172,7 @@ class Pipeline:
             loss_fn=loss_fn,
             accumulate=accumulate,
             stats=PipeStats(),
+            rec=getattr(self.comm, "recorder", None),  # (the tests' stand-in comms have none)
         )
         run.batch = sum(len(t) for t in run.t_mbs) if run.t_mbs is not None else 0
         self.stats = run.stats
@@ -168,6 +183,9 @@ class Pipeline:
             else:  # "B"
                 start, end = self._backward(act.mb, run, final=i == self.final_backward)
             run.stats.record(act, start, end, t0)
+            if run.rec is not None:  # plait.trace: one event per action
+                run.rec.complete("pipeline", f"{act.kind}{act.mb}", start, end,
+                             {"stage": self.rank, "mb": act.mb})  # fmt: skip
         for req in run.pending:
             req.wait()
         run.stats.finish(time.perf_counter() - t0)
@@ -181,7 +199,7 @@ class Pipeline:
         if run.x_mbs is not None:
             x = run.x_mbs[mb]
         else:
-            x = recv_tensor(self.comm, self.rank - 1, self._tag("F", mb), self.device)
+            x = self._recv(self.rank - 1, self._tag("F", mb), run.rec)
             if x.is_floating_point():
                 x.requires_grad_()
         start = time.perf_counter()
@@ -212,11 +230,7 @@ class Pipeline:
         the one run outside `accumulate` (it may reduce gradients).
 
         Returns the (start, end) of its compute."""
-        grad = (
-            None
-            if self.last
-            else recv_tensor(self.comm, self.rank + 1, self._tag("B", mb), self.device)
-        )
+        grad = None if self.last else self._recv(self.rank + 1, self._tag("B", mb), run.rec)
         start = time.perf_counter()
         x = run.ins.pop(mb)
         if mb in run.kept:

@@ -6,14 +6,10 @@ The trace follows plait's conventions (Chrome Trace Event format, times in micro
 `pid` is the rank; a "step" event spans one step of one rank; "compute" events (forward,
 backward, optimizer, and "forward:<block>" nested inside "forward") and "pipeline" events
 (a stage's F/B of one micro-batch) are computation; "comm" (a collective) and "ps" (push,
-pull, wait) are communication. Within a step span:
-
-    compute  = the union of the computation intervals (nested spans count once)
-    exposed  = the union of the communication intervals, less what computation covers
-               (communication hidden behind compute costs the step nothing)
-    idle     = the rest of the step: data loading, waiting, the loop's own time
-
-so compute + exposed + idle = the step's duration, exactly.
+pull, wait) are communication. The split is the run's own metrics (plait.trace.metrics:
+compute less the communication that blocked the computing thread; exposed communication
+is what nothing computed under), and idle is the rest of the step (data loading, waiting,
+the loop's own time), so compute + exposed + idle = the step's duration, exactly.
 """
 
 from __future__ import annotations
@@ -25,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plait.trace import metrics
+
 Event = dict[str, Any]
 Interval = tuple[float, float]  # (start, end) in microseconds
 
-COMPUTE = ("compute", "pipeline")  # categories that are a rank computing
-COMMUNICATION = ("comm", "ps")  # categories that are a rank communicating
+COMMUNICATION = metrics.COMMUNICATION  # the categories drawn as communication
 
 
 def load(path: str | Path) -> list[Event]:
@@ -51,43 +48,6 @@ def spans(events: Iterable[Event], categories: Sequence[str]) -> list[Event]:
     return [e for e in events if e.get("ph") == "X" and e.get("cat") in categories]
 
 
-def union(intervals: Iterable[Interval]) -> list[Interval]:
-    """The intervals merged where they overlap or touch, sorted by start."""
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
-def length(intervals: Iterable[Interval]) -> float:
-    return sum(end - start for start, end in intervals)
-
-
-def clip(intervals: Iterable[Interval], start: float, end: float) -> list[Interval]:
-    """The parts of `intervals` inside [start, end]."""
-    out = [(max(a, start), min(b, end)) for a, b in intervals]
-    return [(a, b) for a, b in out if b > a]
-
-
-def subtract(intervals: Sequence[Interval], cover: Sequence[Interval]) -> list[Interval]:
-    """The parts of `intervals` (merged) not covered by `cover` (merged)."""
-    out = []
-    for a, b in intervals:
-        cursor = a
-        for c, d in cover:
-            if d <= cursor or c >= b:
-                continue
-            if c > cursor:
-                out.append((cursor, c))
-            cursor = max(cursor, d)
-        if cursor < b:
-            out.append((cursor, b))
-    return out
-
-
 @dataclass(frozen=True)
 class StepTime:
     """One step of one rank, split; times in microseconds."""
@@ -100,34 +60,21 @@ class StepTime:
     idle: float
 
 
-def _interval(e: Event) -> Interval:
-    return (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-
-
 def step_times(events: Sequence[Event]) -> list[StepTime]:
-    """Every (rank, step) of the trace, split into compute, exposed communication and idle.
+    """Every (rank, step) of the trace, split into compute, exposed communication and idle,
+    by the run's own metrics (plait.trace.metrics.per_step: one definition for the summary,
+    --json and this picture).
 
     Raises:
         ValueError: the trace has no "step" spans to split.
     """
-    by_rank: dict[int, dict[str, list[Interval]]] = defaultdict(lambda: defaultdict(list))
-    for e in spans(events, COMPUTE):
-        by_rank[e["pid"]]["compute"].append(_interval(e))
-    for e in spans(events, COMMUNICATION):
-        by_rank[e["pid"]]["comm"].append(_interval(e))
-    steps = spans(events, ("step",))
-    if not steps:
+    if not spans(events, ("step",)):
         raise ValueError("the trace has no 'step' spans (cat \"step\"): no step to split")
     out: list[StepTime] = []
-    for e in sorted(steps, key=lambda e: (e["pid"], e["ts"])):
-        rank = int(e["pid"])
-        start, end = _interval(e)
-        compute = union(clip(by_rank[rank]["compute"], start, end))
-        comm = union(clip(by_rank[rank]["comm"], start, end))
-        exposed = length(subtract(comm, compute))
-        busy = length(compute)
-        step = int(e.get("args", {}).get("step", len([s for s in out if s.rank == rank]) + 1))
-        out.append(StepTime(rank, step, end - start, busy, exposed, end - start - busy - exposed))
+    for row in sorted(metrics.per_step(list(events)), key=lambda r: (r["rank"], r["step"])):
+        total, busy, exposed = row["step_us"], row["compute_us"], row["exposed_us"]
+        out.append(StepTime(int(row["rank"]), int(row["step"]), total, busy, exposed,
+                            total - busy - exposed))  # fmt: skip
     return out
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from plait import env
+from plait import env, trace
 from plait.comm.request import Request
 from plait.comm.store import barrier
 from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
@@ -85,6 +85,9 @@ class Client:
         self._keys = [self.plan.keys_of(s) for s in range(role.num_servers)]
         self.versions = {k.key: 0 for k in self.plan.keys}
         self.clock = 0
+        # plait.trace: set a Recorder here to record "ps" push, pull and wait spans (the
+        # ps processes join no plait Communicator, so nothing sets one for you yet)
+        self.recorder: trace.Recorder | None = None
         self._final_stats: dict[str, Any] | None = None
         # a model on a GPU goes through pinned host copies; one on the CPU as it is
         on_gpu = any(p.device.type == "cuda" for p in self.params)
@@ -122,17 +125,20 @@ class Client:
     # -- the API --------------------------------------------------------------------------
     def push(self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None) -> None:
         """Send this step's gradients (None: each parameter's .grad); wait for the servers."""
-        self.push_async(grads, lr=lr).wait()
+        with trace.maybe(self.recorder, "ps", "push"):
+            self.push_async(grads, lr=lr).wait()
 
     def pull(self) -> None:
         """Write the newest values the consistency mode allows into the parameters."""
-        self.pull_async().wait()
+        with trace.maybe(self.recorder, "ps", "pull"):
+            self.pull_async().wait()
 
     def push_pull(
         self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
     ) -> None:
         """push(grads), then pull the values the next step may use."""
-        self.push_pull_async(grads, lr=lr).wait()
+        with trace.maybe(self.recorder, "ps", "push"):  # a push, its pull riding along
+            self.push_pull_async(grads, lr=lr).wait()
 
     def push_async(
         self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
@@ -150,7 +156,8 @@ class Client:
     def wait(self) -> None:
         """Finish the last pull: write every value not written yet (a no-op if none)."""
         if self._unwritten is not None:
-            self._unwritten.wait()
+            with trace.maybe(self.recorder, "ps", "wait"):
+                self._unwritten.wait()
 
     def wait_per_layer(self, model: torch.nn.Module) -> list[Any]:
         """Let each submodule's forward wait only for its own parameters' pulled values.

@@ -116,6 +116,8 @@ def _check(config: TrainConfig) -> TrainConfig:
         board.require()  # one line now, not after the workers have started
     if config.log.profile is not None:
         _check_folder(config.log.profile_dir, "--profile-dir")
+    if config.log.trace is not None:
+        outdir.check_file_writable(config.log.trace, what="--trace")
     return config
 
 

@@ -17,6 +17,9 @@ Non-finite losses are found at the flush after them; under allreduce every rank 
 same reduced values, so all stop together (NonFiniteLossError). Checkpoints are written
 only after a flush found every loss finite, so the last one on disk is good.
 
+--trace (traced.py): the loop records each step, its data, the optimizer step, evaluations
+and checkpoints into the run's trace (plait.trace); the Steps record forward and backward.
+
 Test hooks (plait/env.py): PLAIT_TRAIN_NAN_AT="STEP[:RANK]" makes that rank's loss NaN at
 STEP (every rank's when RANK is left out); PLAIT_TRAIN_STRAGGLER="RANK:FACTOR" makes one
 rank FACTOR x slower, "transient:FACTOR" one drawn per step from the seed (straggler.py).
@@ -31,8 +34,17 @@ from typing import Any
 
 import torch
 
-from plait import env
-from plait.train import board, checkpoint, compile, compute, profile, strategies, workloads
+from plait import env, trace
+from plait.train import (
+    board,
+    checkpoint,
+    compile,
+    compute,
+    profile,
+    strategies,
+    traced,
+    workloads,
+)
 from plait.train.config import TrainConfig, WorkloadConfig
 from plait.train.errors import ConfigError, NonFiniteLossError
 from plait.train.report import Emit
@@ -96,6 +108,8 @@ def train(
         )
     kind = strategies.step_type(config.strategy, config.mesh.on_mesh, config.zero)
     group = kind.join(config) if group is None else group
+    # --trace: before the Step is built, so that its sub-communicators share the recorder
+    tracing = traced.Tracing(group, config.log.trace)
     work = workloads.resolve(config, workload)
     work.check_data(config.batch_size)
     step = kind(config, group, work)
@@ -104,8 +118,10 @@ def train(
         if config.log.tensorboard and step.rank == 0:
             writer = board.Board(config.log.tensorboard)
         emit = board.tee(emit, writer)
-        return _Run(config, step, work, emit, time.time() if t0 is None else t0).go(stop_after)
+        run = _Run(config, step, work, emit, time.time() if t0 is None else t0, tracing)
+        return run.go(stop_after)
     finally:
+        tracing.close()
         step.close()
         if writer is not None:
             writer.close()
@@ -120,9 +136,17 @@ class _Run:
     """One rank's run: the bookkeeping the loop's phases share around the Step."""
 
     def __init__(
-        self, config: TrainConfig, step: Step, work: Workload, emit: Emit | None, t0: float
+        self,
+        config: TrainConfig,
+        step: Step,
+        work: Workload,
+        emit: Emit | None,
+        t0: float,
+        tracing: traced.Tracing,
     ) -> None:
         self.config, self.step, self.work, self.t0 = config, step, work, t0
+        self.tracing = tracing
+        self.rec = tracing.recorder  # None unless --trace: one check per event site
         self.steps, self.batch = config.steps, config.batch_size
         self.say: Emit = emit if emit is not None and step.rank == 0 else (lambda k, r: None)
         self.sampler = work.sampler(work.data.num_train, self.batch, config.workload.seed)
@@ -167,6 +191,7 @@ class _Run:
         clock = self.first  # the steps this rank has trained (= `last` under sync/allreduce)
         slices = s.slices(self.first, self.steps)
         current = next(slices, None)
+        rec = self.rec
         while current is not None:
             step, part = current
             clock += 1
@@ -174,15 +199,19 @@ class _Run:
             began = time.perf_counter()
             self.forward_backward(step, part)
             current = next(slices, None)  # first: the last slice's update is told so
-            s.update(c.lr_at(step), last=current is None)
+            with trace.maybe(rec, "compute", "optimizer"):
+                s.update(c.lr_at(step), last=current is None)
             self.straggler.delay(s.rank, s.world_size, clock, time.perf_counter() - began)
             self.profiler.ended(step)
+            if rec is not None:
+                rec.complete("step", f"step {step}", began, time.perf_counter(), {"step": step})
             self.say("step", {"step": step})
             crossed = range(last + 1, step + 1)
             last = max(last, step)
             if s.reports and crossed and step < self.steps:
                 self.between(step, crossed, stop_after)
                 if step == stop_after:
+                    self.tracing.finish(self.options)
                     result = self.result(step, self.train_s())
                     result.stopped_at = step
                     return result
@@ -192,7 +221,8 @@ class _Run:
 
     def forward_backward(self, step: int, part: int) -> None:
         """Gradients of part `part` of global step `step` (1-based); keep its loss."""
-        x, y = self.batch_of(step, part)
+        with trace.maybe(self.rec, "data", "data"):
+            x, y = self.batch_of(step, part)
         loss_fn = _poisoned(self.work.loss) if step == self.nan_at else self.work.loss
         loss = self.step.forward_backward(x, y, loss_fn)
         clip = self.config.recipe.grad_clip
@@ -226,12 +256,14 @@ class _Run:
         """After `Step.finish`: the last flush, evaluation and checkpoint; the summary."""
         train_s = self.train_s()
         if not self.step.reports:
+            self.tracing.finish(self.options)
             return self.result(self.steps, train_s)
         self.flush(self.steps, log=True)
         if not self.evals or self.evals[-1][0] != self.steps:  # else: resumed at the end
             self.evaluate(self.steps)
         if self.out is not None and trained_last:
             self.save(self.steps)
+        self.tracing.finish(self.options)  # its metrics join the figures
         result = self.result(self.steps, train_s)
         figures = result.figures()
         if self.step.rank == 0 and self.config.log.json:
@@ -296,7 +328,8 @@ class _Run:
             self.window = (time.perf_counter(), self.paused_s, step)
 
     def evaluate(self, step: int) -> None:
-        self.paused(lambda: self._evaluate(step))
+        with trace.maybe(self.rec, "eval", "eval", {"step": step}):
+            self.paused(lambda: self._evaluate(step))
 
     def _evaluate(self, step: int) -> None:
         value = self.step.evaluate()
@@ -308,7 +341,8 @@ class _Run:
     def save(self, step: int) -> None:
         """Write the checkpoint of step `step`: rank 0 (every rank holds the same state), or
         every rank its shards (--zero)."""
-        self.paused(lambda: self._save(step))
+        with trace.maybe(self.rec, "checkpoint", "checkpoint", {"step": step}):
+            self.paused(lambda: self._save(step))
 
     def _save(self, step: int) -> None:
         if self.out is None:
@@ -348,5 +382,6 @@ class _Run:
             wall_s=time.time() - self.t0, model=self.work.name, data=self.work.data.name,
             eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
             throughput=self.throughput,
-            device=self.step.device.type, compile_s=self.compile_s, extra=self.step.figures(),
+            device=self.step.device.type, compile_s=self.compile_s,
+            extra={**self.step.figures(), **self.tracing.figures()},
         )  # fmt: skip

@@ -342,6 +342,23 @@ class LogConfig:
     json: str | None = field(
         default=None, metadata=option("write the run's figures to FILE as JSON", metavar="FILE")
     )
+    trace: str | None = field(
+        default=None,
+        metadata=option(
+            "record a timeline of every rank (steps, compute, collectives, buckets, pipeline "
+            "actions) and write it to FILE as a Chrome trace (open in Perfetto); its metrics "
+            "join --json and the summary",
+            metavar="FILE",
+        ),
+    )
+    trace_blocks: bool = field(
+        default=False,
+        metadata=option(
+            "with --trace: also a forward and a backward event per top-level block of the "
+            "model (hooks: tens of microseconds per block and step, which a small model's "
+            "step feels)"
+        ),
+    )
     eval_every: int | None = field(
         default=None,
         metadata=option(

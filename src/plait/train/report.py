@@ -123,12 +123,29 @@ def summary(rec: Record) -> list[str]:
                      f"peak activations per stage {rec['peak_activations']}"))  # fmt: skip
     rows += compute.rows(rec)
     rows += memory_rows(rec)
+    rows += trace_rows(rec)
     rows += [
         ("samples/s", f"{rec['samples_per_s']:,.0f} (global, training steps only)"),
         ("wall time", f"{rec['wall_s']:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)
     return ["summary:"] + [f"  {k:<{width}}  {v}" for k, v in rows]
+
+
+def trace_rows(rec: Record) -> list[tuple[str, str]]:
+    """--trace: the timeline's metrics (plait.trace.metrics) and where it was written."""
+    t = rec.get("trace")
+    if not t:
+        return []
+    overlap = "-" if t["overlap_ratio"] is None else f"{t['overlap_ratio']:.2f}"
+    stall = "-" if t["data_stall"] is None else f"{100 * t['data_stall']:.1f}%"
+    slowest = ", ".join(f"rank {r} x{n}" for r, n in t["slowest_rank"].items() if n)
+    line = (f"{t['path']}: per step {t['step_ms']:.2f} ms, comm {t['comm_ms']:.2f} ms of "
+            f"which exposed {t['exposed_comm_ms']:.2f} ms; overlap {overlap}; data stall "
+            f"{stall}")  # fmt: skip
+    if t["bubble"] is not None:
+        line += f"; measured bubble {t['bubble']:.3f}"
+    return [("trace", line), ("slowest rank", slowest or "-")]
 
 
 def _value(rec: Record) -> str:

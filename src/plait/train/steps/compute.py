@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from plait import trace
 from plait.activations import checkpoint_blocks, repeated_blocks
 from plait.comm.communicator import Communicator
 from plait.train import compile, memory, precision
@@ -36,12 +37,18 @@ class Compute:
     Args:
         comm: the ranks whose gradients differ and must agree on skipping an fp16 step (a
             mesh's); None where DataParallel leaves every rank the same gradients.
+        recorder: the trace's recorder (`comm.recorder` of the run's communicator), if any.
     """
 
     def __init__(
-        self, config: TrainConfig, device: torch.device, comm: Communicator | None = None
+        self,
+        config: TrainConfig,
+        device: torch.device,
+        comm: Communicator | None = None,
+        recorder: trace.Recorder | None = None,
     ) -> None:
         self.options = c = config.compute
+        self.recorder = recorder  # plait.trace's, while a trace records
         self.device = device
         low = c.precision != "fp32"
         self.dtype = precision.dtype(c.precision) if low else None
@@ -87,15 +94,33 @@ class Compute:
         self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
     ) -> torch.Tensor:
         """Forward (x, y) through `module` (wrapped), backward the (scaled) loss; return the
-        loss, unscaled and detached."""
+        loss, unscaled and detached. While a trace records: a "forward" and a "backward"
+        event (the latter ends where DataParallel's end-of-backward wait begins)."""
+        rec = self.recorder
+        if rec is None:
+            loss = self._forward(module, x, y, loss_fn)
+            self.scaled(loss).backward()
+            return loss.detach()
+        t0 = trace.now()
+        loss = self._forward(module, x, y, loss_fn)
+        t1 = trace.now()
+        rec.backward_end = None
+        self.scaled(loss).backward()
+        t2 = trace.now()
+        end = rec.backward_end if rec.backward_end is not None and rec.backward_end > t1 else t2
+        rec.complete("compute", "forward", t0, t1)
+        rec.complete("compute", "backward", t1, end)
+        return loss.detach()
+
+    def _forward(
+        self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
+    ) -> torch.Tensor:
         if self.activation_bytes is None and not self.options.compile:  # once: shapes repeat
             with memory.saved_bytes() as kept:
                 loss = loss_fn(module(x), y)
             self.activation_bytes = kept.total
-        else:
-            loss = loss_fn(module(x), y)
-        self.scaled(loss).backward()
-        return loss.detach()
+            return loss
+        return loss_fn(module(x), y)
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss backward starts from: times the loss scale with fp16."""

@@ -18,6 +18,7 @@ from torch import nn
 
 from plait.comm.communicator import Communicator
 from plait.data_parallel import DataParallel
+from plait.train import traced
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate
 from plait.train.optimizers import make_optimizer
@@ -33,8 +34,10 @@ class DataParallelStep(AllreduceStep):
 
     def __init__(self, config: TrainConfig, comm: Communicator, work: Workload) -> None:
         self.model = self.whole_model(config, comm, work)
-        self.compute = Compute(config, self.device)
+        self.compute = Compute(config, self.device, recorder=comm.recorder)
         self.compute.checkpoint(self.model)
+        if config.log.trace_blocks:  # --trace-blocks: hooks, only when asked for
+            traced.watch_blocks(self.model, comm.recorder)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.wrapped = DataParallel(self.computed, comm=comm,
                                     compression=self.compute.compression,

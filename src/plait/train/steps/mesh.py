@@ -54,7 +54,7 @@ class MeshStep(AllreduceStep):
         model = work.build_model(config.workload.seed)  # on the CPU: this rank keeps a part
         self.parameters = count_parameters(model)  # before tp shards it
         # the stages' gradients differ: all ranks agree on skipping an fp16 step
-        self.compute = Compute(config, self.device, comm=comm)
+        self.compute = Compute(config, self.device, comm=comm, recorder=comm.recorder)
         self.compute.checkpoint(model)  # the whole model's blocks, before the pipeline cuts it
         assert config.mesh.chunks is not None
         self.model = MeshModel(model, mesh, chunks=config.mesh.chunks,

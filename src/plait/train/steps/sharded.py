@@ -18,7 +18,7 @@ import torch
 from plait.comm.communicator import Communicator
 from plait.sharded import ShardedDataParallel, layer_map
 from plait.sharded import checkpoint as sharded_checkpoint
-from plait.train import memory
+from plait.train import memory, traced
 from plait.train.config import TrainConfig
 from plait.train.evaluate import even_out, score_shard
 from plait.train.optimizers import make_optimizer
@@ -37,8 +37,10 @@ class ShardedStep(AllreduceStep):
         self.model = self.whole_model(config, comm, work)
         self.stage = config.zero
         # each rank holds other shards' gradients: fp16's skip is agreed over `comm`
-        self.compute = Compute(config, self.device, comm)
+        self.compute = Compute(config, self.device, comm, recorder=comm.recorder)
         self.compute.checkpoint(self.model)
+        if config.log.trace_blocks:  # --trace-blocks: hooks, only when asked for
+            traced.watch_blocks(self.model, comm.recorder)
         self.wrapped = ShardedDataParallel(self.model, stage=self.stage, comm=comm)
         self.computed = self.compute.wrap(self.wrapped)  # under autocast (--precision)
         # LARS and LAMB: each parameter's norms summed over the shards of every rank

@@ -1,0 +1,459 @@
+"""plait.trace: the merged Chrome trace of real worlds, and its metrics on hand-made events.
+
+One world of 2 ranks runs every in-process check once (`battery`): DataParallel with and
+without overlap (bucket and collective counts, the overlap ratio), a pipeline run of
+`train()` (one F and one B per micro-batch per stage), clock alignment, recording off.
+A second tiny world records through PLAIT_TRACE alone (written at plait.shutdown()), and
+the command line is run once end to end. metrics.py is tested on events made by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from plait import CommTimeoutError, Communicator, DataParallel, PeerFailureError, trace
+from plait.trace import metrics
+from plait.train.config import TrainConfig
+from plait.train.loop import train
+from plait.train.steps.compute import Compute
+from world import run_world
+
+ENV = {"PLAIT_TIMEOUT": "60"}
+WIDTH, LAYERS, BATCH = 192, 6, 256  # 145 KiB per layer: 3 buckets at bucket_mb=0.15
+GPT_PP = {"model": "gpt", "data": "synthetic", "steps": 3, "batch_size": 8, "eval_every": 0,
+          "log_every": 3, "pp": 2, "chunks": 4, "schedule": "1f1b"}  # fmt: skip
+MLP = {"model": "mlp", "steps": 4, "batch_size": 32, "eval_every": 0, "log_every": 4}
+
+
+def _dp_run(comm: Communicator, path: str, overlap: bool, steps: int = 4) -> Any:
+    """DataParallel over LAYERS buckets, forward and backward recorded by train's Compute."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh())
+                            for _ in range(LAYERS)])  # fmt: skip
+    rec = trace.start(comm, path)
+    dp = DataParallel(model, comm, bucket_mb=0.15, overlap=overlap)
+    compute = Compute(TrainConfig(), torch.device("cpu"), recorder=rec)
+    x = torch.randn(BATCH, WIDTH)
+    for step in range(1, steps + 1):
+        began = trace.now()
+        model.zero_grad(set_to_none=True)
+        compute.forward_backward(dp, x, x, nn.functional.mse_loss)
+        rec.complete("step", f"step {step}", began, trace.now(), {"step": step})
+    doc = trace.finish(comm, path)
+    return {"buckets": len(dp.bucket_sizes), "doc": doc, "after": comm.recorder}
+
+
+def _clock(comm: Communicator, path: str) -> Any:
+    rec = trace.start(comm, path)
+    offset = rec.offset
+    t = torch.ones(1000)
+    for _ in range(10):
+        comm.allreduce(t, algorithm="ring")
+    doc = trace.finish(comm, path)
+    return {"offset": (offset.seconds, offset.uncertainty), "doc": doc}
+
+
+def _off(comm: Communicator, path: str) -> Any:
+    """Recording ends at finish: later collectives add nothing; a run without --trace
+    records nothing and writes no trace."""
+    rec = trace.start(comm, path)
+    comm.allreduce(torch.ones(10))
+    trace.finish(comm, path)
+    before = len(rec.events)
+    comm.allreduce(torch.ones(10))
+    config = TrainConfig.from_options({**MLP, "workers": comm.size})
+    figures = train(config, comm).figures()
+    return {"added": len(rec.events) - before, "recorder": comm.recorder,
+            "trace_key": "trace" in figures}  # fmt: skip
+
+
+def _pipeline(comm: Communicator, path: str) -> Any:
+    config = TrainConfig.from_options({**GPT_PP, "workers": comm.size, "trace": path})
+    return train(config, comm).figures()
+
+
+def _straggler(comm: Communicator, path: str) -> Any:
+    """Rank 1 made 4x slower at every step: the trace names it the slowest rank."""
+    os.environ["PLAIT_TRAIN_STRAGGLER"] = "1:4"
+    try:
+        config = TrainConfig.from_options({**MLP, "workers": comm.size, "trace": path})
+        return train(config, comm).figures()["trace"]
+    finally:
+        del os.environ["PLAIT_TRAIN_STRAGGLER"]
+
+
+def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
+    return {
+        "straggler": _straggler(comm, f"{tmp}/straggler.json"),
+        "overlap": _dp_run(comm, f"{tmp}/overlap.json", overlap=True),
+        "no_overlap": _dp_run(comm, f"{tmp}/no_overlap.json", overlap=False),
+        "clock": _clock(comm, f"{tmp}/clock.json"),
+        "pipeline": _pipeline(comm, f"{tmp}/pipeline.json"),
+        "off": _off(comm, f"{tmp}/off.json"),
+    }
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], Path]:
+    tmp = tmp_path_factory.mktemp("trace")
+    return run_world(2, battery, str(tmp), timeout=150, env=ENV), tmp
+
+
+def _valid(doc: dict[str, Any], ranks: int) -> list[dict[str, Any]]:
+    """Check the Chrome trace's shape; return its X events."""
+    assert doc["displayTimeUnit"] == "ms" and isinstance(doc["otherData"], dict)
+    events = doc["traceEvents"]
+    for e in events:
+        assert {"pid", "tid", "ts", "ph", "name"} <= e.keys(), e
+        assert e["ph"] in ("X", "i", "M"), e
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and isinstance(e["cat"], str)
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "process_name"}
+    assert names == {(r, f"rank {r}") for r in range(ranks)}
+    threads = {(e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in events} <= threads | {(r, 0) for r in range(ranks)}
+    return [e for e in events if e["ph"] == "X"]
+
+
+def _steps(events: list[dict[str, Any]], pid: int) -> list[tuple[float, float]]:
+    return [(e["ts"], e["ts"] + e["dur"]) for e in events
+            if e["cat"] == "step" and e["pid"] == pid]  # fmt: skip
+
+
+@pytest.mark.timeout(200)
+def test_the_trace_is_valid_chrome_json_on_disk(two_ranks: tuple[list[Any], Path]) -> None:
+    _, tmp = two_ranks
+    for name in ("overlap", "no_overlap", "clock", "pipeline"):
+        doc = json.loads((tmp / f"{name}.json").read_text())
+        _valid(doc, 2)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("key", ["overlap", "no_overlap"])
+def test_one_allreduce_and_four_phases_per_bucket_per_step(
+    two_ranks: tuple[list[Any], Path], key: str
+) -> None:
+    run = two_ranks[0][0][key]
+    buckets = run["buckets"]
+    assert buckets >= 3, buckets
+    events = _valid(run["doc"], 2)
+    for pid in (0, 1):
+        steps = _steps(events, pid)
+        assert len(steps) == 4
+        for start, end in steps:
+            inside = [e for e in events if e["pid"] == pid and start <= e["ts"] <= end]
+            comm = Counter(e["name"] for e in inside if e["cat"] == "comm")
+            assert comm == {"allreduce": buckets}, comm
+            phases = Counter((e["name"], e["args"]["phase"]) for e in inside
+                             if e["cat"] == "bucket")  # fmt: skip
+            assert phases == {(f"bucket {i}", p): 1 for i in range(buckets)
+                              for p in ("packed", "queued", "wire", "unpacked")}  # fmt: skip
+        compute = Counter(e["name"] for e in events if e["pid"] == pid and e["cat"] == "compute")
+        assert compute["forward"] == compute["backward"] == 4
+    wire = [e for e in events if e["cat"] == "comm"]
+    assert all(e["args"]["group"] == "world" and e["args"]["bytes"] > 0 for e in wire)
+
+
+@pytest.mark.timeout(200)
+def test_overlap_ratio_is_zero_without_overlap_and_positive_with(
+    two_ranks: tuple[list[Any], Path],
+) -> None:
+    on = two_ranks[0][0]["overlap"]["doc"]["otherData"]["metrics"]
+    off = two_ranks[0][0]["no_overlap"]["doc"]["otherData"]["metrics"]
+    assert off["overlap_ratio"] == 0.0
+    assert off["exposed_comm_ms"] == pytest.approx(off["comm_ms"])
+    assert on["overlap_ratio"] > 0.0
+    assert on["exposed_comm_ms"] < on["comm_ms"]
+
+
+@pytest.mark.timeout(200)
+def test_clock_offsets_line_up_a_collectives_start_on_every_rank(
+    two_ranks: tuple[list[Any], Path],
+) -> None:
+    results = two_ranks[0]
+    seconds, uncertainty = results[1]["clock"]["offset"]
+    assert 0 < uncertainty < 0.01  # a round trip on one host: well under 20 ms
+    assert abs(seconds) <= uncertainty + 1e-4  # one host, one CLOCK_MONOTONIC
+    clock = results[0]["clock"]["doc"]["otherData"]["clock"]
+    assert clock["ranks"] == [0, 1] and clock["offsets_us"][0] == 0.0
+    assert clock["uncertainty_us"][1] == pytest.approx(uncertainty * 1e6)
+    events = _valid(results[0]["clock"]["doc"], 2)
+    starts = {pid: [e["ts"] for e in events if e["cat"] == "comm" and e["pid"] == pid]
+              for pid in (0, 1)}  # fmt: skip
+    assert len(starts[0]) == len(starts[1]) == 10
+    gaps = sorted(abs(a - b) for a, b in zip(starts[0], starts[1], strict=True))
+    assert gaps[len(gaps) // 2] < 2000, gaps  # us: the median; 2 busy cores jitter
+
+
+@pytest.mark.timeout(200)
+def test_a_pipeline_records_one_f_and_one_b_per_micro_batch_per_stage(
+    two_ranks: tuple[list[Any], Path],
+) -> None:
+    results, tmp = two_ranks
+    figures = results[0]["pipeline"]
+    assert results[1]["pipeline"]["trace"] == figures["trace"]  # the same figures everywhere
+    events = _valid(json.loads((tmp / "pipeline.json").read_text()), 2)
+    chunks = GPT_PP["chunks"]
+    for pid in (0, 1):
+        for start, end in _steps(events, pid):
+            acts = [e for e in events if e["pid"] == pid and e["cat"] == "pipeline"
+                    and start <= e["ts"] <= end]  # fmt: skip
+            assert sorted(e["name"] for e in acts) == sorted(
+                [f"F{m}" for m in range(chunks)] + [f"B{m}" for m in range(chunks)]
+            )
+            assert all(e["args"] == {"stage": pid, "mb": int(e["name"][1:])} for e in acts)
+            recvs = [e for e in events if e["pid"] == pid and e["name"] == "recv"
+                     and start <= e["ts"] <= end]  # fmt: skip
+            assert len(recvs) == chunks  # stage 0 each gradient, stage 1 each activation
+            assert all(e["args"]["peer"] == 1 - pid and e["args"]["bytes"] > 0 for e in recvs)
+    bubble = figures["trace"]["bubble"]
+    assert 0.0 < bubble < 1.0
+    assert figures["trace"]["steps"] == GPT_PP["steps"]
+
+
+@pytest.mark.timeout(200)
+def test_recording_off_records_nothing(two_ranks: tuple[list[Any], Path]) -> None:
+    results = two_ranks[0]
+    for r in results:
+        off = r["off"]
+        assert off == {"added": 0, "recorder": None, "trace_key": False}
+    assert results[0]["overlap"]["after"] is None  # finish detached the recorder
+
+
+@pytest.mark.timeout(200)
+def test_the_straggler_is_the_slowest_rank(two_ranks: tuple[list[Any], Path]) -> None:
+    results, tmp = two_ranks
+    got = results[0]["straggler"]
+    assert got["steps"] == MLP["steps"]
+    assert got["slowest_rank"]["1"] >= MLP["steps"] - 1, got["slowest_rank"]
+    events = _valid(json.loads((tmp / "straggler.json").read_text()), 2)
+    assert not [e for e in events if ":" in e["name"]]  # no block events without --trace-blocks
+
+
+def _env_traced(comm: Communicator) -> Any:
+    comm.allreduce(torch.ones(100))
+    return comm.recorder is not None
+
+
+@pytest.mark.timeout(120)
+def test_plait_trace_writes_at_shutdown(tmp_path: Path) -> None:
+    path = tmp_path / "env.json"
+    got = run_world(2, _env_traced, timeout=60, env={**ENV, "PLAIT_TRACE": str(path)})
+    assert got == [True, True]
+    events = _valid(json.loads(path.read_text()), 2)
+    assert Counter(e["pid"] for e in events if e["name"] == "allreduce") == {0: 1, 1: 1}
+
+
+@pytest.mark.timeout(120)
+def test_plait_train_trace_end_to_end(tmp_path: Path) -> None:
+    bad = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--trace", str(tmp_path / "no" / "t.json")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "--trace" in bad.stderr and "no/t.json" in bad.stderr
+    out, figures = tmp_path / "t.json", tmp_path / "run.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--model", "mlp", "--workers", "2",
+         "--steps", "4", "--eval-every", "2", "--trace", str(out), "--trace-blocks",
+         "--json", str(figures)],
+        capture_output=True, text=True, timeout=110, env={**os.environ, **ENV},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "trace" in res.stdout and "slowest rank" in res.stdout
+    events = _valid(json.loads(out.read_text()), 2)
+    cats = {e["cat"] for e in events}
+    assert {"step", "data", "compute", "comm", "bucket", "eval"} <= cats, cats
+    names = {e["name"] for e in events if e["cat"] == "compute"}
+    # mlp: Flatten, Linear, ReLU, Linear; the blocks fed no gradient-needing input have
+    # no backward event
+    assert {"forward", "backward", "optimizer", "forward:0", "forward:3", "backward:2",
+            "backward:3"} <= names, names  # fmt: skip
+    assert "backward:0" not in names and "backward:1" not in names
+    steps = _steps(events, 0)
+    for start, end in steps:  # the blocks' backward lies inside the step's backward
+        (bwd,) = [e for e in events if e["pid"] == 0 and e["name"] == "backward"
+                  and start <= e["ts"] <= end]  # fmt: skip
+        blocks = [e for e in events if e["pid"] == 0 and e["name"].startswith("backward:")
+                  and start <= e["ts"] <= end]  # fmt: skip
+        assert len(blocks) == 2
+        for b in blocks:
+            assert bwd["ts"] <= b["ts"] and b["ts"] + b["dur"] <= bwd["ts"] + bwd["dur"] + 1
+    summary = json.loads(figures.read_text())["trace"]
+    assert summary["path"] == str(out) and summary["steps"] == 4
+    assert sum(summary["slowest_rank"].values()) == 4
+
+
+def _peer_dies(comm: Communicator) -> Any:
+    if comm.rank == 1:
+        os._exit(1)  # the engine sees rank 1's sockets close
+    try:
+        comm.allreduce(torch.ones(10), algorithm="ring")
+    except PeerFailureError:
+        return "failed"
+    return "no failure"
+
+
+@pytest.mark.timeout(120)
+def test_after_a_failure_each_rank_writes_its_own_events(tmp_path: Path) -> None:
+    path = tmp_path / "dead.json"
+    env = {**ENV, "PLAIT_TRACE": str(path), "PLAIT_HEARTBEAT_TIMEOUT": "2"}
+    got = run_world(2, _peer_dies, timeout=60, env=env, tolerate=[1])
+    assert got[0] == "failed"
+    assert not path.exists()  # nothing to gather: no merged trace
+    events = json.loads((tmp_path / "dead.json.rank0.json").read_text())["traceEvents"]
+    failures = [e for e in events if e.get("cat") == "failure"]
+    assert failures and failures[0]["ph"] == "i" and failures[0]["s"] == "p"
+    assert "rank 1" in failures[0]["args"]["message"], failures
+
+
+def _times_out(comm: Communicator) -> Any:
+    rec = trace.start(comm)  # no path: nothing for shutdown to gather after the timeouts
+    if comm.rank == 1:
+        time.sleep(5)  # alive (heartbeats go on) but late: rank 0's wait times out
+    # rank 0 times out; rank 1 then finds rank 0 gone (it left) or times out too
+    with contextlib.suppress(CommTimeoutError, PeerFailureError):
+        comm.allreduce(torch.ones(10), algorithm="ring")
+    comm.recorder = None
+    return [(e[0], e[1], e[3], e[5]) for e in rec.events if e[0] == "failure"]
+
+
+@pytest.mark.timeout(120)
+def test_a_timeout_is_a_failure_instant() -> None:
+    got = run_world(2, _times_out, timeout=60, env={"PLAIT_TIMEOUT": "2"})
+    ((cat, name, end, args),) = got[0]
+    assert (cat, name, end) == ("failure", "CommTimeoutError", None)
+    assert "waited" in args["message"] and "rank 1" in args["message"], args
+
+
+# ------------------------------------------------------------- metrics on made events
+def _x(pid: int, cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+    """A complete event; collectives on tid 1 (the communicator's worker), the rest on 0."""
+    return {"ph": "X", "pid": pid, "tid": 1 if cat == "comm" else 0, "cat": cat, "name": name,
+            "ts": ts, "dur": dur, "args": args}  # fmt: skip
+
+
+def test_intervals_union_and_intersect() -> None:
+    assert metrics.union([(5, 7), (0, 2), (1, 3), (7, 8)]) == [(0, 3), (5, 8)]
+    assert metrics.intersect([(0, 3), (5, 8)], [(2, 6)]) == [(2, 3), (5, 6)]
+    assert metrics.length([(0, 3), (5, 8)]) == 6
+
+
+def test_exposed_comm_and_overlap_ratio() -> None:
+    # rank 0: compute 0-10, comm 5-15 and 12-14 (overlapping collectives count once):
+    # 10 us of comm, 5 under compute
+    events = [
+        _x(0, "step", "step 1", 0, 20, step=1),
+        _x(0, "compute", "forward", 0, 4), _x(0, "compute", "backward", 4, 6),
+        _x(0, "compute", "forward:0", 0, 2),  # nested in forward: no double count
+        _x(0, "comm", "allreduce", 5, 10), _x(0, "comm", "allreduce", 12, 2),
+        _x(0, "data", "data", 16, 3),
+        _x(0, "comm", "allreduce", 30, 5),  # outside every step: not counted
+    ]  # fmt: skip
+    (row,) = metrics.per_step(events)
+    assert row == {"rank": 0, "step": 1, "step_us": 20, "compute_us": 10, "comm_us": 10,
+                   "overlapped_us": 5, "exposed_us": 5, "data_us": 3}  # fmt: skip
+    s = metrics.summary(events)
+    assert s["overlap_ratio"] == 0.5 and s["exposed_comm_ms"] == 0.005
+    assert s["data_stall"] == pytest.approx(3 / 20)
+    assert s["bubble"] is None
+
+
+def test_a_blocking_collective_inside_compute_is_exposed() -> None:
+    # ZeRO's gather in a forward hook: on the computing thread, the thread waited in it
+    blocking = {**_x(0, "comm", "allgather", 2, 3), "tid": 0}
+    events = [_x(0, "step", "step 1", 0, 10, step=1), _x(0, "compute", "forward", 0, 10),
+              blocking, _x(0, "comm", "allreduce", 6, 2)]  # fmt: skip
+    (row,) = metrics.per_step(events)
+    assert (row["comm_us"], row["overlapped_us"], row["exposed_us"]) == (5, 2, 3)
+
+
+def test_difference_of_intervals() -> None:
+    a = [(0, 10), (20, 30)]
+    assert metrics.difference(a, [(2, 3), (5, 22), (29, 40)]) == [(0, 2), (3, 5), (22, 29)]
+    assert metrics.difference(a, []) == a
+    assert metrics.difference([], a) == []
+
+
+def test_no_communication_has_no_overlap_ratio() -> None:
+    events = [_x(0, "step", "step 1", 0, 5, step=1), _x(0, "compute", "forward", 0, 5)]
+    assert metrics.summary(events)["overlap_ratio"] is None
+
+
+def test_the_slowest_rank_is_the_one_the_others_waited_for() -> None:
+    # step 1: rank 1 computes 9 of 10 us, rank 0 waits 6 in the allreduce; step 2 the reverse
+    events = [
+        _x(0, "step", "step 1", 0, 10, step=1), _x(0, "compute", "forward", 0, 3),
+        _x(0, "comm", "allreduce", 3, 7),
+        _x(1, "step", "step 1", 0, 10, step=1), _x(1, "compute", "forward", 0, 9),
+        _x(1, "comm", "allreduce", 9, 1),
+        _x(0, "step", "step 2", 10, 10, step=2), _x(0, "compute", "forward", 10, 9),
+        _x(0, "comm", "allreduce", 19, 1),
+        _x(1, "step", "step 2", 10, 10, step=2), _x(1, "compute", "forward", 10, 2),
+        _x(1, "comm", "allreduce", 12, 8),
+    ]  # fmt: skip
+    assert metrics.slowest(metrics.per_step(events)) == {1: 1, 2: 0}
+    assert metrics.summary(events)["slowest_rank"] == {"0": 1, "1": 1}
+
+
+def test_the_measured_bubble_from_action_times() -> None:
+    # two stages, one micro-batch: F0 on stage 0 then stage 1, B0 on stage 1 then stage 0;
+    # each action 1 us, the window 4 us, each stage busy 2: bubble 0.5 (theory (p-1)/(m+p-1))
+    events = [_x(0, "step", "step 1", 0, 10, step=1), _x(1, "step", "step 1", 0, 10, step=1)]
+    events += [
+        _x(0, "pipeline", "F0", 0, 1, stage=0, mb=0), _x(1, "pipeline", "F0", 1, 1, stage=1, mb=0),
+        _x(1, "pipeline", "B0", 2, 1, stage=1, mb=0), _x(0, "pipeline", "B0", 3, 1, stage=0, mb=0),
+    ]  # fmt: skip
+    assert metrics.bubbles(events) == {1: 0.5}
+    assert metrics.summary(events)["bubble"] == 0.5
+
+
+def test_recorder_spans_instants_and_tracks() -> None:
+    rec = trace.Recorder(rank=3)
+    with rec.span("compute", "optimizer"):
+        pass
+    rec.instant("failure", "PeerFailureError", {"message": "rank 1 died"})
+    rec.complete("bucket", "bucket 0", 1.0, 2.0, {"phase": "wire", "bytes": 8}, track="bucket 0")
+    from plait.trace import chrome
+
+    events = chrome.events(3, rec.events, rec.threads, 0.0, rec.origin, chrome.main_ident())
+    kinds = [(e["ph"], e.get("cat"), e["tid"]) for e in events if e["ph"] != "M"]
+    assert kinds == [("X", "compute", 0), ("i", "failure", 0), ("X", "bucket", 1)]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert names == {0: "main", 1: "bucket 0"}
+    assert all(e["pid"] == 3 for e in events)
+    with trace.maybe(None, "compute", "x"):  # recording off: nothing to record into
+        pass
+
+
+def test_threads_record_into_one_buffer_at_once() -> None:
+    import threading
+
+    rec = trace.Recorder(rank=0)
+    together = threading.Barrier(4)  # all alive at once: a finished thread's ident is reused
+
+    def work() -> None:
+        together.wait()
+        for i in range(5000):
+            rec.complete("comm", "allreduce", float(i), float(i) + 1)
+
+    threads = [threading.Thread(target=work, name=f"t{k}") for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(rec.events) == 20000
+    assert sorted(rec.threads.values()) == ["t0", "t1", "t2", "t3"]
+    per_thread = Counter(e[4] for e in rec.events)
+    assert sorted(per_thread.values()) == [5000] * 4
