@@ -222,7 +222,7 @@ def test_slices_cover_each_parameter() -> None:
     ("options", "message"),
     [
         ({"priority": True, "zero": 2}, "not with --zero 2 yet"),
-        ({"priority": True, "strategy": "ps"}, "not with --strategy ps"),
+        ({"priority": True, "strategy": "ps", "compile": True}, "not with --compile yet"),
         ({"priority": True, "precision": "fp16"}, "not with --precision fp16"),
         ({"slice_mb": 2.0}, "--slice-mb 2 applies to --priority only"),
         ({"priority": True, "slice_mb": 0.0}, "slice_mb 0 is not > 0"),
