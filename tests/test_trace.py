@@ -221,6 +221,11 @@ def test_a_pipeline_records_one_f_and_one_b_per_micro_batch_per_stage(
     bubble = figures["trace"]["bubble"]
     assert 0.0 < bubble < 1.0
     assert figures["trace"]["steps"] == GPT_PP["steps"]
+    # the summary's bubble_fraction is the trace's computation over the same action times
+    # (steps after the first); the clocks differ by the trace's offset estimate only
+    per_step = json.loads((tmp / "pipeline.json").read_text())["otherData"]["metrics"]
+    later = [s["bubble"] for s in per_step["per_step"] if s["step"] > 1]
+    assert figures["bubble_fraction"] == pytest.approx(sum(later) / len(later), abs=0.01)
 
 
 @pytest.mark.timeout(200)
@@ -416,6 +421,8 @@ def test_the_measured_bubble_from_action_times() -> None:
         _x(1, "pipeline", "B0", 2, 1, stage=1, mb=0), _x(0, "pipeline", "B0", 3, 1, stage=0, mb=0),
     ]  # fmt: skip
     assert metrics.bubbles(events) == {1: 0.5}
+    # the mesh's bubble_fraction runs the same functions on each stage's extent
+    assert metrics.idles([metrics.extent([(0, 1), (3, 4)]), (1, 3, 2)]) == [0.5, 0.5]
     assert metrics.summary(events)["bubble"] == 0.5
 
 

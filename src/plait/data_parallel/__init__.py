@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 from plait.lazy import getattr_from
 
 if TYPE_CHECKING:
-    from plait.data_parallel.dp import DataParallel, StepTrace, UnusedParametersError
+    from plait.data_parallel.dp import DataParallel, UnusedParametersError
     from plait.data_parallel.replicas import ReplicaMismatchError
+    from plait.data_parallel.steptrace import StepTrace
 
 __all__ = ["DataParallel", "ReplicaMismatchError", "StepTrace", "UnusedParametersError"]
 
@@ -22,7 +23,7 @@ __getattr__ = getattr_from(
     {
         "DataParallel": "plait.data_parallel.dp",
         "ReplicaMismatchError": "plait.data_parallel.replicas",
-        "StepTrace": "plait.data_parallel.dp",
+        "StepTrace": "plait.data_parallel.steptrace",
         "UnusedParametersError": "plait.data_parallel.dp",
     },
 )

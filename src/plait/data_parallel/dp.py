@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,24 +51,12 @@ from plait.data_parallel.buckets import MiB
 from plait.data_parallel.priority import CREDIT_MB, SLICE_MB, PriorityReducer
 from plait.data_parallel.reduction import Reduction, complete
 from plait.data_parallel.scheduled import ScheduledOptimizer
+from plait.data_parallel.steptrace import TRACED, StepEvent, StepTrace, bucket_events
 from plait.errors import PlaitError
 
 
 class UnusedParametersError(PlaitError, RuntimeError):
     """Parameters received no gradient in a backward pass that expected all of them."""
-
-
-@dataclass
-class StepTrace:
-    """When things happened in the last synchronised backward (time.perf_counter seconds)."""
-
-    first_grad: float = 0.0  # the first parameter's gradient landed
-    last_grad: float = 0.0  # the last one did: backward's computation is over
-    packing: list[float] = field(default_factory=list)  # each bucket's packing began
-    ready: list[float] = field(default_factory=list)  # each bucket launched (by index)
-    started: list[float] = field(default_factory=list)  # each allreduce began on the worker
-    finished: list[float] = field(default_factory=list)  # ... and ended
-    waited_s: float = 0.0  # how long the end of backward blocked on communication
 
 
 class DataParallel(nn.Module):
@@ -99,7 +86,9 @@ class DataParallel(nn.Module):
     Attributes:
         sent_bytes: the payload this rank handed to the gradient collectives in the last
             synchronised backward (compression.py's table gives it per method).
-        trace: the StepTrace of the last synchronised backward.
+        events: the last synchronised backward's events (steptrace.py: each bucket's
+            phases, the gradients' arrival, the end-of-backward wait), always recorded.
+        trace: the StepTrace of the last synchronised backward, computed from `events`.
 
     Raises:
         ReplicaMismatchError: on every rank, if the ranks' parameters differ.
@@ -136,7 +125,9 @@ class DataParallel(nn.Module):
         self.overlap = overlap
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
-        self.trace = StepTrace()
+        self.events: list[StepEvent] = []  # the last synchronised backward's (steptrace.py)
+        self._first_grad = self._last_grad = 0.0  # this pass's, until it ends
+        self._packing: list[tuple[float, float]] = []  # each bucket's packing: start, end
         # --- compression (compression.py): what a bucket's reduction sends, and how
         self.compression = compressing.make(compression, reduce_dtype)
         self.sent_bytes = 0  # payload of the last synchronised backward's collectives
@@ -211,6 +202,11 @@ class DataParallel(nn.Module):
             self._sync = previous
 
     @property
+    def trace(self) -> StepTrace:
+        """The last synchronised backward's StepTrace: a view of `events`."""
+        return StepTrace.of(self.events)
+
+    @property
     def bucket_sizes(self) -> list[int]:
         """Bytes of gradient per bucket, in launch order (priority: per slice)."""
         if self.reducer is not None:
@@ -250,11 +246,11 @@ class DataParallel(nn.Module):
                 if self._scheduled is not None:
                     self._scheduled.synchronize()
                 self.reducer.begin()
-            n = len(self._buckets)
-            self.trace = StepTrace(first_grad=now, packing=[0.0] * n, ready=[0.0] * n)
+            self._first_grad = now
+            self._packing = [(0.0, 0.0)] * len(self._buckets)
             # runs when the whole backward pass is done, in the thread that ran it
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-        self.trace.last_grad = now
+        self._last_grad = now
         if id(param) in self._ready:
             return  # a second gradient in one pass (e.g. retain_graph): reduced once
         self._ready.add(id(param))
@@ -273,9 +269,9 @@ class DataParallel(nn.Module):
             self._launch(self._buckets[self._next])
 
     def _launch(self, bucket: bucketing.Bucket) -> None:
-        self.trace.packing[bucket.index] = time.perf_counter()
+        start = time.perf_counter()
         bucket.pack()
-        self.trace.ready[bucket.index] = time.perf_counter()
+        self._packing[bucket.index] = (start, time.perf_counter())
         self._handles[bucket.index] = self.compression.start(
             bucket, self.comm, check=not self._checked_buckets
         )
@@ -302,32 +298,29 @@ class DataParallel(nn.Module):
             for bucket in self._buckets:
                 bucket.unpack()
                 unpacked.append(time.perf_counter())
-            self.trace.waited_s = time.perf_counter() - start
-            self.trace.started = [h.started_at for h in handles]
-            self.trace.finished = [h.finished_at for h in handles]
+            events = self._step_events(start, time.perf_counter())
+            sizes = self.bucket_sizes
+            for i, h in enumerate(handles):
+                events += bucket_events(i, sizes[i], *self._packing[i], h.started_at,
+                                        h.finished_at, (unpacked[i], unpacked[i + 1]))  # fmt: skip
+            self.events = events
             if rec is not None:
-                self._record(rec, unpacked)
+                self._record(rec)
             self.sent_bytes = sum(h.sent_bytes for h in handles)
             if missing and not self.find_unused_parameters:
                 self._unused(missing)
         finally:
             self._reset()
 
-    def _record(self, rec: Any, unpacked: list[float]) -> None:
-        """Each bucket's life as four "bucket" events: packed (gradients copied into its
-        flat buffer), queued (launched, waiting for the communicator's worker), wire (its
-        collectives running), unpacked (the averages copied back into .grad)."""
-        t, sizes = self.trace, self.bucket_sizes
-        for i in range(len(self._buckets)):
-            if i >= len(t.started):
-                break
-            phases = (("packed", t.packing[i], t.ready[i]),
-                      ("queued", t.ready[i], t.started[i] or t.ready[i]),
-                      ("wire", t.started[i] or t.ready[i], t.finished[i] or t.ready[i]),
-                      ("unpacked", unpacked[i], unpacked[i + 1]))  # fmt: skip
-            for phase, begin, end in phases:
-                rec.complete("bucket", f"bucket {i}", begin, end,
-                             {"phase": phase, "bytes": sizes[i]}, track=f"bucket {i}")  # fmt: skip
+    def _step_events(self, wait_start: float, wait_end: float) -> list[StepEvent]:
+        return [("dp", "gradients", self._first_grad, self._last_grad, None, None),
+                ("dp", "wait", wait_start, wait_end, None, None)]  # fmt: skip
+
+    def _record(self, rec: Any) -> None:
+        """The step's bucket events, into the trace as they are (steptrace.py)."""
+        for cat, name, start, end, args, track in self.events:
+            if cat in TRACED:
+                rec.complete(cat, name, start, end, args, track=track)
 
     def _finish_priority(self) -> None:
         """End of backward: what never landed is reduced as zeros (the ranks stay in step),
@@ -337,12 +330,14 @@ class DataParallel(nn.Module):
             missing = [p for p in self.reducer.params if id(p) not in self._ready]
             for p in missing:
                 self.reducer.missing(self._order[id(p)])
-            self.trace.waited_s = 0.0
             self.sent_bytes = sum(self.reducer.slice_sizes)  # every slice, averaged whole
+            start = time.perf_counter()
             if self._scheduled is None:
-                start = time.perf_counter()
                 self.synchronize()
-                self.trace.waited_s = time.perf_counter() - start
+            # (scheduled: no wait here, the slices are waited for layer by layer in the
+            # next forward; their phases reach the trace from the reducer, priority.py)
+            end = start if self._scheduled is not None else time.perf_counter()
+            self.events = self._step_events(start, end)
             if missing:
                 self._unused(missing)
         finally:

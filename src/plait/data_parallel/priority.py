@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -118,6 +120,7 @@ class PriorityReducer:
         ctrl, data = comm.split(ranks=everyone), comm.split(ranks=everyone)
         assert ctrl is not None and data is not None
         self.ctrl, self.data = ctrl, data
+        self.comm = comm  # its recorder, read at each slice (a trace may start later)
         n = self.plan.num_slices
         self._overlaps = [0] * n
         for i in range(len(params)):
@@ -134,7 +137,10 @@ class PriorityReducer:
         self._reduced = [True] * n  # (nothing to wait for before the first pass)
         self._passes = 0  # backward passes begun; the scheduler serves them in turn
         self._inflight = 0  # bytes issued and not yet reduced
-        self._issued: collections.deque[tuple[int, Request[torch.Tensor]]] = collections.deque()
+        # (slice, its allreduce, when it was issued)
+        self._issued: collections.deque[tuple[int, Request[torch.Tensor], float]] = (
+            collections.deque()
+        )
         self._error: BaseException | None = None
         self._closed = False
         self.order: list[int] = []  # the last pass's slices in the order they were reduced
@@ -265,7 +271,7 @@ class PriorityReducer:
                 request = self.data.allreduce_async_(self.flat[lo:hi], op="avg", check=not checked)
                 with self._lock:
                     self._inflight += (hi - lo) * self.flat.element_size()
-                    self._issued.append((k, request))
+                    self._issued.append((k, request, time.perf_counter()))
                     self._to_collect.notify()
             checked = True
 
@@ -276,9 +282,12 @@ class PriorityReducer:
                     self._to_collect.wait()
                 if self._closed and not self._issued:
                     return
-                k, request = self._issued[0]
+                k, request, issued = self._issued[0]
             request.wait()
             lo, hi = self.plan.bounds(k)
+            rec = self.comm.recorder
+            if rec is not None:
+                _record(rec, k, (hi - lo) * self.flat.element_size(), issued, request)
             with self._lock:
                 self._issued.popleft()
                 self._inflight -= (hi - lo) * self.flat.element_size()
@@ -286,3 +295,14 @@ class PriorityReducer:
                 self.order.append(k)
                 self._to_main.notify_all()
                 self._to_schedule.notify()  # credit freed
+
+
+def _record(rec: Any, k: int, size: int, issued: float, request: Request[torch.Tensor]) -> None:
+    """Slice k's queued (issued, waiting for the data communicator's worker) and wire (its
+    allreduce running) phases as "bucket" events on a track of its own, as DataParallel's
+    buckets' (steptrace.py); the request's times, or the issue time where it did not say."""
+    started = request.started_at or issued
+    finished = request.finished_at or started
+    name = f"slice {k}"
+    rec.complete("bucket", name, issued, started, {"phase": "queued", "bytes": size}, track=name)
+    rec.complete("bucket", name, started, finished, {"phase": "wire", "bytes": size}, track=name)

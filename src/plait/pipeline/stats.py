@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from plait.pipeline.schedule import Action
+from plait.trace import metrics
 
 
 @dataclass
@@ -18,7 +19,12 @@ class PipeStats:
     times: per action, (start, end) of its compute in seconds from the step's start
         (receives before and sends after are not inside).
     step_time: the step's wall time; compute_time: the sum of this stage's F and B compute.
-    bubble: (step_time - compute_time) / step_time, the idle fraction of this stage.
+    bubble: (step_time - compute_time) / step_time, the idle fraction of this stage's own
+        step (from its start to its last send's end, so the idle after its last action,
+        while the other stages finish, is not in it: the stage's own view).
+    extent: (first action's start, last action's end, busy time), perf_counter seconds:
+        what `plait.trace.metrics.bubble` takes from every stage to measure the pipeline's
+        bubble over one window (the mesh's `bubble_fraction`, the trace's `bubble`).
     peak_inflight: most micro-batches forwarded whose backward had not run yet.
     peak_saved_bytes / saved_packs: from saved-tensor hooks, the peak bytes autograd held
         for this stage's graphs and how many tensors it saved; mb_saved_bytes: the bytes
@@ -30,6 +36,8 @@ class PipeStats:
     step_time: float = 0.0
     compute_time: float = 0.0
     bubble: float = 0.0
+    extent: tuple[float, float, float] | None = None
+    spans: list[tuple[float, float]] = field(default_factory=list)  # absolute (start, end)
     peak_inflight: int = 0
     peak_saved_bytes: int = 0
     saved_packs: int = 0
@@ -39,13 +47,15 @@ class PipeStats:
     def record(self, act: Action, start: float, end: float, t0: float) -> None:
         """Action `act` computed from `start` to `end` (perf_counter; the step began at t0)."""
         self.times[act] = (start - t0, end - t0)
+        self.spans.append((start, end))
         self.compute_time += end - start
 
     def finish(self, step_time: float) -> None:
         """The step took `step_time` seconds: the bubble is what compute did not fill."""
         self.step_time = step_time
-        idle = max(step_time - self.compute_time, 0.0)
-        self.bubble = idle / step_time if step_time > 0 else 0.0
+        self.bubble = max(metrics.idle(self.compute_time, (0.0, step_time)), 0.0)
+        if self.spans:
+            self.extent = metrics.extent(self.spans)
 
     def counting(self) -> contextlib.AbstractContextManager[Any]:
         """Saved-tensor hooks under which every tensor autograd saves is counted (`Saved`)."""

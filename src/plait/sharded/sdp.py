@@ -44,6 +44,7 @@ from plait.sharded import state
 from plait.sharded import units as unit_choice
 from plait.sharded.flat import FlatUnit
 from plait.sharded.layout import Layout
+from plait.trace.recorder import waited
 
 STAGES = (1, 2, 3)
 # Stages 2-3: reductions in flight at most, each holding its unit's whole gradient buffer
@@ -296,8 +297,8 @@ class ShardedDataParallel(nn.Module):
         if self.stage == 3:
             self._start_gather(u)
         request = self._gathers.pop(u, None)
-        if request is not None:
-            request.wait()
+        if request is not None:  # (traced: the wait blocks the computing thread)
+            waited(request, self.comm.recorder, "allgather", self.comm.label)
             self._checked_gathers = True
 
     def _count_gathered(self) -> None:
@@ -417,7 +418,8 @@ class ShardedDataParallel(nn.Module):
     def _take_oldest(self) -> None:
         u, request = next(iter(self._reductions.items()))
         del self._reductions[u]
-        self.units[u].set_shard_grad(request.wait())
+        rec = self.comm.recorder
+        self.units[u].set_shard_grad(waited(request, rec, "reduce_scatter", self.comm.label))
 
     def _finish(self) -> None:
         try:

@@ -172,8 +172,39 @@ def slowest(rows: list[dict[str, Any]]) -> dict[int, int]:
     return {step: rank for step, (_, rank) in best.items()}
 
 
+def extent(spans: list[Interval]) -> tuple[float, float, float]:
+    """One stage's actions in one step: (first start, last end, busy time: their union)."""
+    return min(s for s, _ in spans), max(e for _, e in spans), length(union(spans))
+
+
+def idle(busy: float, window: Interval) -> float:
+    """The share of `window` a stage busy for `busy` of it did not fill."""
+    width = window[1] - window[0]
+    return 1 - busy / width if width > 0 else 0.0
+
+
+def idles(extents: list[tuple[float, float, float]]) -> list[float] | None:
+    """Each stage's idle share of one step, from each stage's `extent` (on one clock): the
+    window runs from the first action's start to the last one's end on any stage. None: no
+    window (no actions, or none of any length)."""
+    if not extents:
+        return None
+    window = (min(lo for lo, _, _ in extents), max(hi for _, hi, _ in extents))
+    if window[1] <= window[0]:
+        return None
+    return [idle(busy, window) for _, _, busy in extents]
+
+
+def bubble(extents: list[tuple[float, float, float]]) -> float | None:
+    """One step's bubble: the stages' mean `idles`."""
+    shares = idles(extents)
+    return sum(shares) / len(shares) if shares else None
+
+
 def bubbles(events: list[dict[str, Any]]) -> dict[int, float]:
-    """step -> the pipeline's measured bubble (see the module's docstring)."""
+    """step -> the pipeline's measured bubble (see the module's docstring): `bubble` of
+    each rank's `extent` in the step. The mesh's `bubble_fraction` (train/mesh_model.py)
+    is the same two functions over the runtime's own action times."""
     steps: dict[int, list[tuple[float, float, int]]] = defaultdict(list)  # rank -> sorted
     for e in events:
         if e.get("ph") == "X" and e["cat"] == "step":
@@ -192,13 +223,9 @@ def bubbles(events: list[dict[str, Any]]) -> dict[int, float]:
             actions[steps[pid][i][2]][pid].append((start, start + e["dur"]))
     out: dict[int, float] = {}
     for n, stages in actions.items():
-        everything = [s for spans in stages.values() for s in spans]
-        window = (min(s for s, _ in everything), max(e for _, e in everything))
-        width = window[1] - window[0]
-        if width <= 0:
-            continue
-        idle = [1 - length(union(spans)) / width for spans in stages.values()]
-        out[n] = sum(idle) / len(idle)
+        found = bubble([extent(spans) for spans in stages.values()])
+        if found is not None:
+            out[n] = found
     return out
 
 
@@ -213,7 +240,7 @@ def summary(events: list[dict[str, Any]]) -> dict[str, Any]:
     counts = {rank: 0 for rank in ranks}
     for rank in who.values():
         counts[rank] += 1
-    bubble = bubbles(events)
+    measured = bubbles(events)
     return {
         "steps": len(steps),
         "step_ms": step_us / n / 1e3,
@@ -222,10 +249,10 @@ def summary(events: list[dict[str, Any]]) -> dict[str, Any]:
         "overlap_ratio": overlap_ratio(rows),
         "data_ms": sum(r["data_us"] for r in rows) / n / 1e3,
         "data_stall": sum(r["data_us"] for r in rows) / step_us if step_us > 0 else None,
-        "bubble": sum(bubble.values()) / len(bubble) if bubble else None,
+        "bubble": sum(measured.values()) / len(measured) if measured else None,
         "slowest_rank": {str(rank): c for rank, c in counts.items()},
         "per_step": [
-            {"step": s, "slowest_rank": who.get(s), "bubble": bubble.get(s),
+            {"step": s, "slowest_rank": who.get(s), "bubble": measured.get(s),
              "exposed_comm_ms": [r["exposed_us"] / 1e3 for r in rows if r["step"] == s]}
             for s in steps
         ],

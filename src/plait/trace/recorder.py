@@ -126,6 +126,19 @@ class _Nothing:
 NOTHING = _Nothing()
 
 
+def waited(request: Any, recorder: Recorder | None, collective: str, group: str) -> Any:
+    """`request.wait()`; while recording, the wait is a "comm" span named "wait" on this
+    thread. A thread that computes and then blocks on an asynchronous collective (ZeRO's
+    prefetched gathers) was not computing meanwhile: metrics.py takes such spans out of
+    its compute time, so the wait counts as exposed communication."""
+    if recorder is None:
+        return request.wait()
+    start = now()
+    out = request.wait()
+    recorder.complete("comm", "wait", start, now(), {"collective": collective, "group": group})
+    return out
+
+
 def maybe(
     recorder: Recorder | None, cat: str, name: str, args: dict[str, Any] | None = None
 ) -> AbstractContextManager[Any]:

@@ -37,6 +37,7 @@ from plait.pipeline import Pipeline, ideal_bubble
 from plait.sharded import ShardedDataParallel, layer_map
 from plait.sharded.state import grad_pieces
 from plait.tensor_parallel import clip_grad_norm_, parallelize, sharded_parameters
+from plait.trace import clock, metrics
 from plait.train.errors import ConfigError
 from plait.train.workload import LossFn, stages
 
@@ -83,7 +84,10 @@ class MeshModel:
             self.pipe.stage = self.dp
         self.first, self.last = self.pipe.first, self.pipe.last
         self.steps = 0
-        self.bubble_sum = 0.0  # over steps after the first (which pays one-off set-up)
+        # each step's (first action's start, last one's end, busy) on this stage: the
+        # pipeline's action times, from which plait.trace.metrics.bubble measures the
+        # bubble over every stage's window, as the trace does (3 floats a step)
+        self.extents: list[tuple[float, float, float]] = []
         self.peak_inflight = 0
         self.peak_saved = 0  # the most bytes autograd held for this stage, any step
 
@@ -95,8 +99,8 @@ class MeshModel:
                               accumulate=accumulate)  # fmt: skip
         self.steps += 1
         stats = self.pipe.stats
-        if self.steps > 1:
-            self.bubble_sum += stats.bubble
+        if self.steps > 1 and stats.extent is not None:  # the first pays one-off set-up
+            self.extents.append(stats.extent)
         self.peak_inflight = max(self.peak_inflight, stats.peak_inflight)
         self.peak_saved = max(self.peak_saved, stats.peak_saved_bytes)
         return loss
@@ -127,19 +131,26 @@ class MeshModel:
     def figures(self) -> dict[str, Any]:
         """The --json mesh figures; a collective (every rank calls it), the same everywhere.
 
-        bubble_fraction: each stage's mean idle share of a step (steps after the first),
-        averaged over stages; bubble_by_stage lists them. peak_activations: per stage, the
-        most micro-batches whose forward had run and backward not yet (1F1B: at most pp;
-        GPipe: chunks). peak_saved_bytes: per stage, the most bytes autograd held for it.
+        bubble_fraction: plait.trace.metrics' bubble (the trace's definition) of each step
+        after the first: over the window from the first action's start on any stage to
+        the last one's end, each stage's idle share, averaged over stages; then the mean
+        over steps. bubble_by_stage: each stage's idle share, its mean over steps.
+        The runtime's own per-stage figure (PipeStats.bubble) leaves out the idle time
+        after a stage's last action; this window does not, as bubble_theory does not.
+        peak_activations: per stage, the most micro-batches whose forward had run and
+        backward not yet (1F1B: at most pp; GPipe: chunks). peak_saved_bytes: per stage,
+        the most bytes autograd held for it.
         """
         pp, s = self.mesh.pp.size, self.mesh.coords["pp"]
         # each stage's figure from the rank at dp 0, tp 0 of it (its replicas measure alike)
         lead = self.mesh.coords["dp"] == 0 and self.mesh.coords["tp"] == 0
-        bubble = torch.zeros(pp, dtype=torch.float64)
+        extents = torch.zeros(pp, len(self.extents), 3, dtype=torch.float64)
         peak = torch.zeros(pp, dtype=torch.float64)
         saved = torch.zeros(pp, dtype=torch.float64)
+        skew = self._clock_offset()
         if lead:
-            bubble[s] = self.bubble_sum / max(self.steps - 1, 1)
+            extents[s] = torch.tensor(self.extents, dtype=torch.float64).reshape(-1, 3)
+            extents[s, :, :2] += skew  # onto rank 0's clock
             peak[s] = self.peak_inflight
             saved[s] = self.peak_saved
         # sent: what each rank gave its dp collectives in the last step (its own stage's
@@ -147,18 +158,46 @@ class MeshModel:
         sent = torch.zeros(self.mesh.comm.size, dtype=torch.float64)
         if isinstance(self.dp, DataParallel):
             sent[self.mesh.comm.rank] = self.dp.sent_bytes
-        figures = torch.cat([bubble, peak, saved, sent])
+        figures = torch.cat([peak, saved, sent, extents.reshape(-1)])
         both = self.mesh.comm.allreduce(figures, op="sum").tolist()
-        by_rank = [int(v) for v in both[3 * pp :]]
+        by_rank = [int(v) for v in both[2 * pp : 2 * pp + self.mesh.comm.size]]
+        rest = torch.tensor(both[2 * pp + self.mesh.comm.size :], dtype=torch.float64)
+        fraction, by_stage = _bubbles(rest.reshape(pp, -1, 3).tolist())
         chunks, shape = self.pipe.chunks, self.mesh.shape
         return {
             "dp": shape["dp"], "pp": shape["pp"], "tp": shape["tp"], "chunks": chunks,
             "schedule": self.pipe.schedule,
-            "bubble_fraction": sum(both[:pp]) / pp,
+            "bubble_fraction": fraction,
             "bubble_theory": ideal_bubble(self.pipe.schedule, pp, chunks),
-            "bubble_by_stage": both[:pp],
-            "peak_activations": [int(v) for v in both[pp : 2 * pp]],
-            "peak_saved_bytes": [int(v) for v in both[2 * pp : 3 * pp]],
+            "bubble_by_stage": by_stage,
+            "peak_activations": [int(v) for v in both[:pp]],
+            "peak_saved_bytes": [int(v) for v in both[pp : 2 * pp]],
             "sent_bytes": max(by_rank),  # the busiest rank's: it bounds the step
             "sent_bytes_by_rank": by_rank,
         }  # fmt: skip
+
+    def _clock_offset(self) -> float:
+        """Seconds from this rank's perf_counter to rank 0's (a collective when the mesh
+        spans several hosts: one host's ranks share CLOCK_MONOTONIC, so 0 there). A trace's
+        offset, estimated at its start, is reused."""
+        comm = self.mesh.comm
+        if len(comm.topology.hosts) == 1:
+            return 0.0
+        rec = comm.recorder
+        if rec is not None and rec.offset is not None:
+            return float(rec.offset.seconds)
+        return clock.sync(comm).seconds
+
+
+def _bubbles(stages: list[list[list[float]]]) -> tuple[float, list[float]]:
+    """(the mean over steps of each step's bubble, each stage's mean idle share) from each
+    stage's per-step extents (pp x steps x 3, on one clock): metrics.idles per step, the
+    trace's computation."""
+    steps = len(stages[0]) if stages else 0
+    total, by_stage = 0.0, [0.0] * len(stages)
+    for n in range(steps):
+        shares = metrics.idles([(s[n][0], s[n][1], s[n][2]) for s in stages]) or []
+        total += sum(shares) / len(shares) / steps if shares else 0.0
+        for s, share in enumerate(shares):
+            by_stage[s] += share / steps
+    return total, by_stage
