@@ -2,9 +2,11 @@
 
 One world of 2 ranks runs every in-process check once (`battery`): DataParallel with and
 without overlap (bucket and collective counts, the overlap ratio), a pipeline run of
-`train()` (one F and one B per micro-batch per stage), clock alignment, recording off.
+`train()` (one F and one B per micro-batch per stage, one send and one recv per micro-batch
+across the boundary each way), clock alignment, recording off.
 A second tiny world records through PLAIT_TRACE alone (written at plait.shutdown()), and
-the command line is run once end to end. metrics.py is tested on events made by hand.
+the command line is run end to end, once under allreduce and once under --strategy ps
+(its workers merge their traces over the job's store). metrics.py is tested on events made by hand.
 """
 
 from __future__ import annotations
@@ -111,8 +113,8 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], Path
     return run_world(2, battery, str(tmp), timeout=150, env=ENV), tmp
 
 
-def _valid(doc: dict[str, Any], ranks: int) -> list[dict[str, Any]]:
-    """Check the Chrome trace's shape; return its X events."""
+def _valid(doc: dict[str, Any], ranks: int, process: str = "rank") -> list[dict[str, Any]]:
+    """Check the Chrome trace's shape (processes named "<process> R"); return its X events."""
     assert doc["displayTimeUnit"] == "ms" and isinstance(doc["otherData"], dict)
     events = doc["traceEvents"]
     for e in events:
@@ -121,7 +123,7 @@ def _valid(doc: dict[str, Any], ranks: int) -> list[dict[str, Any]]:
         if e["ph"] == "X":
             assert e["dur"] >= 0 and isinstance(e["cat"], str)
     names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "process_name"}
-    assert names == {(r, f"rank {r}") for r in range(ranks)}
+    assert names == {(r, f"{process} {r}") for r in range(ranks)}
     threads = {(e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
     assert {(e["pid"], e["tid"]) for e in events} <= threads | {(r, 0) for r in range(ranks)}
     return [e for e in events if e["ph"] == "X"]
@@ -218,6 +220,17 @@ def test_a_pipeline_records_one_f_and_one_b_per_micro_batch_per_stage(
                      and start <= e["ts"] <= end]  # fmt: skip
             assert len(recvs) == chunks  # stage 0 each gradient, stage 1 each activation
             assert all(e["args"]["peer"] == 1 - pid and e["args"]["bytes"] > 0 for e in recvs)
+            # one send per micro-batch across the one boundary each way: stage 0 each F's
+            # activation forward, stage 1 each B's input gradient back, each after its action
+            sends = [e for e in events if e["pid"] == pid and e["name"] == "send"
+                     and start <= e["ts"] <= end]  # fmt: skip
+            assert len(sends) == chunks
+            assert all(e["cat"] == "comm" and e["args"]["algorithm"] == "p2p" for e in sends)
+            assert all(e["args"]["peer"] == 1 - pid and e["args"]["bytes"] > 0 for e in sends)
+            kind = "F" if pid == 0 else "B"
+            for mb in range(chunks):
+                (act,) = [e for e in acts if e["name"] == f"{kind}{mb}"]
+                assert sum(e["ts"] >= act["ts"] + act["dur"] - 1 for e in sends) >= chunks - mb
     bubble = figures["trace"]["bubble"]
     assert 0.0 < bubble < 1.0
     assert figures["trace"]["steps"] == GPT_PP["steps"]
@@ -293,6 +306,36 @@ def test_plait_train_trace_end_to_end(tmp_path: Path) -> None:
     summary = json.loads(figures.read_text())["trace"]
     assert summary["path"] == str(out) and summary["steps"] == 4
     assert sum(summary["slowest_rank"].values()) == 4
+
+
+@pytest.mark.timeout(120)
+def test_plait_train_ps_trace_merges_every_worker(tmp_path: Path) -> None:
+    """--strategy ps: workers share only the store; worker 0 merges their events."""
+    out, figures, steps = tmp_path / "ps.json", tmp_path / "run.json", 4
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--strategy", "ps", "--servers", "1",
+         "--model", "mlp", "--workers", "2", "--steps", str(steps), "--eval-every", "0",
+         "--trace", str(out), "--json", str(figures)],
+        capture_output=True, text=True, timeout=110, env={**os.environ, **ENV},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(out.read_text())
+    events = _valid(doc, 2, process="worker")  # the workers; the servers record nothing
+    clock = doc["otherData"]["clock"]
+    assert clock["ranks"] == [0, 1] and clock["uncertainty_us"][1] > 0
+    assert abs(clock["offsets_us"][1]) <= clock["uncertainty_us"][1] + 1000  # one host
+    for pid in (0, 1):
+        spans = _steps(events, pid)
+        assert len(spans) == steps
+        for start, end in spans:  # sync: one push (its pull riding along) per step
+            inside = [e["name"] for e in events if e["pid"] == pid and e["cat"] != "step"
+                      and start <= e["ts"] <= end]  # fmt: skip
+            assert inside.count("push") == 1 and {"data", "forward", "backward"} <= set(inside)
+        # pulls outside the steps: every worker's first (worker 0's model), worker 0's last
+        pulls = [e for e in events if e["pid"] == pid and e["name"] == "pull"]
+        assert len(pulls) == (2 if pid == 0 else 1)
+    summary = json.loads(figures.read_text())["trace"]
+    assert summary["steps"] == steps and summary["comm_ms"] > 0  # ps spans are communication
 
 
 def _peer_dies(comm: Communicator) -> Any:

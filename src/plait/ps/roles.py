@@ -10,7 +10,8 @@ engine: there, one dead rank stops every rank, and a PS must outlive a dead asyn
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch.distributed as dist
 
@@ -23,7 +24,7 @@ from plait.ps.loop import Router, serve
 from plait.ps.server import Server
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Role:
     """A worker's place in the PS job."""
 
@@ -31,6 +32,12 @@ class Role:
     num_workers: int
     num_servers: int
     store: dist.Store
+    # plait.trace's recorder while a trace records (trace.overstore.start sets it): what a
+    # Communicator's `recorder` is to the other strategies, found here by the Client and Step
+    recorder: Any = None
+    # workers known dead (worker 0 learns them from the servers at the end): a trace's
+    # gather does not wait for their events
+    gone: set[int] = field(default_factory=set)
 
 
 def num_servers_from(servers: int | None, world_size: int) -> int:
