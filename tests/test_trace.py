@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,10 +24,12 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from plait import CommTimeoutError, Communicator, DataParallel, PeerFailureError, trace
-from plait.trace import metrics
+from plait.ps import Role
+from plait.trace import metrics, overstore
 from plait.train.config import TrainConfig
 from plait.train.loop import train
 from plait.train.steps.compute import Compute
@@ -500,3 +503,37 @@ def test_threads_record_into_one_buffer_at_once() -> None:
     assert sorted(rec.threads.values()) == ["t0", "t1", "t2", "t3"]
     per_thread = Counter(e[4] for e in rec.events)
     assert sorted(per_thread.values()) == [5000] * 4
+
+
+@pytest.mark.timeout(30)
+def test_over_a_store_the_workers_merge_and_a_gone_one_is_not_awaited(tmp_path: Path) -> None:
+    """overstore in one process: three workers as threads on one store; worker 2 is gone."""
+    store, path = dist.HashStore(), tmp_path / "store.json"
+    roles = [Role(r, 3, 1, store) for r in range(3)]
+    roles[0].gone.add(2)  # as ParameterServerStep.finish learns it from the servers
+    docs: list[Any] = [None] * 2
+
+    def worker(role: Role) -> None:
+        rec = overstore.start(role, path, rounds=4)
+        assert role.recorder is rec
+        with rec.span("ps", "push"):
+            pass
+        docs[role.rank] = overstore.finish(role, timeout_s=10)
+        assert role.recorder is None  # finished: detached
+
+    def gone_worker(role: Role) -> None:  # pings for its offset, then dies silently
+        overstore.start(role, None, rounds=4)
+
+    threads = [threading.Thread(target=worker, args=(roles[r],)) for r in range(2)]
+    threads.append(threading.Thread(target=gone_worker, args=(roles[2],)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert docs[1] is None and docs[0] == json.loads(path.read_text())
+    doc = docs[0]
+    events = _valid(doc, 2, process="worker")
+    assert Counter(e["pid"] for e in events if e["name"] == "push") == {0: 1, 1: 1}
+    assert doc["otherData"]["missing_ranks"] == [2]
+    assert doc["otherData"]["clock"]["ranks"] == [0, 1]
+    assert not store.check([f"{overstore.PREFIX}events/1"])  # read, then deleted
