@@ -116,8 +116,11 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], Path
     return run_world(2, battery, str(tmp), timeout=150, env=ENV), tmp
 
 
-def _valid(doc: dict[str, Any], ranks: int, process: str = "rank") -> list[dict[str, Any]]:
-    """Check the Chrome trace's shape (processes named "<process> R"); return its X events."""
+def _valid(
+    doc: dict[str, Any], ranks: int, processes: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Check the Chrome trace's shape (pid R named `processes[R]`, default "rank R");
+    return its X events."""
     assert doc["displayTimeUnit"] == "ms" and isinstance(doc["otherData"], dict)
     events = doc["traceEvents"]
     for e in events:
@@ -126,7 +129,8 @@ def _valid(doc: dict[str, Any], ranks: int, process: str = "rank") -> list[dict[
         if e["ph"] == "X":
             assert e["dur"] >= 0 and isinstance(e["cat"], str)
     names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "process_name"}
-    assert names == {(r, f"{process} {r}") for r in range(ranks)}
+    expected = processes or [f"rank {r}" for r in range(ranks)]
+    assert names == set(enumerate(expected))
     threads = {(e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
     assert {(e["pid"], e["tid"]) for e in events} <= threads | {(r, 0) for r in range(ranks)}
     return [e for e in events if e["ph"] == "X"]
@@ -313,7 +317,7 @@ def test_plait_train_trace_end_to_end(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_plait_train_ps_trace_merges_every_worker(tmp_path: Path) -> None:
-    """--strategy ps: workers share only the store; worker 0 merges their events."""
+    """--strategy ps: workers and server share only the store; worker 0 merges the events."""
     out, figures, steps = tmp_path / "ps.json", tmp_path / "run.json", 4
     res = subprocess.run(
         [sys.executable, "-m", "plait", "train", "--strategy", "ps", "--servers", "1",
@@ -323,10 +327,11 @@ def test_plait_train_ps_trace_merges_every_worker(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(out.read_text())
-    events = _valid(doc, 2, process="worker")  # the workers; the servers record nothing
+    events = _valid(doc, 3, ["worker 0", "worker 1", "server 0"])  # pid: the global rank
     clock = doc["otherData"]["clock"]
-    assert clock["ranks"] == [0, 1] and clock["uncertainty_us"][1] > 0
-    assert abs(clock["offsets_us"][1]) <= clock["uncertainty_us"][1] + 1000  # one host
+    assert clock["ranks"] == [0, 1, 2] and min(clock["uncertainty_us"][1:]) > 0
+    for offset, bound in zip(clock["offsets_us"], clock["uncertainty_us"], strict=True):
+        assert abs(offset) <= bound + 1000  # one host: one clock, within the estimate's error
     for pid in (0, 1):
         spans = _steps(events, pid)
         assert len(spans) == steps
@@ -337,8 +342,20 @@ def test_plait_train_ps_trace_merges_every_worker(tmp_path: Path) -> None:
         # pulls outside the steps: every worker's first (worker 0's model), worker 0's last
         pulls = [e for e in events if e["pid"] == pid and e["name"] == "pull"]
         assert len(pulls) == (2 if pid == 0 else 1)
+    # the server handled each worker's push (and pull) of every step, in the workers' window
+    served = [e for e in events if e["pid"] == 2]
+    assert {e["cat"] for e in served} == {"server"}
+    handled = Counter((e["name"], e["args"]["worker"]) for e in served)
+    assert handled[("push_pull", 0)] == steps and handled[("push_pull", 1)] == steps - 1
+    assert handled[("push", 1)] == 1  # a worker's last gradient is only pushed
+    # on the aligned clocks the server handles a push while the worker waits in it (1 ms:
+    # the offsets' error)
+    for push in [e for e in events if e["cat"] == "ps" and e["name"] == "push"]:
+        lo, hi = push["ts"] - 1000, push["ts"] + push["dur"] + 1000
+        assert any(e["args"]["worker"] == push["pid"] and lo <= e["ts"] <= hi for e in served)
     summary = json.loads(figures.read_text())["trace"]
     assert summary["steps"] == steps and summary["comm_ms"] > 0  # ps spans are communication
+    assert set(summary["slowest_rank"]) == {"0", "1"}  # servers have no steps
 
 
 def _peer_dies(comm: Communicator) -> Any:
@@ -532,7 +549,7 @@ def test_over_a_store_the_workers_merge_and_a_gone_one_is_not_awaited(tmp_path: 
         t.join(20)
     assert docs[1] is None and docs[0] == json.loads(path.read_text())
     doc = docs[0]
-    events = _valid(doc, 2, process="worker")
+    events = _valid(doc, 2, ["worker 0", "worker 1"])
     assert Counter(e["pid"] for e in events if e["name"] == "push") == {0: 1, 1: 1}
     assert doc["otherData"]["missing_ranks"] == [2]
     assert doc["otherData"]["clock"]["ranks"] == [0, 1]

@@ -73,7 +73,7 @@ class ParameterServerStep(Step):
         (never returns)."""
         from plait import devices, ps
 
-        role = ps.init(servers=config.servers)
+        role = ps.init(servers=config.servers, trace=config.log.trace is not None)
         os.environ["PLAIT_DEVICE"] = str(config.device.name)
         devices.select(*device.local_place(role.num_workers, launched=True))
         return role
