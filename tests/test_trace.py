@@ -2,9 +2,11 @@
 
 One world of 2 ranks runs every in-process check once (`battery`): DataParallel with and
 without overlap (bucket and collective counts, the overlap ratio), a pipeline run of
-`train()` (one F and one B per micro-batch per stage), clock alignment, recording off.
+`train()` (one F and one B per micro-batch per stage, one send and one recv per micro-batch
+across the boundary each way), clock alignment, recording off.
 A second tiny world records through PLAIT_TRACE alone (written at plait.shutdown()), and
-the command line is run once end to end. metrics.py is tested on events made by hand.
+the command line is run end to end, once under allreduce and once under --strategy ps
+(its workers merge their traces over the job's store). metrics.py is tested on events made by hand.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,10 +24,12 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from plait import CommTimeoutError, Communicator, DataParallel, PeerFailureError, trace
-from plait.trace import metrics
+from plait.ps import Role
+from plait.trace import metrics, overstore
 from plait.train.config import TrainConfig
 from plait.train.loop import train
 from plait.train.steps.compute import Compute
@@ -111,8 +116,11 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], Path
     return run_world(2, battery, str(tmp), timeout=150, env=ENV), tmp
 
 
-def _valid(doc: dict[str, Any], ranks: int) -> list[dict[str, Any]]:
-    """Check the Chrome trace's shape; return its X events."""
+def _valid(
+    doc: dict[str, Any], ranks: int, processes: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Check the Chrome trace's shape (pid R named `processes[R]`, default "rank R");
+    return its X events."""
     assert doc["displayTimeUnit"] == "ms" and isinstance(doc["otherData"], dict)
     events = doc["traceEvents"]
     for e in events:
@@ -121,7 +129,8 @@ def _valid(doc: dict[str, Any], ranks: int) -> list[dict[str, Any]]:
         if e["ph"] == "X":
             assert e["dur"] >= 0 and isinstance(e["cat"], str)
     names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "process_name"}
-    assert names == {(r, f"rank {r}") for r in range(ranks)}
+    expected = processes or [f"rank {r}" for r in range(ranks)]
+    assert names == set(enumerate(expected))
     threads = {(e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
     assert {(e["pid"], e["tid"]) for e in events} <= threads | {(r, 0) for r in range(ranks)}
     return [e for e in events if e["ph"] == "X"]
@@ -218,6 +227,17 @@ def test_a_pipeline_records_one_f_and_one_b_per_micro_batch_per_stage(
                      and start <= e["ts"] <= end]  # fmt: skip
             assert len(recvs) == chunks  # stage 0 each gradient, stage 1 each activation
             assert all(e["args"]["peer"] == 1 - pid and e["args"]["bytes"] > 0 for e in recvs)
+            # one send per micro-batch across the one boundary each way: stage 0 each F's
+            # activation forward, stage 1 each B's input gradient back, each after its action
+            sends = [e for e in events if e["pid"] == pid and e["name"] == "send"
+                     and start <= e["ts"] <= end]  # fmt: skip
+            assert len(sends) == chunks
+            assert all(e["cat"] == "comm" and e["args"]["algorithm"] == "p2p" for e in sends)
+            assert all(e["args"]["peer"] == 1 - pid and e["args"]["bytes"] > 0 for e in sends)
+            kind = "F" if pid == 0 else "B"
+            for mb in range(chunks):
+                (act,) = [e for e in acts if e["name"] == f"{kind}{mb}"]
+                assert sum(e["ts"] >= act["ts"] + act["dur"] - 1 for e in sends) >= chunks - mb
     bubble = figures["trace"]["bubble"]
     assert 0.0 < bubble < 1.0
     assert figures["trace"]["steps"] == GPT_PP["steps"]
@@ -298,6 +318,49 @@ def test_plait_train_trace_end_to_end(tmp_path: Path) -> None:
     summary = json.loads(figures.read_text())["trace"]
     assert summary["path"] == str(out) and summary["steps"] == 4
     assert sum(summary["slowest_rank"].values()) == 4
+
+
+@pytest.mark.timeout(120)
+def test_plait_train_ps_trace_merges_every_worker(tmp_path: Path) -> None:
+    """--strategy ps: workers and server share only the store; worker 0 merges the events."""
+    out, figures, steps = tmp_path / "ps.json", tmp_path / "run.json", 4
+    res = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--strategy", "ps", "--servers", "1",
+         "--model", "mlp", "--workers", "2", "--steps", str(steps), "--eval-every", "0",
+         "--trace", str(out), "--json", str(figures)],
+        capture_output=True, text=True, timeout=110, env={**os.environ, **ENV},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(out.read_text())
+    events = _valid(doc, 3, ["worker 0", "worker 1", "server 0"])  # pid: the global rank
+    clock = doc["otherData"]["clock"]
+    assert clock["ranks"] == [0, 1, 2] and min(clock["uncertainty_us"][1:]) > 0
+    for offset, bound in zip(clock["offsets_us"], clock["uncertainty_us"], strict=True):
+        assert abs(offset) <= bound + 1000  # one host: one clock, within the estimate's error
+    for pid in (0, 1):
+        spans = _steps(events, pid)
+        assert len(spans) == steps
+        for start, end in spans:  # sync: one push (its pull riding along) per step
+            inside = [e["name"] for e in events if e["pid"] == pid and e["cat"] != "step"
+                      and start <= e["ts"] <= end]  # fmt: skip
+            assert inside.count("push") == 1 and {"data", "forward", "backward"} <= set(inside)
+        # pulls outside the steps: every worker's first (worker 0's model), worker 0's last
+        pulls = [e for e in events if e["pid"] == pid and e["name"] == "pull"]
+        assert len(pulls) == (2 if pid == 0 else 1)
+    # the server handled each worker's push (and pull) of every step, in the workers' window
+    served = [e for e in events if e["pid"] == 2]
+    assert {e["cat"] for e in served} == {"server"}
+    handled = Counter((e["name"], e["args"]["worker"]) for e in served)
+    assert handled[("push_pull", 0)] == steps and handled[("push_pull", 1)] == steps - 1
+    assert handled[("push", 1)] == 1  # a worker's last gradient is only pushed
+    # on the aligned clocks the server handles a push while the worker waits in it (1 ms:
+    # the offsets' error)
+    for push in [e for e in events if e["cat"] == "ps" and e["name"] == "push"]:
+        lo, hi = push["ts"] - 1000, push["ts"] + push["dur"] + 1000
+        assert any(e["args"]["worker"] == push["pid"] and lo <= e["ts"] <= hi for e in served)
+    summary = json.loads(figures.read_text())["trace"]
+    assert summary["steps"] == steps and summary["comm_ms"] > 0  # ps spans are communication
+    assert set(summary["slowest_rank"]) == {"0", "1"}  # servers have no steps
 
 
 def _peer_dies(comm: Communicator) -> Any:
@@ -464,3 +527,37 @@ def test_threads_record_into_one_buffer_at_once() -> None:
     assert sorted(rec.threads.values()) == ["t0", "t1", "t2", "t3"]
     per_thread = Counter(e[4] for e in rec.events)
     assert sorted(per_thread.values()) == [5000] * 4
+
+
+@pytest.mark.timeout(30)
+def test_over_a_store_the_workers_merge_and_a_gone_one_is_not_awaited(tmp_path: Path) -> None:
+    """overstore in one process: three workers as threads on one store; worker 2 is gone."""
+    store, path = dist.HashStore(), tmp_path / "store.json"
+    roles = [Role(r, 3, 1, store) for r in range(3)]
+    roles[0].gone.add(2)  # as ParameterServerStep.finish learns it from the servers
+    docs: list[Any] = [None] * 2
+
+    def worker(role: Role) -> None:
+        rec = overstore.start(role, path, rounds=4)
+        assert role.recorder is rec
+        with rec.span("ps", "push"):
+            pass
+        docs[role.rank] = overstore.finish(role, timeout_s=10)
+        assert role.recorder is None  # finished: detached
+
+    def gone_worker(role: Role) -> None:  # pings for its offset, then dies silently
+        overstore.start(role, None, rounds=4)
+
+    threads = [threading.Thread(target=worker, args=(roles[r],)) for r in range(2)]
+    threads.append(threading.Thread(target=gone_worker, args=(roles[2],)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert docs[1] is None and docs[0] == json.loads(path.read_text())
+    doc = docs[0]
+    events = _valid(doc, 2, ["worker 0", "worker 1"])
+    assert Counter(e["pid"] for e in events if e["name"] == "push") == {0: 1, 1: 1}
+    assert doc["otherData"]["missing_ranks"] == [2]
+    assert doc["otherData"]["clock"]["ranks"] == [0, 1]
+    assert not store.check([f"{overstore.PREFIX}events/1"])  # read, then deleted

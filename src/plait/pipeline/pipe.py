@@ -145,6 +145,21 @@ class Pipeline:
         rec.complete("comm", "recv", start, time.perf_counter(), info)
         return t
 
+    def _send(self, t: torch.Tensor, peer: int, tag: int, run: _StepState) -> None:
+        """Start sending `t` to stage `peer` (waited for at the end of the step); while a
+        trace records, a "send" comm event spans the call: the time this stage spent
+        issuing it (the transfer itself overlaps what follows: the receiver's "recv" shows
+        when it arrived)."""
+        rec = run.rec
+        if rec is None:
+            run.pending += send_tensor(self.comm, t, peer, tag)
+            return
+        start = time.perf_counter()
+        run.pending += send_tensor(self.comm, t, peer, tag)
+        info = {"algorithm": "p2p", "bytes": t.numel() * t.element_size(),
+                "group": self.comm.label, "peer": peer}  # fmt: skip
+        rec.complete("comm", "send", start, time.perf_counter(), info)
+
     def _tag(self, kind: str, mb: int) -> int:
         return (0 if kind == "F" else 1) * self.chunks + mb
 
@@ -221,7 +236,7 @@ class Pipeline:
         run.inflight += 1
         stats.peak_inflight = max(stats.peak_inflight, run.inflight)
         if not self.last:
-            run.pending += send_tensor(self.comm, y, self.rank + 1, self._tag("F", mb))
+            self._send(y, self.rank + 1, self._tag("F", mb), run)
         return start, end
 
     def _backward(self, mb: int, run: _StepState, final: bool) -> tuple[float, float]:
@@ -259,7 +274,7 @@ class Pipeline:
         run.inflight -= 1
         if not self.first:
             gx = x.grad if x.grad is not None else torch.zeros_like(x)
-            run.pending += send_tensor(self.comm, gx, self.rank - 1, self._tag("B", mb))
+            self._send(gx, self.rank - 1, self._tag("B", mb), run)
         return start, end
 
     def _loss(self, mb: int, y: torch.Tensor, run: _StepState) -> None:

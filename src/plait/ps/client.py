@@ -85,9 +85,9 @@ class Client:
         self._keys = [self.plan.keys_of(s) for s in range(role.num_servers)]
         self.versions = {k.key: 0 for k in self.plan.keys}
         self.clock = 0
-        # plait.trace: set a Recorder here to record "ps" push, pull and wait spans (the
-        # ps processes join no plait Communicator, so nothing sets one for you yet)
-        self.recorder: trace.Recorder | None = None
+        # plait.trace: "ps" push, pull and wait spans go to this recorder; the role's by
+        # default (trace.overstore.start puts one there), or set one here
+        self.recorder: trace.Recorder | None = role.recorder
         self._final_stats: dict[str, Any] | None = None
         # a model on a GPU goes through pinned host copies; one on the CPU as it is
         on_gpu = any(p.device.type == "cuda" for p in self.params)
@@ -126,24 +126,27 @@ class Client:
     def push(self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None) -> None:
         """Send this step's gradients (None: each parameter's .grad); wait for the servers."""
         with trace.maybe(self.recorder, "ps", "push"):
-            self.push_async(grads, lr=lr).wait()
+            self._push("push", grads, lr).wait()
 
     def pull(self) -> None:
         """Write the newest values the consistency mode allows into the parameters."""
         with trace.maybe(self.recorder, "ps", "pull"):
-            self.pull_async().wait()
+            self._wait_written(self.pull_async())
 
     def push_pull(
         self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
     ) -> None:
         """push(grads), then pull the values the next step may use."""
         with trace.maybe(self.recorder, "ps", "push"):  # a push, its pull riding along
-            self.push_pull_async(grads, lr=lr).wait()
+            self._wait_written(self._push("push_pull", grads, lr))
 
     def push_async(
         self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
     ) -> Request[None]:
-        return self._push("push", grads, lr)
+        # traced: a "push" span over handing the gradients over (the transfer overlaps what
+        # the caller does next; a later "wait" shows what is left of it)
+        with trace.maybe(self.recorder, "ps", "push"):
+            return self._push("push", grads, lr)
 
     def pull_async(self) -> Request[None]:
         return self._submit("pull", lambda s: [], writes=True)
@@ -151,13 +154,21 @@ class Client:
     def push_pull_async(
         self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None
     ) -> Request[None]:
-        return self._push("push_pull", grads, lr)
+        with trace.maybe(self.recorder, "ps", "push"):  # as push_async
+            return self._push("push_pull", grads, lr)
 
     def wait(self) -> None:
         """Finish the last pull: write every value not written yet (a no-op if none)."""
         if self._unwritten is not None:
             with trace.maybe(self.recorder, "ps", "wait"):
-                self._unwritten.wait()
+                self._wait_written(self._unwritten)
+
+    def _wait_written(self, handle: Request[None]) -> None:
+        handle.wait()
+        # every value is written: the next wait() has nothing to do, and (tracing) records
+        # no empty "wait" span inside each following push
+        if self._unwritten is handle:
+            self._unwritten = None
 
     def wait_per_layer(self, model: torch.nn.Module) -> list[Any]:
         """Let each submodule's forward wait only for its own parameters' pulled values.
@@ -189,8 +200,15 @@ class Client:
 
     def _hook(self, keys: list[int]) -> Any:
         def wait_for_keys(module: torch.nn.Module, args: Any) -> None:
-            if self._unwritten is not None:
-                self._unwritten.wait_keys(keys)
+            pending, rec = self._unwritten, self.recorder
+            if pending is None:
+                return
+            if rec is None:
+                pending.wait_keys(keys)
+                return
+            start = trace.now()  # traced: a layer's wait is a "wait" inside its forward
+            pending.wait_keys(keys)
+            rec.complete("ps", "wait", start, trace.now(), {"keys": len(keys)})
 
         return wait_for_keys
 

@@ -16,6 +16,9 @@ import zmq
 
 from plait.ps.server import Reply, Server
 from plait.ps.wire import WireError, decode, encode
+from plait.trace.overstore import ServerTrace
+from plait.trace.recorder import Recorder
+from plait.trace.recorder import now as trace_now
 
 POLL_MS = 50  # the liveness check's granularity: far below worker_timeout_s's seconds
 BATCH = 256  # messages taken per wake-up before the next tick (keeps ticks regular under load)
@@ -44,8 +47,12 @@ class Router:
         self.ctx.term()
 
 
-def receive(server: Server, parts: list[Any], now: float) -> list[Reply]:
-    """The replies to one received multipart message (`parts[0]` is the sender's identity)."""
+def receive(
+    server: Server, parts: list[Any], now: float, rec: Recorder | None = None
+) -> list[Reply]:
+    """The replies to one received multipart message (`parts[0]` is the sender's identity).
+    `rec`: a trace's recorder, given a "server" span per request handled (its name the op;
+    in sync mode the request that completes a step carries the optimizer's update)."""
     if len(parts) < 2:
         return []  # no identity frame: nothing to answer
     ident = bytes(parts[0].bytes)
@@ -53,11 +60,17 @@ def receive(server: Server, parts: list[Any], now: float) -> list[Reply]:
         msg = decode(parts[1:])
     except WireError as e:
         return server.reject(ident, e.reason)
-    return server.handle(ident, msg, now)
+    if rec is None or msg.op == "hb":  # heartbeats: a second apart per worker, no work
+        return server.handle(ident, msg, now)
+    start = trace_now()
+    replies = server.handle(ident, msg, now)
+    rec.complete("server", msg.op, start, trace_now(), {"worker": msg.worker})
+    return replies
 
 
-def serve(server: Server, router: Router) -> None:
-    """Serve until every worker has said goodbye or died; then save and close."""
+def serve(server: Server, router: Router, tracing: ServerTrace | None = None) -> None:
+    """Serve until every worker has said goodbye or died; then save and close. `tracing`:
+    the job's trace, recorded here until worker 0 asks for it (polled once per tick)."""
     poller = zmq.Poller()
     poller.register(router.sock, zmq.POLLIN)
     try:
@@ -68,8 +81,11 @@ def serve(server: Server, router: Router) -> None:
                         parts = router.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    router.send(receive(server, parts, time.monotonic()))
+                    rec = None if tracing is None else tracing.recorder
+                    router.send(receive(server, parts, time.monotonic(), rec))
             router.send(server.tick(time.monotonic()))
+            if tracing is not None:
+                tracing.poll()
             if server.finished():
                 break
         server.finish()

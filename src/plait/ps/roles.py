@@ -10,7 +10,8 @@ engine: there, one dead rank stops every rank, and a PS must outlive a dead asyn
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch.distributed as dist
 
@@ -21,9 +22,10 @@ from plait.ps.config import STORE_CONFIG, STORE_PARAMS, PSConfig, store_server_k
 from plait.ps.errors import PSError
 from plait.ps.loop import Router, serve
 from plait.ps.server import Server
+from plait.trace import overstore
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Role:
     """A worker's place in the PS job."""
 
@@ -31,6 +33,15 @@ class Role:
     num_workers: int
     num_servers: int
     store: dist.Store
+    # plait.trace's recorder while a trace records (trace.overstore.start sets it): what a
+    # Communicator's `recorder` is to the other strategies, found here by the Client and Step
+    recorder: Any = None
+    # workers known dead (worker 0 learns them from the servers at the end): a trace's
+    # gather does not wait for their events
+    gone: set[int] = field(default_factory=set)
+    # the servers record too (ps.init's trace=True, given alike on every rank): a trace's
+    # worker 0 answers their clock pings and gathers their events
+    servers_record: bool = False
 
 
 def num_servers_from(servers: int | None, world_size: int) -> int:
@@ -53,8 +64,12 @@ def num_servers_from(servers: int | None, world_size: int) -> int:
     return servers
 
 
-def init(servers: int | None = None) -> Role:
+def init(servers: int | None = None, trace: bool = False) -> Role:
     """Join the PS job; on a server rank, serve and exit the process (never returns).
+
+    `trace`: the job records a trace (plait.trace.overstore): a server measures its clock
+    offset to worker 0 before serving and records each request it handles. Every rank
+    must pass the same value (worker 0 waits for the servers' pings).
 
     Raises:
         PSError: S is not set, or leaves no worker.
@@ -64,8 +79,9 @@ def init(servers: int | None = None) -> Role:
     num_workers = world.size - num_servers
     store = make_store(world, timeout=env.get("PLAIT_INIT_TIMEOUT"))
     if world.rank < num_workers:
-        return Role(world.rank, num_workers, num_servers, store)
+        return Role(world.rank, num_workers, num_servers, store, servers_record=trace)
     index = world.rank - num_workers
+    tracing = overstore.ServerTrace(store, world.rank, index) if trace else None
 
     def job() -> tuple[PSConfig, bytes]:  # written by worker 0 before its init
         return PSConfig.from_json(store.get(STORE_CONFIG)), store.get(STORE_PARAMS)
@@ -73,7 +89,7 @@ def init(servers: int | None = None) -> Role:
     router = Router(listen_host(world.master_addr))
     server = Server(index, num_workers, num_servers, job, address=router.endpoint)
     store.set(store_server_key(index), router.endpoint)
-    serve(server, router)
+    serve(server, router, tracing)
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(0)

@@ -13,6 +13,7 @@
 
 recorder.py  the per-rank buffer          clock.py    offsets to rank 0's clock
 chrome.py    the Chrome Trace Event form  session.py  start, finish (gather, write)
+overstore.py start, finish over a store (parameter-server workers: no Communicator)
 metrics.py   exposed comm, overlap, bubble, stalls, stragglers: pure, over events
 """
 

@@ -31,9 +31,11 @@ def events(
     offset: float,
     origin: float,
     main: int | None = None,
+    process: str | None = None,
 ) -> list[dict[str, Any]]:
     """One rank's events as Chrome dicts: times + `offset` (to rank 0's clock) - `origin`
-    (rank 0's start), in microseconds. `main`: the ident of the rank's main thread (tid 0).
+    (rank 0's start), in microseconds. `main`: the ident of the rank's main thread (tid 0);
+    `process`: its process's name (default "rank R").
     """
     tids: dict[int, int] = {} if main is None else {main: 0}
     out: list[dict[str, Any]] = []
@@ -49,7 +51,7 @@ def events(
         out.append(e)
     meta: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "ts": 0,
-         "args": {"name": f"rank {rank}"}},
+         "args": {"name": process or f"rank {rank}"}},
         {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "ts": 0,
          "args": {"sort_index": rank}},
     ]  # fmt: skip

@@ -76,20 +76,21 @@ def finish(
         raise TraceError("trace.finish: no path to write the trace to (start or finish's path)")
     if detach:
         comm.recorder = None
-    mine = _payload(rec)
+    mine = payload(rec)
     if comm.engine.error is not None:  # the peers cannot be reached: this rank's alone
-        doc = _document([mine], mine, other)
+        doc = merge([mine], mine, other)
         chrome.write(f"{target}.rank{rec.rank}.json", doc)
         return None
     parts = _gather(comm, mine)
     if parts is None:
         return None
-    doc = _document(parts, mine, other)
+    doc = merge(parts, mine, other)
     chrome.write(target, doc)
     return doc
 
 
-def _payload(rec: Recorder) -> dict[str, Any]:
+def payload(rec: Recorder) -> dict[str, Any]:
+    """One rank's buffer and clock, as `merge` takes it (plain data: JSON can carry it)."""
     off = rec.offset if rec.offset is not None else clock.Offset()
     return {"rank": rec.rank, "events": list(rec.events), "threads": dict(rec.threads),
             "offset": off.seconds, "uncertainty": off.uncertainty, "origin": rec.origin,
@@ -113,15 +114,16 @@ def _gather(comm: Any, mine: dict[str, Any]) -> list[dict[str, Any]] | None:
     return parts
 
 
-def _document(
+def merge(
     parts: list[dict[str, Any]], reference: dict[str, Any], other: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The merged trace: `reference` (rank 0's payload) sets the time origin."""
+    """The merged trace: `reference` (rank 0's payload) sets the time origin. A payload's
+    optional "process" names its process (default "rank R")."""
     origin = reference["origin"] + reference["offset"]
     merged: list[dict[str, Any]] = []
     for p in parts:
         merged += chrome.events(p["rank"], p["events"], p["threads"], p["offset"], origin,
-                                p["main"])  # fmt: skip
+                                p["main"], p.get("process"))  # fmt: skip
     by_rank = sorted(parts, key=lambda p: p["rank"])
     info = {
         "clock": {

@@ -128,11 +128,6 @@ class TrainConfig:
         self.compute.check(self.strategy, STRATEGIES[self.strategy], tp=self.mesh.tp,
                            zero=self.zero)  # fmt: skip
         self._check_checkpoints()
-        if self.log.trace is not None and self.strategy == "ps":
-            # ps workers meet over ZeroMQ, not plait's engine: no communicator to align
-            # their clocks and gather their events over (the client records push/pull/wait
-            # into a recorder it is given; see docs/tracing.md)
-            raise ConfigError("--trace records --strategy allreduce runs; not --strategy ps yet")
         if self.log.trace_blocks and self.log.trace is None:
             raise ConfigError("--trace-blocks adds to a trace: give --trace FILE too")
         steps = self.steps

@@ -1,7 +1,8 @@
 """--trace for one run: recording starts on the run's communicator before the Step is
 built, and ends, on every rank, when the run does; rank 0 writes the merged trace and its
-metrics (plait.trace.metrics) join the run's figures (--json's "trace"). And the model's
-per-block forward and backward events (`watch_blocks`)."""
+metrics (plait.trace.metrics) join the run's figures (--json's "trace"). Parameter-server
+workers record over the job's store instead (plait.trace.overstore; worker 0 merges). And
+the model's per-block forward and backward events (`watch_blocks`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait import trace
+from plait import env, trace
+from plait.trace import overstore
 from plait.train.errors import ConfigError
 
 
@@ -23,12 +25,18 @@ class Tracing:
         self.summary: dict[str, Any] | None = None
         self.owned = False  # started here (else PLAIT_TRACE's, which shutdown writes)
         self.done = False
+        # --strategy ps: the workers share no Communicator, only the job's store (a Role)
+        self.over_store = hasattr(group, "store") and hasattr(group, "num_workers")
         if path is None:
+            return
+        if self.over_store:
+            self.recorder = overstore.start(group, path)
+            self.owned = True
             return
         if not hasattr(group, "recorder"):
             raise ConfigError(
-                f"--trace needs the run's ranks on a plait Communicator; got a "
-                f"{type(group).__name__} (--strategy ps is not traced yet)"
+                f"--trace needs the run's ranks on a plait Communicator or a parameter-server "
+                f"role; got a {type(group).__name__}"
             )
         self.recorder = group.recorder
         if self.recorder is None:
@@ -40,6 +48,11 @@ class Tracing:
         if self.recorder is None or self.done:
             return
         self.done = True
+        if self.over_store:  # worker 0 merges; it alone reports, so it alone needs figures
+            timeout_s = env.get("PLAIT_TIMEOUT")  # for a live worker's events
+            doc = overstore.finish(self.group, self.path, {"options": options}, timeout_s)
+            self.summary = doc["otherData"]["metrics"] if doc is not None else None
+            return
         doc = trace.finish(self.group, self.path, {"options": options}, detach=self.owned)
         metrics = doc["otherData"]["metrics"] if doc is not None else None
         self.summary = self.group.broadcast_object(metrics)  # the same figures everywhere

@@ -73,7 +73,7 @@ class ParameterServerStep(Step):
         (never returns)."""
         from plait import devices, ps
 
-        role = ps.init(servers=config.servers)
+        role = ps.init(servers=config.servers, trace=config.log.trace is not None)
         os.environ["PLAIT_DEVICE"] = str(config.device.name)
         devices.select(*device.local_place(role.num_workers, launched=True))
         return role
@@ -89,7 +89,8 @@ class ParameterServerStep(Step):
         self.device = device.of(config)
         self.model: nn.Module = work.build_model(config.workload.seed).to(self.device)
         self.parameters = count_parameters(self.model)
-        self.compute = Compute(config, self.device)  # bf16 at most: no loss scale to agree on
+        # bf16 at most: no loss scale to agree on; --trace: the role holds the recorder
+        self.compute = Compute(config, self.device, recorder=role.recorder)
         self.compute.checkpoint(self.model)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         self.client = Client(self.model.named_parameters(), self.ps, role)
@@ -168,13 +169,14 @@ class ParameterServerStep(Step):
         timeout_s = env.get("PLAIT_TIMEOUT")  # the others are live: as long as a collective
         deadline = time.monotonic() + timeout_s
         while (finished := int(self.store.add(KEY + "finished", 0))) < self.world_size:
-            dead = len(self.client.stats()["dead_workers"])
-            if finished + dead >= self.world_size:
+            gone = self.client.stats()["dead_workers"]
+            self.role.gone.update(gone)  # --trace: no waiting for a dead worker's events
+            if finished + len(gone) >= self.world_size:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"worker 0: only {finished} of {self.world_size} workers finished (and "
-                    f"{dead} died) within {timeout_s:.0f} s"
+                    f"{len(gone)} died) within {timeout_s:.0f} s"
                 )
             time.sleep(WAIT_POLL_S)
         self.client.pull()
