@@ -11,15 +11,19 @@ import pytest
 
 from plait.pipeline import (
     SCHEDULES,
+    SHOWN,
     Action,
     ScheduleError,
     balance,
+    build,
     gpipe,
     grid,
     ideal_bubble,
+    interleaved,
     one_f_one_b,
     simulate,
     validate,
+    zb_h1,
 )
 
 SIZES = [(p, m) for p in range(1, 5) for m in range(1, 9)]
@@ -39,9 +43,11 @@ def test_bubble_matches_fill_drain_formula(name: str, p: int, m: int) -> None:
     assert tl.makespan == 2 * (m + p - 1)
 
 
-def idle_share_on_grid(name: str, p: int, m: int, f_time: int = 1, b_time: int = 2) -> float:
+def idle_share_on_grid(
+    name: str, p: int, m: int, f_time: int = 1, b_time: int = 2, w_time: int = 0, parts: int = 1
+) -> float:
     """The idle share of schedule `name`, counted cell by cell on its printed grid."""
-    rows = grid(SCHEDULES[name](p, m), f_time, b_time).splitlines()
+    rows = grid(build(name, p, m, parts), f_time, b_time, w_time).splitlines()
     steps = len(rows[0].split()) - 1  # "step 0 1 2 ..."
     cells = [row.split()[2:] for row in rows[1:]]  # "rank", "s", then one token per step
     assert [len(r) for r in cells] == [steps] * p, rows
@@ -182,7 +188,7 @@ def _plait(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_show() -> None:
-    out = _plait("--stages", "4", "--chunks", "8", "--schedule", "1f1b", "--b-time", "1")
+    out = _plait("--stages", "4", "--chunks", "8", "--schedule", "1f1b", "--w-time", "0")
     assert out.returncode == 0, out.stderr
     assert "rank 3 .  .  .  F0 B0 F1 B1" in out.stdout
     # f = b = 1: makespan 2 * (m + p - 1) = 22, each stage idle 22 - 2 * 8 = 6; 24 / 88 = 3/11
@@ -194,10 +200,174 @@ def test_cli_show() -> None:
     ("args", "message"),
     [
         (["--stages", "0"], "--stages must be at least 1, got 0"),
-        (["--schedule", "zb"], "--schedule must be one of gpipe, 1f1b, got 'zb'"),
+        (
+            ["--schedule", "zb"],
+            "--schedule must be one of gpipe, 1f1b, interleaved, zb-h1, got 'zb'",
+        ),
+        (
+            ["--schedule", "interleaved", "--stages", "4", "--chunks", "6"],
+            "interleaved needs the micro-batches in groups of p (Megatron-LM): chunks % stages "
+            "== 0, got chunks=6 % stages=4 = 2; try --chunks 8",
+        ),
+        (
+            ["--schedule", "1f1b", "--virtual", "2"],
+            "schedule '1f1b' holds one part per stage, got parts=2; "
+            "parts (--virtual) apply to interleaved",
+        ),
     ],
 )
 def test_cli_bad_input(args: list[str], message: str) -> None:
     out = _plait(*args)
     assert out.returncode == 2
     assert out.stderr.strip() == f"plait pipeline: error: {message}"
+
+
+# ------------------------------------------------ shown only: interleaved 1F1B and ZB-H1
+
+INTERLEAVED = [(p, v, m) for p in range(1, 5) for v in range(1, 4) for m in range(p, 3 * p + 1, p)]
+
+
+def _assert_dependencies_hold(sched: list[list[Action]], f: float, b: float, w: float) -> None:
+    """Every action once, and the timing rules checked from scratch on the spans."""
+    p = len(sched)
+    v = 1 + max(a.part for acts in sched for a in acts)
+    tl = simulate(sched, f, b, w)
+    listed = [a for acts in sched for a in acts]
+    assert len(listed) == len(set(listed)) == len(tl.spans)
+    split = any(a.kind == "W" for a in listed)
+    for a, (start, end) in tl.spans.items():
+        k = a.part * p + a.stage  # virtual stage: part j of rank r is j*p + r
+        done = {kind: tl.spans.get(Action(a.stage, kind, a.mb, a.part)) for kind in "FBW"}
+        if a.kind == "F" and k > 0:
+            assert tl.spans[Action((k - 1) % p, "F", a.mb, (k - 1) // p)][1] <= start
+        if a.kind == "B":
+            assert end - start == (b if split else b + w)
+            assert done["F"] is not None and done["F"][1] <= start
+            if k < p * v - 1:
+                assert tl.spans[Action((k + 1) % p, "B", a.mb, (k + 1) // p)][1] <= start
+        if a.kind == "W":
+            assert done["B"] is not None and done["B"][1] <= start
+    for acts in sched:  # one action at a time, in list order
+        times = [tl.spans[a] for a in acts]
+        assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(times))
+
+
+@pytest.mark.parametrize(("p", "v", "m"), INTERLEAVED)
+def test_interleaved_is_valid(p: int, v: int, m: int) -> None:
+    sched = interleaved(p, m, v)
+    validate(sched, p, m, v)
+    for s, acts in enumerate(sched):
+        assert sorted(acts) == sorted(
+            Action(s, kind, mb, part) for kind in "FB" for mb in range(m) for part in range(v)
+        )
+    _assert_dependencies_hold(sched, 1.0, 2.0, 0.0)
+
+
+@pytest.mark.parametrize(("p", "v", "m"), INTERLEAVED)
+@pytest.mark.parametrize(("f", "b"), [(1, 1), (1, 2), (2, 3)])
+def test_interleaved_bubble_matches_narayanan(p: int, v: int, m: int, f: int, b: int) -> None:
+    # Narayanan et al. 2021, section 2.2.2: bubble time (p-1)(F+B)/v for whole-stage times
+    # F, B, i.e. (p-1)(f+b) in one part's times f = F/v, b = B/v; the ideal is v*m*(f+b).
+    tl = simulate(interleaved(p, m, v), f, b)
+    assert tl.idle == [(p - 1) * (f + b)] * p
+    assert tl.idle[0] / (v * m * (f + b)) == pytest.approx((p - 1) / (v * m))
+    assert ideal_bubble("interleaved", p, m, v) == pytest.approx((p - 1) / (v * m + p - 1))
+    assert ideal_bubble("interleaved", p, m, v) == idle_share_on_grid(
+        "interleaved", p, m, 1, 1, 1, parts=v
+    )
+
+
+def test_interleaved_needs_m_multiple_of_p() -> None:
+    with pytest.raises(ScheduleError, match=r"got chunks=6 % stages=4 = 2; try --chunks 8"):
+        interleaved(4, 6, 2)
+    with pytest.raises(ScheduleError, match=r"parts \(--virtual\) must be in 1..26, got parts=0"):
+        interleaved(2, 2, 0)
+    with pytest.raises(ScheduleError, match="'zb-h1' holds one part per stage, got parts=2"):
+        build("zb-h1", 2, 2, 2)
+
+
+def test_interleaved_grid() -> None:
+    # p=2, v=2: virtual stages 0 1 2 3 on ranks 0 1 0 1; labels carry the part as a letter
+    assert grid(interleaved(2, 2, 2)).splitlines() == [
+        "step   0   1   2   3   4   5   6   7   8   9",
+        "rank 0 F0a F1a F0b F1b .   B0b .   B1b B0a B1a",
+        "rank 1 .   F0a F1a F0b B0b F1b B1b B0a B1a .",
+    ]
+
+
+@pytest.mark.parametrize(("p", "m"), SIZES)
+def test_zb_h1_is_valid(p: int, m: int) -> None:
+    sched = zb_h1(p, m)
+    validate(sched, p, m)
+    for s, acts in enumerate(sched):
+        assert sorted(acts) == sorted(Action(s, kind, mb) for kind in "FBW" for mb in range(m))
+    _assert_dependencies_hold(sched, 1.0, 1.0, 1.0)
+    _assert_dependencies_hold(sched, 1.0, 2.0, 1.0)
+
+
+@pytest.mark.parametrize(("p", "m"), SIZES)
+def test_zb_h1_bubble_and_memory_against_1f1b(p: int, m: int) -> None:
+    zb, base = simulate(zb_h1(p, m), 1, 1, 1), simulate(one_f_one_b(p, m), 1, 1, 1)
+    # Qi et al. 2024, section 2.1: the same peak memory as 1F1B (every stage holds what
+    # 1F1B's stage 0 holds), the bubble (p-1)(f+b-w) instead of (p-1)(f+b+w) for m >= p
+    assert max(zb.peak_activations) == max(base.peak_activations) == min(p, m)
+    assert base.idle == [3 * (p - 1)] * p
+    if m >= p:
+        assert zb.idle == [p - 1] * p
+        assert ideal_bubble("zb-h1", p, m) == (p - 1) / (3 * m + p - 1)
+    if p > 1:
+        assert zb.bubble < base.bubble
+    assert ideal_bubble("zb-h1", p, m) == idle_share_on_grid("zb-h1", p, m, 1, 1, 1)
+
+
+def test_zb_h1_grid() -> None:
+    assert grid(zb_h1(3, 3), 1, 1, 1).splitlines() == [
+        "step   0  1  2  3  4  5  6  7  8  9  10",
+        "rank 0 F0 F1 F2 .  .  B0 W0 B1 W1 B2 W2",
+        "rank 1 .  F0 F1 .  B0 F2 B1 W0 B2 W1 W2",
+        "rank 2 .  .  F0 B0 F1 B1 F2 B2 W0 W1 W2",
+    ]
+
+
+def test_w_before_its_b_is_marked() -> None:
+    sched = zb_h1(2, 2)
+    sched[0] = [Action(0, "F", 0), Action(0, "F", 1), Action(0, "W", 0), Action(0, "B", 0)]
+    sched[0] += [Action(0, "B", 1), Action(0, "W", 1)]
+    with pytest.raises(ScheduleError, match="W0 on stage 0 comes before its B0") as err:
+        validate(sched, 2, 2)
+    assert "[W0]" in str(err.value)
+    sched = zb_h1(2, 2)
+    sched[1].remove(Action(1, "W", 1))
+    with pytest.raises(ScheduleError, match="stage 1 is missing W1"):
+        validate(sched, 2, 2)
+
+
+def test_cli_show_shown_only_schedules() -> None:
+    out = _plait("--stages", "2", "--chunks", "2", "--schedule", "interleaved", "--virtual", "2")
+    assert out.returncode == 0, out.stderr
+    assert "rank 0 F0a F1a F0b F1b .   .   B0b B0b" in out.stdout
+    assert "schedule interleaved: stages p=2, micro-batches m=2, parts v=2, f=1, b=1, w=1" in (
+        out.stdout
+    )
+    # idle (p-1)(f+b+w) = 3 per stage, of v*m*(f+b+w) + 3 = 15
+    assert "bubble 0.2000 = idle 6 / (2 stages x makespan 15)" in out.stdout
+    assert "the runtime does not run it yet" in out.stdout
+    out = _plait("--stages", "4", "--chunks", "8", "--schedule", "zb-h1")
+    assert out.returncode == 0, out.stderr
+    assert "rank 3 .  .  .  F0 B0 F1 B1 F2 B2 F3 B3 W0 F4" in out.stdout
+    # idle (p-1)(f+b-w) = 3 per stage against 1F1B's 9 (makespan 33)
+    assert "bubble 0.1111 = idle 12 / (4 stages x makespan 27)" in out.stdout
+    assert "stage 0: 4, stage 1: 4, stage 2: 4, stage 3: 4" in out.stdout
+
+
+@pytest.mark.parametrize("name", [n for n in SHOWN if n not in SCHEDULES])
+def test_train_refuses_shown_only_schedules(name: str) -> None:
+    from plait.cli.main import build_parser
+    from plait.options import from_args
+    from plait.train.config import TrainConfig
+    from plait.train.errors import ConfigError
+
+    args = build_parser().parse_args(["train", "--pp", "2", "--schedule", name])
+    message = f"schedule '{name}' is shown and simulated only .* use one of gpipe, 1f1b"
+    with pytest.raises(ConfigError, match=message):
+        from_args(TrainConfig, args)

@@ -1,6 +1,7 @@
 """Pipeline parallelism: schedules, their simulation, stage balancing, and the runtime.
 
-Files: schedule (schedules as action lists), timeline (simulate, validate, print, the ideal
+Files: schedule (schedules as action lists: the runtime's, and interleaved and zb-h1,
+shown and simulated only), timeline (simulate, validate, print, the ideal
 bubble), balance (per-layer costs and the split into stages), p2p (tensors between
 neighbouring stages), stats (what a step measures), pipe (the runtime).
 
@@ -14,7 +15,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from plait.pipeline.balance import balance, split_sizes
-from plait.pipeline.schedule import SCHEDULES, Action, ScheduleError, gpipe, one_f_one_b
+from plait.pipeline.schedule import (
+    SCHEDULES,
+    SHOWN,
+    SHOWN_ONLY,
+    Action,
+    ScheduleError,
+    build,
+    gpipe,
+    interleaved,
+    one_f_one_b,
+    zb_h1,
+)
 from plait.pipeline.timeline import Timeline, grid, ideal_bubble, simulate, validate
 
 if TYPE_CHECKING:
@@ -28,19 +40,24 @@ _LAZY = {
 
 __all__ = [
     "SCHEDULES",
+    "SHOWN",
+    "SHOWN_ONLY",
     "Action",
     "PipeStats",
     "Pipeline",
     "ScheduleError",
     "Timeline",
     "balance",
+    "build",
     "gpipe",
     "grid",
     "ideal_bubble",
+    "interleaved",
     "one_f_one_b",
     "simulate",
     "split_sizes",
     "validate",
+    "zb_h1",
 ]
 
 

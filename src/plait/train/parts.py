@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from plait import env
 from plait.options import option
+from plait.pipeline.schedule import SCHEDULES, SHOWN_ONLY
 from plait.train import data as datasets
 from plait.train import profile
 from plait.train.errors import ConfigError
@@ -29,7 +30,7 @@ from plait.train.recipes import (
     per_model,
 )
 
-PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # plait.pipeline.SCHEDULES (not imported: no torch)
+PIPELINE_SCHEDULES = tuple(SCHEDULES)  # the ones the runtime runs (plait.pipeline.schedule)
 LR_SCALINGS = ("none", "linear")
 LR_DECAYS = ("cosine", "none")
 DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
@@ -232,14 +233,24 @@ class MeshConfig:
     )  # fmt: skip
     schedule: str = field(
         default="1f1b",
-        metadata=option("the pipeline schedule", choices=PIPELINE_SCHEDULES),
-    )
+        metadata=option(
+            f"the pipeline schedule: {' or '.join(PIPELINE_SCHEDULES)} "
+            f"({', '.join(SHOWN_ONLY)}: plait pipeline show only, refused here)",
+            choices=(*PIPELINE_SCHEDULES, *SHOWN_ONLY),
+        ),
+    )  # shown-only names parse, so that __post_init__ can say why they are refused
 
     def __post_init__(self) -> None:
         at_least("pp", self.pp, 1)
         at_least("tp", self.tp, 1)
         if self.dp is not None:
             at_least("dp", self.dp, 1)
+        if self.schedule in SHOWN_ONLY:
+            raise ConfigError(
+                f"schedule {self.schedule!r} is shown and simulated only "
+                f"(plait pipeline show --schedule {self.schedule}); the runtime does not run "
+                f"it yet: use one of {', '.join(PIPELINE_SCHEDULES)}"
+            )
         one_of("schedule", self.schedule, PIPELINE_SCHEDULES)
         if self.chunks is None:
             self.chunks = 4 if self.pp > 1 else 1
