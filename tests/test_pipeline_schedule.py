@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from plait.pipeline import (
+    FILL_DRAIN,
     SCHEDULES,
-    SHOWN,
+    VIRTUAL,
     Action,
     ScheduleError,
     balance,
@@ -25,20 +26,21 @@ from plait.pipeline import (
     validate,
     zb_h1,
 )
+from plait.pipeline.route import Route, lanes_agree
 
 SIZES = [(p, m) for p in range(1, 5) for m in range(1, 9)]
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("name", FILL_DRAIN)
 @pytest.mark.parametrize(("p", "m"), SIZES)
 def test_schedules_are_valid(name: str, p: int, m: int) -> None:
-    validate(SCHEDULES[name](p, m), p, m)
+    validate(build(name, p, m), p, m)
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("name", FILL_DRAIN)
 @pytest.mark.parametrize(("p", "m"), SIZES)
 def test_bubble_matches_fill_drain_formula(name: str, p: int, m: int) -> None:
-    tl = simulate(SCHEDULES[name](p, m), f_time=1.0, b_time=1.0)
+    tl = simulate(build(name, p, m), f_time=1.0, b_time=1.0)
     assert tl.bubble == (p - 1) / (m + p - 1)  # exact: whole-number times
     assert tl.makespan == 2 * (m + p - 1)
 
@@ -54,7 +56,7 @@ def idle_share_on_grid(
     return sum(r.count(".") for r in cells) / (p * steps)
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("name", FILL_DRAIN)
 @pytest.mark.parametrize(("p", "m"), SIZES)
 def test_ideal_bubble_is_the_idle_share_of_the_grid(name: str, p: int, m: int) -> None:
     assert ideal_bubble(name, p, m) == idle_share_on_grid(name, p, m)
@@ -342,7 +344,7 @@ def test_w_before_its_b_is_marked() -> None:
         validate(sched, 2, 2)
 
 
-def test_cli_show_shown_only_schedules() -> None:
+def test_cli_show_interleaved_and_zb_h1() -> None:
     out = _plait("--stages", "2", "--chunks", "2", "--schedule", "interleaved", "--virtual", "2")
     assert out.returncode == 0, out.stderr
     assert "rank 0 F0a F1a F0b F1b .   .   B0b B0b" in out.stdout
@@ -351,7 +353,6 @@ def test_cli_show_shown_only_schedules() -> None:
     )
     # idle (p-1)(f+b+w) = 3 per stage, of v*m*(f+b+w) + 3 = 15
     assert "bubble 0.2000 = idle 6 / (2 stages x makespan 15)" in out.stdout
-    assert "the runtime does not run it yet" in out.stdout
     out = _plait("--stages", "4", "--chunks", "8", "--schedule", "zb-h1")
     assert out.returncode == 0, out.stderr
     assert "rank 3 .  .  .  F0 B0 F1 B1 F2 B2 F3 B3 W0 F4" in out.stdout
@@ -360,14 +361,43 @@ def test_cli_show_shown_only_schedules() -> None:
     assert "stage 0: 4, stage 1: 4, stage 2: 4, stage 3: 4" in out.stdout
 
 
-@pytest.mark.parametrize("name", [n for n in SHOWN if n not in SCHEDULES])
-def test_train_refuses_shown_only_schedules(name: str) -> None:
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("v", [1, 2, 3])
+def test_ordered_lanes_agree(name: str, p: int, v: int) -> None:
+    # NCCL matches a pair's messages by order: every schedule sends them in the order the
+    # receiver asks for them, for every size (interleaved with one stage is refused)
+    if (v > 1 and name not in VIRTUAL) or (name == "interleaved" and p < 2):
+        return
+    for m in range(p, 4 * p + 1, p if name == "interleaved" else 1):
+        lanes_agree(build(name, p, m, v), Route(p, v))
+
+
+def test_lanes_agree_names_a_misordered_message() -> None:
+    bad = build("gpipe", 2, 2)  # stage 1: F0 F1 B1 B0
+    bad[1] = [bad[1][1], bad[1][0], *bad[1][2:]]  # stage 1 takes micro-batch 1 first
+    with pytest.raises(ScheduleError, match="rank 0 -> rank 1: message 0 is sent as "
+                       "micro-batch 0's activation from virtual stage 0 but received as "
+                       "micro-batch 1's"):  # fmt: skip
+        lanes_agree(bad, Route(2))
+
+
+def test_train_takes_every_schedule() -> None:
     from plait.cli.main import build_parser
     from plait.options import from_args
     from plait.train.config import TrainConfig
     from plait.train.errors import ConfigError
 
-    args = build_parser().parse_args(["train", "--pp", "2", "--schedule", name])
-    message = f"schedule '{name}' is shown and simulated only .* use one of gpipe, 1f1b"
-    with pytest.raises(ConfigError, match=message):
-        from_args(TrainConfig, args)
+    def config(*flags: str) -> TrainConfig:
+        return from_args(TrainConfig, build_parser().parse_args(["train", *flags]))
+
+    assert config("--pp", "2", "--schedule", "interleaved").mesh.virtual == 2
+    assert config("--pp", "2", "--schedule", "zb-h1").mesh.virtual == 1
+    with pytest.raises(ConfigError, match=r"--chunks 6 % --pp 4 = 2 != 0; try --chunks 8"):
+        config("--pp", "4", "--chunks", "6", "--schedule", "interleaved")
+    with pytest.raises(ConfigError, match="needs --pp 2 or more"):
+        config("--tp", "2", "--model", "gpt", "--schedule", "interleaved")
+    with pytest.raises(ConfigError, match="only interleaved runs; got --schedule 1f1b"):
+        config("--pp", "2", "--virtual", "2")
+    with pytest.raises(ConfigError, match="does not run with --zero yet"):
+        config("--pp", "2", "--zero", "1", "--schedule", "zb-h1")

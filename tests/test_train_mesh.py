@@ -24,6 +24,7 @@ import torch
 
 from plait import Communicator
 from plait.comm.mesh import Mesh
+from plait.pipeline import build, simulate
 from plait.tensor_parallel import clip_grad_norm_
 from plait.train import workloads
 from plait.train.config import TrainConfig
@@ -40,6 +41,8 @@ SHAPES = [
     {"dp": 2, "pp": 2, "chunks": 4, "schedule": "1f1b"},
     {"dp": 2, "tp": 2},
     {"pp": 2, "tp": 2, "chunks": 2, "schedule": "gpipe"},
+    {"dp": 2, "pp": 2, "chunks": 2, "schedule": "interleaved"},  # 2 parts per rank
+    {"dp": 2, "pp": 2, "chunks": 4, "schedule": "zb-h1"},
 ]
 
 
@@ -154,7 +157,9 @@ def test_each_mesh_trains_like_one_process(four_ranks: list[dict[str, Any]], ind
     assert (got["dp"], got["pp"], got["tp"]) == (shape.get("dp", 1), pp, shape.get("tp", 1))
     assert got["schedule"] == shape.get("schedule", "1f1b")
     # the theory is the schedule's idle share, here counted cell by cell on its printed grid
-    assert got["bubble_theory"] == idle_share_on_grid(got["schedule"], pp, chunks)
+    v = got["virtual"]
+    assert v == (2 if got["schedule"] == "interleaved" else 1)
+    assert got["bubble_theory"] == idle_share_on_grid(got["schedule"], pp, chunks, 1, 1, 1, v)
     assert 0.0 <= got["bubble_fraction"] < 1.0 and len(got["bubble_by_stage"]) == pp
     # each rank's gradient payload: only dp replicas average, and replicas send alike
     sent = got["sent_bytes_by_rank"]
@@ -163,8 +168,11 @@ def test_each_mesh_trains_like_one_process(four_ranks: list[dict[str, Any]], ind
     assert all(sent.count(v) % got["dp"] == 0 for v in sent), sent
     if got["schedule"] == "gpipe":
         assert got["peak_activations"] == [chunks] * pp
-    else:  # 1F1B: stage s holds at most min(pp - s, chunks)
+    elif got["schedule"] == "1f1b":  # stage s holds at most min(pp - s, chunks)
         assert got["peak_activations"] == [min(pp - s, chunks) for s in range(pp)]
+    else:  # what the schedule's simulation counts: (micro-batch, part)s in flight
+        want = simulate(build(got["schedule"], pp, chunks, v), 1, 1, 1).peak_activations
+        assert got["peak_activations"] == want
 
 
 @pytest.mark.timeout(360)
@@ -249,7 +257,7 @@ def test_mesh_through_the_command_line_writes_its_figures(tmp_path: Path) -> Non
         ({"pp": 2, "strategy": "ps"}, "not strategy ps"),
         ({"pp": 2, "out": "/tmp/x"}, "not supported with --pp/--tp yet"),
         ({"pp": 0}, "pp 0 < 1"),
-        ({"schedule": "zigzag"}, "schedule 'zigzag' is not one of gpipe, 1f1b"),
+        ({"schedule": "zigzag"}, "schedule 'zigzag' is not one of gpipe, 1f1b, interleaved, zb-h1"),
         ({"batch_size": 30}, "batch_size 30 % workers 4 = 2 != 0"),
     ],
 )

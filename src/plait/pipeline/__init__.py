@@ -1,9 +1,10 @@
 """Pipeline parallelism: schedules, their simulation, stage balancing, and the runtime.
 
-Files: schedule (schedules as action lists: the runtime's, and interleaved and zb-h1,
-shown and simulated only), timeline (simulate, validate, print, the ideal
-bubble), balance (per-layer costs and the split into stages), p2p (tensors between
-neighbouring stages), stats (what a step measures), pipe (the runtime).
+Files: schedule (schedules as action lists: gpipe, 1f1b, interleaved, zb-h1), timeline
+(simulate, validate, print, the ideal bubble), balance (per-layer costs and the split into
+stages), route (which rank and part each virtual stage talks to), p2p (tensors between
+stages), split (a backward split into B and W), stats (what a step measures), pipe (the
+runtime).
 
 The runtime (`Pipeline`, `PipeStats`) needs torch, so it is imported on first use:
 `plait pipeline show` stays torch-free.
@@ -16,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from plait.pipeline.balance import balance, split_sizes
 from plait.pipeline.schedule import (
+    FILL_DRAIN,
     SCHEDULES,
-    SHOWN,
-    SHOWN_ONLY,
+    VIRTUAL,
     Action,
     ScheduleError,
     build,
@@ -39,9 +40,9 @@ _LAZY = {
 }
 
 __all__ = [
+    "FILL_DRAIN",
     "SCHEDULES",
-    "SHOWN",
-    "SHOWN_ONLY",
+    "VIRTUAL",
     "Action",
     "PipeStats",
     "Pipeline",

@@ -126,8 +126,10 @@ def stage_sizes(
     layers: Sequence[nn.Module],
     comm: Communicator,
     sample: torch.Tensor | None = None,
+    count: int | None = None,
 ) -> list[int]:
-    """Layers per stage of the pipeline over `comm` (one stage per rank).
+    """Layers per stage of the pipeline over `comm` (one stage per rank; with `count`, that
+    many stages: an interleaved pipeline's virtual stages).
 
     Args:
         how: layer counts (checked), "size", "time", or None (as even as possible).
@@ -140,15 +142,19 @@ def stage_sizes(
         ValueError: an unknown `how`, fewer layers than stages, counts that do not cover
             the model, or "time" without `sample`.
     """
+    stages = comm.size if count is None else count
     if isinstance(how, str):
-        return split_sizes(len(layers), comm.size, _by_cost(how, layers, comm, sample))
-    return split_sizes(len(layers), comm.size, how)
+        return split_sizes(len(layers), stages, _by_cost(how, layers, comm, sample, stages))
+    return split_sizes(len(layers), stages, how)
 
 
 def _by_cost(
-    how: str, layers: Sequence[nn.Module], comm: Communicator, sample: torch.Tensor | None
+    how: str,
+    layers: Sequence[nn.Module],
+    comm: Communicator,
+    sample: torch.Tensor | None,
+    stages: int,
 ) -> list[int]:
-    stages = comm.size
     if how not in BALANCE_BY:
         raise ValueError(
             f"unknown balance {how!r}; expected a list of layer counts or one of {list(BALANCE_BY)}"
@@ -164,7 +170,7 @@ def _by_cost(
                 'balance="time" needs sample= (one micro-batch of the input) on rank 0'
             )
         sizes = balance(time_costs(layers, sample), stages)
-    if stages == 1:
+    if comm.size == 1:
         return sizes if sizes is not None else [len(layers)]
     got: list[int] = comm.broadcast_object(sizes, root=0)
     return got

@@ -1,11 +1,13 @@
 """The pipeline runtime: run one stage of a sequential model under a schedule.
 
 `Pipeline` cuts an `nn.Sequential` (or a list of modules) into `p` contiguous stages, one
-per rank of the pipeline communicator, keeps this rank's stage, and runs the actions that
-`SCHEDULES[schedule](p, chunks)` lists for it: forwards receive activations from the
-previous stage, backwards receive output gradients from the next one. Activations and
-gradients travel with a small shape header (see `plait.pipeline.p2p`). How the layers are
-split is balance.py's; what a step measures is stats.py's.
+per rank of the pipeline communicator (with `virtual=v`, into p*v virtual stages, v per
+rank: route.py), keeps this rank's, and runs the actions that `build(schedule, p, chunks,
+v)` lists for it: forwards receive activations from the previous stage, backwards receive
+output gradients from the next one, and with a zero-bubble schedule each backward is split
+into B now and W later (split.py). Activations and gradients travel with a small shape
+header (see `plait.pipeline.p2p`). How the layers are split is balance.py's; what a step
+measures is stats.py's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from plait.comm.mesh import Mesh
 from plait.comm.request import Request
 from plait.pipeline.balance import stage_sizes
 from plait.pipeline.p2p import recv_tensor, send_tensor
-from plait.pipeline.schedule import SCHEDULES, ScheduleError
+from plait.pipeline.route import Route, lanes_agree
+from plait.pipeline.schedule import SCHEDULES, Action, ScheduleError, build
+from plait.pipeline.split import Cutter, Piece, Pieces, input_grad, leaf, weight_grad
 from plait.pipeline.stats import PipeStats, Saved
 from plait.trace.recorder import Recorder
 
@@ -34,11 +38,12 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Accumulate = Callable[[], contextlib.AbstractContextManager[Any]]
 
 CHECKPOINTS = ("never", "except_last", "always")
+Key = tuple[int, int]  # (micro-batch, part): what a stage holds between its actions
 
 
 @dataclass
 class _StepState:
-    """What one `Pipeline.step` carries from action to action (keyed by micro-batch)."""
+    """What one `Pipeline.step` carries from action to action (keyed by (micro-batch, part))."""
 
     x_mbs: list[torch.Tensor] | None  # first stage: the input micro-batches
     t_mbs: list[torch.Tensor] | None  # last stage: the target micro-batches
@@ -46,15 +51,16 @@ class _StepState:
     accumulate: Accumulate | None
     stats: PipeStats
     batch: int = 0  # the last stage's batch size: each micro-batch's loss weight is len / batch
-    ins: dict[int, torch.Tensor] = field(default_factory=dict)  # stage inputs, for backward
-    outs: dict[int, torch.Tensor] = field(default_factory=dict)  # stage outputs, ditto
-    kept: dict[int, Saved] = field(default_factory=dict)  # checkpointed: the input, counted
+    ins: dict[Key, torch.Tensor] = field(default_factory=dict)  # stage inputs, for backward
+    outs: dict[Key, torch.Tensor] = field(default_factory=dict)  # stage outputs, ditto
+    kept: dict[Key, Saved] = field(default_factory=dict)  # checkpointed: the input, counted
     # checkpointed micro-batches: the RNG states (CPU, and the stage's GPU) at their forward
-    rng: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    rng: dict[Key, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    pieces: dict[Key, Pieces] = field(default_factory=dict)  # split backward: the cut graph
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     pending: list[Request] = field(default_factory=list)  # sends, waited for at the end
     total: torch.Tensor | None = None  # the last stage's loss so far
-    inflight: int = 0  # micro-batches forwarded whose backward has not run
+    inflight: int = 0  # (micro-batch, part)s forwarded whose backward (W if split) has not run
     rec: Recorder | None = None  # plait.trace's, while a trace records
 
 
@@ -66,11 +72,16 @@ class Pipeline:
             the same one; each keeps only its own slice as `self.stage`).
         comm: the pipeline communicator, or a `Mesh` (its `pp` axis is used).
         chunks: micro-batches per step.
-        schedule: a key of `SCHEDULES` ("gpipe" or "1f1b").
-        balance: layers per stage as a list; or "size" (split by each layer's parameter
-            bytes) or "time" (split by each layer's profiled forward + backward time on
-            `sample`), both through `plait.pipeline.balance`; default as even as possible.
-            "time" profiles on rank 0 only and broadcasts the split, so every rank agrees.
+        schedule: one of `SCHEDULES`: "gpipe", "1f1b", "interleaved" (needs chunks a
+            multiple of the stages) or "zb-h1" (checkpoint "never" only).
+        virtual: with "interleaved", the parts each rank holds (v; Megatron's model chunks):
+            the layers are cut into p*v virtual stages and part j of rank r is virtual stage
+            j*p + r. `self.stage` is then a `Parts` (one `nn.Sequential` per part).
+        balance: layers per stage as a list (per virtual stage when interleaved); or "size"
+            (split by each layer's parameter bytes) or "time" (split by each layer's
+            profiled forward + backward time on `sample`), both through
+            `plait.pipeline.balance`; default as even as possible. "time" profiles on rank 0
+            only and broadcasts the split, so every rank agrees.
         checkpoint: re-materialisation (GPipe; torchgpipe's names). "never" keeps every
             micro-batch's activations until its backward; "always" runs each forward
             under `torch.no_grad`, keeping only the stage's input, and re-runs it with grad
@@ -92,6 +103,7 @@ class Pipeline:
         balance: list[int] | str | None = None,
         checkpoint: str = "never",
         sample: torch.Tensor | None = None,
+        virtual: int = 1,
     ) -> None:
         self.comm = comm.pp if isinstance(comm, Mesh) else comm
         self.stages = self.comm.size
@@ -104,21 +116,50 @@ class Pipeline:
             raise ValueError(
                 f"unknown checkpoint {checkpoint!r}; expected one of {list(CHECKPOINTS)}"
             )
+        if schedule == "interleaved" and self.stages < 2:
+            raise ScheduleError(
+                "interleaved needs at least 2 pipeline stages (with one, its parts would "
+                "send to themselves); got 1"
+            )
+        schedules = build(schedule, self.stages, chunks, virtual)
+        self.split = any(a.kind == "W" for a in schedules[self.rank])
+        if self.split and checkpoint != "never":
+            raise ValueError(
+                f"schedule {schedule!r} splits each backward into B and W, which keeps the "
+                f"graph between them; it takes checkpoint='never', got {checkpoint!r}"
+            )
         self.chunks = chunks
         self.schedule = schedule
+        self.parts = virtual
+        self.route = Route(self.stages, virtual)
         self.checkpoint = checkpoint
-        self.actions = SCHEDULES[schedule](self.stages, chunks)[self.rank]
+        self.actions = schedules[self.rank]
         layers = list(module)
-        self.balance = stage_sizes(balance, layers, self.comm, sample)
-        start = sum(self.balance[: self.rank])
-        self.stage: nn.Module = nn.Sequential(*layers[start : start + self.balance[self.rank]])
-        self.first = self.rank == 0
-        self.last = self.rank == self.stages - 1
-        # the position of this stage's final backward: the one that may reduce gradients
-        self.final_backward = max(i for i, a in enumerate(self.actions) if a.kind == "B")
+        # layers per stage (per virtual stage when interleaved), in model order
+        self.balance = stage_sizes(balance, layers, self.comm, sample, self.route.virtual_stages)
+        self.part_layers: list[list[nn.Module]] = []
+        for part in range(virtual):
+            v = self.route.virtual(self.rank, part)
+            start = sum(self.balance[:v])
+            self.part_layers.append(layers[start : start + self.balance[v]])
+        self.stage: nn.Module = (
+            nn.Sequential(*self.part_layers[0]) if virtual == 1
+            else Parts(nn.Sequential(*ls) for ls in self.part_layers)
+        )  # fmt: skip
+        self.first = self.rank == 0  # the rank the inputs go to
+        self.last = self.rank == self.stages - 1  # the rank the targets go to
+        # the action that may reduce gradients: the last one that computes weight gradients
+        # (W if split, else B); interleaved: none, a pass after the last one does (_sync)
+        grads = "W" if self.split else "B"
+        self.final = max(i for i, a in enumerate(self.actions) if a.kind == grads)
+        if virtual > 1:
+            self.final = -1
+        self._cutter = Cutter([m for ls in self.part_layers for m in ls]) if self.split else None
         self.stats = PipeStats()
         if self.stages > 1:  # every stage is here: connect the NCCL lanes its activations
             self.comm.connect_lanes()  # travel on (on GPUs)
+        if self.device.type == "cuda":  # NCCL matches messages by order: check it holds
+            lanes_agree(schedules, self.route)
 
     @property
     def device(self) -> torch.device:
@@ -160,8 +201,14 @@ class Pipeline:
                 "group": self.comm.label, "peer": peer}  # fmt: skip
         rec.complete("comm", "send", start, time.perf_counter(), info)
 
-    def _tag(self, kind: str, mb: int) -> int:
-        return (0 if kind == "F" else 1) * self.chunks + mb
+    def _tag(self, kind: str, mb: int, sender_part: int = 0) -> int:
+        """The tag of micro-batch `mb`'s activation (F) or gradient (B) sent by a part
+        `sender_part`: unique between any two ranks (with one part: kind * chunks + mb)."""
+        return ((0 if kind == "F" else 1) * self.parts + sender_part) * self.chunks + mb
+
+    def _call(self, x: torch.Tensor, part: int) -> torch.Tensor:
+        y: torch.Tensor = self.stage(x) if self.parts == 1 else self.stage(x, part=part)
+        return y
 
     def step(
         self,
@@ -179,7 +226,9 @@ class Pipeline:
 
         accumulate: a context-manager factory (e.g. a DataParallel stage's `no_sync`) that
             every backward but this stage's final one runs inside, so that gradients are
-            reduced once per step, overlapped with the final backward.
+            reduced once per step, overlapped with the final backward (W if split). With
+            parts (interleaved) the final backward holds one part's gradients only, so
+            every backward runs inside it and a pass after them all reduces (`_sync`).
         """
         run = _StepState(
             x_mbs=self._split(inputs, "inputs") if self.first else None,
@@ -194,77 +243,106 @@ class Pipeline:
         t0 = time.perf_counter()
         for i, act in enumerate(self.actions):
             if act.kind == "F":
-                start, end = self._forward(act.mb, run)
-            else:  # "B"
-                start, end = self._backward(act.mb, run, final=i == self.final_backward)
+                start, end = self._forward(act, run)
+            elif act.kind == "B":
+                start, end = self._backward(act, run, final=i == self.final)
+            else:  # "W"
+                start, end = self._weight(act, run, final=i == self.final)
             run.stats.record(act, start, end, t0)
             if run.rec is not None:  # plait.trace: one event per action
-                run.rec.complete("pipeline", f"{act.kind}{act.mb}", start, end,
+                run.rec.complete("pipeline", act.label(self.parts > 1), start, end,
                              {"stage": self.rank, "mb": act.mb})  # fmt: skip
+        if self.parts > 1 and accumulate is not None:
+            self._sync()
         for req in run.pending:
             req.wait()
         run.stats.finish(time.perf_counter() - t0)
         return run.total
 
-    def _forward(self, mb: int, run: _StepState) -> tuple[float, float]:
-        """Forward micro-batch `mb`: receive its input, run the stage, send the output on.
-
-        Returns the (start, end) of its compute."""
-        stats = run.stats
-        if run.x_mbs is not None:
-            x = run.x_mbs[mb]
+    def _forward(self, act: Action, run: _StepState) -> tuple[float, float]:
+        """Forward micro-batch `act.mb` on part `act.part`: receive its input, run the part,
+        send the output on. Returns the (start, end) of its compute."""
+        stats, key = run.stats, (act.mb, act.part)
+        prev, nxt = self.route.prev(self.rank, act.part), self.route.next(self.rank, act.part)
+        if prev is None:
+            assert run.x_mbs is not None
+            x = run.x_mbs[act.mb]
         else:
-            x = self._recv(self.rank - 1, self._tag("F", mb), run.rec)
+            x = self._recv(prev[0], self._tag("F", act.mb, prev[1]), run.rec)
             if x.is_floating_point():
                 x.requires_grad_()
         start = time.perf_counter()
         before = stats.saved_live
-        if self._checkpointed(mb):
+        if self._checkpointed(act.mb):
             # keep only the input (counted) and the RNG state; backward runs it again
-            run.rng[mb] = _rng_state(self.device)
+            run.rng[key] = _rng_state(self.device)
             with torch.no_grad():
-                y = self.stage(x)
-            run.kept[mb] = Saved(x, stats)
+                y = self._call(x, act.part)
+            run.kept[key] = Saved(x, stats)
+        elif self._cutter is not None:  # split backward: cut at the layers, kept for B and W
+            with stats.counting(), self._cutter.recording() as pieces:
+                y = self._call(x, act.part)
+                if nxt is None and run.t_mbs is not None:
+                    self._loss(act.mb, leaf(y), run, pieces)
+            run.pieces[key] = pieces
+            run.outs[key] = y
         else:
             with stats.counting():
-                y = self.stage(x)
-                self._loss(mb, y, run)
-            run.outs[mb] = y
+                y = self._call(x, act.part)
+                if nxt is None:
+                    self._loss(act.mb, y, run)
+            run.outs[key] = y
         stats.mb_saved_bytes.append(stats.saved_live - before)
         end = time.perf_counter()
-        run.ins[mb] = x
+        run.ins[key] = x
         run.inflight += 1
         stats.peak_inflight = max(stats.peak_inflight, run.inflight)
-        if not self.last:
-            self._send(y, self.rank + 1, self._tag("F", mb), run)
+        if nxt is not None:
+            self._send(y, nxt[0], self._tag("F", act.mb, act.part), run)
         return start, end
 
-    def _backward(self, mb: int, run: _StepState, final: bool) -> tuple[float, float]:
-        """Backward micro-batch `mb`: receive its output gradient, backpropagate through the
-        stage, send the input gradient back. `final`: this stage's last backward of the step,
-        the one run outside `accumulate` (it may reduce gradients).
+    def _backward(self, act: Action, run: _StepState, final: bool) -> tuple[float, float]:
+        """Backward micro-batch `act.mb` on part `act.part`: receive its output gradient,
+        backpropagate through the part, send the input gradient back (split: the input
+        gradient only; W computes the weights'). `final`: this stage's last backward of the
+        step, the one run outside `accumulate` (it may reduce gradients).
 
         Returns the (start, end) of its compute."""
-        grad = None if self.last else self._recv(self.rank + 1, self._tag("B", mb), run.rec)
+        key = (act.mb, act.part)
+        prev, nxt = self.route.prev(self.rank, act.part), self.route.next(self.rank, act.part)
+        grad = None if nxt is None else self._recv(nxt[0], self._tag("B", act.mb, nxt[1]), run.rec)
         start = time.perf_counter()
-        x = run.ins.pop(mb)
-        if mb in run.kept:
+        x = run.ins.pop(key)
+        if self._cutter is not None:
+            pieces = run.pieces[key]
+            root = run.losses.pop(act.mb) if nxt is None else run.outs.pop(key)
+            if nxt is None:
+                run.outs.pop(key)
+                run.total = root.detach() if run.total is None else run.total + root.detach()
+            gx = input_grad(pieces, root, grad, need=x if prev is not None else None)
+            end = time.perf_counter()
+            if prev is not None:
+                gx = gx if gx is not None else torch.zeros_like(x)
+                self._send(gx, prev[0], self._tag("B", act.mb, act.part), run)
+            return start, end
+        if key in run.kept:
             # re-materialise: the input's bytes are autograd's again from here
-            del run.kept[mb]
+            del run.kept[key]
             on_gpu = [self.device] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=on_gpu):
-                _set_rng_state(self.device, run.rng.pop(mb))
+                _set_rng_state(self.device, run.rng.pop(key))
                 with run.stats.counting():
-                    y = self.stage(x)
-                    self._loss(mb, y, run)
+                    y = self._call(x, act.part)
+                    if nxt is None:
+                        self._loss(act.mb, y, run)
         else:
-            y = run.outs.pop(mb)
+            y = run.outs.pop(key)
         hold: Accumulate = contextlib.nullcontext
         if run.accumulate is not None and not final:
             hold = run.accumulate
         with hold():
-            if self.last:
-                loss = run.losses.pop(mb)
+            if nxt is None:
+                loss = run.losses.pop(act.mb)
                 loss.backward()
                 run.total = loss.detach() if run.total is None else run.total + loss.detach()
             elif y.requires_grad:
@@ -272,32 +350,61 @@ class Pipeline:
         end = time.perf_counter()
         del y
         run.inflight -= 1
-        if not self.first:
+        if prev is not None:
             gx = x.grad if x.grad is not None else torch.zeros_like(x)
-            self._send(gx, self.rank - 1, self._tag("B", mb), run)
+            self._send(gx, prev[0], self._tag("B", act.mb, act.part), run)
         return start, end
 
-    def _loss(self, mb: int, y: torch.Tensor, run: _StepState) -> None:
-        """On the last stage: micro-batch mb's loss, weighted by its share of the batch."""
+    def _weight(self, act: Action, run: _StepState, final: bool) -> tuple[float, float]:
+        """W of micro-batch `act.mb`: the weight gradients its B left for later (split.py);
+        frees its graph. Returns the (start, end) of its compute."""
+        start = time.perf_counter()
+        hold: Accumulate = contextlib.nullcontext
+        if run.accumulate is not None and not final:
+            hold = run.accumulate
+        with hold():
+            weight_grad(run.pieces.pop((act.mb, act.part)))
+        run.inflight -= 1
+        return start, time.perf_counter()
+
+    def _sync(self) -> None:
+        """With parts and a data-parallel wrapper: every backward ran inside `accumulate`
+        (no one of them holds all the stage's gradients), so one more autograd pass, adding
+        zeros to every parameter's gradient, lets the wrapper reduce them all at once. Not
+        overlapped with the backward; the price of reducing each gradient once."""
+        params = [p for p in self.stage.parameters() if p.requires_grad]
+        torch.autograd.backward(params, [torch.zeros_like(p) for p in params])
+
+    def _loss(
+        self, mb: int, y: torch.Tensor, run: _StepState, pieces: Pieces | None = None
+    ) -> None:
+        """On the last stage: micro-batch mb's loss, weighted by its share of the batch.
+        Split: `y` is the output cut from its graph, and the loss is the last piece."""
         if run.t_mbs is not None:
             t = run.t_mbs[mb]
             run.losses[mb] = run.loss_fn(y, t) * (len(t) / run.batch)
+            if pieces is not None:
+                pieces.items.append(Piece(None, y, run.losses[mb]))
 
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor | None) -> torch.Tensor | None:
         """Forward only, in one piece (no micro-batches; for evaluation): the model's output
         on the last stage, None elsewhere. `inputs` is needed on the first stage."""
-        if self.first:
-            if inputs is None:
-                raise ValueError("stage 0 needs inputs (got None)")
-            x = inputs
-        else:
-            x = recv_tensor(self.comm, self.rank - 1, self._tag("F", 0), self.device)
-        y = self.stage(x)
-        if self.last:
-            return y
-        for req in send_tensor(self.comm, y, self.rank + 1, self._tag("F", 0)):
-            req.wait()
+        if self.first and inputs is None:
+            raise ValueError("stage 0 needs inputs (got None)")
+        y: torch.Tensor | None = None
+        for part in range(self.parts):
+            prev, nxt = self.route.prev(self.rank, part), self.route.next(self.rank, part)
+            if prev is None:
+                x = inputs
+            else:
+                x = recv_tensor(self.comm, prev[0], self._tag("F", 0, prev[1]), self.device)
+            assert x is not None
+            y = self._call(x, part)
+            if nxt is None:
+                return y
+            for req in send_tensor(self.comm, y, nxt[0], self._tag("F", 0, part)):
+                req.wait()
         return None
 
     def _split(self, t: torch.Tensor | None, name: str) -> list[torch.Tensor]:
@@ -307,6 +414,15 @@ class Pipeline:
             n = 0 if t.dim() == 0 else len(t)
             raise ValueError(f"{name} has batch size {n}, fewer than chunks={self.chunks}")
         return list(torch.chunk(t, self.chunks))
+
+
+class Parts(nn.ModuleList):
+    """An interleaved stage: its parts (one `nn.Sequential` each), `forward(x, part)` runs
+    one. Its parameters are all the parts', for optimizers and data-parallel wrappers."""
+
+    def forward(self, x: torch.Tensor, part: int = 0) -> torch.Tensor:
+        out: torch.Tensor = self[part](x)
+        return out
 
 
 def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:

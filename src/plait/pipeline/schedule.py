@@ -12,8 +12,8 @@ so a micro-batch's forward goes through stages 0..p-1 v times. Zero-bubble sched
 a backward into B (the input gradient, which the previous stage waits for) and W (the
 weight gradient, which nothing waits for); a schedule without W does both in its B.
 
-`SCHEDULES` are the ones the runtime (`Pipeline`, `plait train --schedule`) runs;
-`SHOWN_ONLY` are simulated and printed (`plait pipeline show`) but not run yet.
+`SCHEDULES` names them all; `build` makes one. The runtime (`Pipeline`, `plait train
+--schedule`) runs them, `plait.pipeline.timeline` simulates and prints them.
 """
 
 from __future__ import annotations
@@ -174,34 +174,32 @@ def zb_h1(stages: int, chunks: int) -> Schedule:
     return schedule
 
 
-SCHEDULES: dict[str, Callable[[int, int], Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b}
-"""The schedules the runtime runs (`Pipeline`, `plait train --schedule`)."""
-
 _BUILDERS: dict[str, Callable[[int, int, int], Schedule]] = {
     "gpipe": lambda stages, chunks, parts: gpipe(stages, chunks),
     "1f1b": lambda stages, chunks, parts: one_f_one_b(stages, chunks),
     "interleaved": interleaved,
     "zb-h1": lambda stages, chunks, parts: zb_h1(stages, chunks),
 }
-SHOWN = tuple(_BUILDERS)
-"""Every schedule `build` knows: what `plait pipeline show --schedule` accepts."""
+SCHEDULES = tuple(_BUILDERS)
+"""Every schedule `build` knows: what the runtime (`Pipeline`, `plait train --schedule`) runs
+and `plait pipeline show --schedule` prints."""
 
-SHOWN_ONLY = tuple(name for name in SHOWN if name not in SCHEDULES)
-"""Simulated, validated and printed (`plait pipeline show`), not run by the runtime yet."""
+FILL_DRAIN = ("gpipe", "1f1b")
+"""The schedules with one part per stage and whole backwards: the bubble (p-1)/(m+p-1)."""
 
 VIRTUAL = ("interleaved",)
 """The schedules that take parts (`--virtual`); the others hold one part per stage."""
 
 
 def build(name: str, stages: int, chunks: int, parts: int = 1) -> Schedule:
-    """The action lists of schedule `name` (one of `SHOWN`) with `parts` parts per stage.
+    """The action lists of schedule `name` (one of `SCHEDULES`) with `parts` parts per stage.
 
     Raises:
         ScheduleError: an unknown name, parts > 1 for a schedule without parts, or the
             schedule's own errors (stages or chunks below 1, chunks % stages for interleaved).
     """
-    if name not in SHOWN:
-        raise ScheduleError(f"unknown schedule {name!r}; expected one of {list(SHOWN)}")
+    if name not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {name!r}; expected one of {list(SCHEDULES)}")
     if name not in VIRTUAL and parts != 1:
         raise ScheduleError(
             f"schedule {name!r} holds one part per stage, got parts={parts}; "

@@ -2,8 +2,7 @@
 
 `plait pipeline show` prints `show(ShowConfig(...))`; the options are ShowConfig's fields
 (plait/options.py). Nothing is run: the schedule is simulated from its action lists. This
-module imports no torch. It shows every schedule in `SHOWN`, including those the runtime
-does not run yet (`SHOWN_ONLY`).
+module imports no torch. It shows every schedule in `SCHEDULES`.
 
 Times: `--b-time` is a backward's input-gradient part and `--w-time` its weight-gradient
 part. Schedules that split the backward (zb-h1) run them as B and W; the others run one B
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 
 from plait.errors import ConfigError
 from plait.options import option
-from plait.pipeline.schedule import SHOWN, SHOWN_ONLY, VIRTUAL, ScheduleError, build
+from plait.pipeline.schedule import SCHEDULES, VIRTUAL, ScheduleError, build
 from plait.pipeline.timeline import grid, simulate
 
 
@@ -28,7 +27,7 @@ class ShowConfig:
     stages: int = field(default=4, metadata=option("stages", metavar="P"))
     chunks: int = field(default=8, metadata=option("micro-batches", metavar="M"))
     schedule: str = field(
-        default="1f1b", metadata=option(f"one of {', '.join(SHOWN)}", metavar="SCHEDULE")
+        default="1f1b", metadata=option(f"one of {', '.join(SCHEDULES)}", metavar="SCHEDULE")
     )
     virtual: int | None = field(
         default=None,
@@ -54,9 +53,9 @@ class ShowConfig:
             raise ConfigError(f"--stages must be at least 1, got {self.stages}")
         if self.chunks < 1:
             raise ConfigError(f"--chunks must be at least 1, got {self.chunks}")
-        if self.schedule not in SHOWN:
+        if self.schedule not in SCHEDULES:
             raise ConfigError(
-                f"--schedule must be one of {', '.join(SHOWN)}, got {self.schedule!r}"
+                f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
             )
         if self.virtual is None:
             self.virtual = 2 if self.schedule in VIRTUAL else 1
@@ -91,6 +90,4 @@ def show(config: ShowConfig) -> str:
         f"bubble {tl.bubble:.4f} = idle {idle:g} / ({p} stages x makespan {tl.makespan:g})",
         f"peak in-flight activations: {peaks}",
     ]
-    if config.schedule in SHOWN_ONLY:
-        lines.append("(shown and simulated only; the runtime does not run it yet)")
     return "\n".join(lines)

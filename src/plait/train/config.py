@@ -284,11 +284,36 @@ class TrainConfig:
                 f"--pp/--tp run with --strategy {meshed} (data parallelism over dp), "
                 f"not strategy {self.strategy}"
             )
+        self._check_schedule()
         model = self.workload.model
         if self.mesh.tp > 1 and model not in (None, "gpt"):
             raise ConfigError(
                 f"--tp {self.mesh.tp} splits a transformer's attention heads and MLP; model "
                 f"{model} has none: use --model gpt"
+            )
+
+    def _check_schedule(self) -> None:
+        """interleaved and zb-h1 run with what they were tested with (tests/test_train_mesh.py)."""
+        mesh, schedule = self.mesh, self.mesh.schedule
+        assert mesh.chunks is not None
+        if schedule == "interleaved":
+            if mesh.pp < 2:
+                raise ConfigError(f"--schedule interleaved needs --pp 2 or more, got {mesh.pp}")
+            if mesh.chunks % mesh.pp:
+                raise ConfigError(
+                    f"--schedule interleaved runs micro-batches in groups of --pp: --chunks "
+                    f"{mesh.chunks} % --pp {mesh.pp} = {mesh.chunks % mesh.pp} != 0; try "
+                    f"--chunks {mesh.chunks + mesh.pp - mesh.chunks % mesh.pp}"
+                )
+        if schedule not in ("interleaved", "zb-h1"):
+            return
+        given = [flag for flag, on in (("--zero", self.zero), ("--compile", self.compute.compile),
+                 ("--activation-checkpointing", schedule == "zb-h1"
+                  and self.compute.activation_checkpointing)) if on]  # fmt: skip
+        if given:
+            raise ConfigError(
+                f"--schedule {schedule} does not run with {' or '.join(given)} yet (not "
+                "built and tested together); use --schedule 1f1b with them"
             )
 
     def _check_zero(self) -> None:

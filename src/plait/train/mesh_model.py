@@ -58,16 +58,20 @@ class MeshModel:
         device: torch.device | str = "cpu",
         compute: Compute | None = None,
         zero: int = 0,
+        virtual: int = 1,
     ) -> None:
         """`compute`: the Step's --compile (of this stage), --precision (autocast
         around the stage) and --compression/--reduce-dtype (the dp average's buckets); None:
         none.
-        `zero`: 1, 2 or 3 shards the stage over dp (ZeRO's stage); 0 replicates it."""
+        `zero`: 1, 2 or 3 shards the stage over dp (ZeRO's stage); 0 replicates it.
+        `virtual`: with schedule "interleaved", the model parts each pp rank holds."""
         self.mesh = mesh
         try:
             if mesh.tp.size > 1:
                 parallelize(model, mesh)
-            self.pipe = Pipeline(stages(model), mesh, chunks=chunks, schedule=schedule)
+            self.pipe = Pipeline(
+                stages(model), mesh, chunks=chunks, schedule=schedule, virtual=virtual
+            )
         except ValueError as e:  # ConfigError (stages) is one too
             raise ConfigError(str(e)) from None
         self.module = self.pipe.stage.to(device)  # this rank's parameters
@@ -125,8 +129,9 @@ class MeshModel:
     def describe(self) -> str:
         """One line for the run's header, e.g. "dp 2 x pp 2 x tp 1, 4 chunks, 1f1b"."""
         s = self.mesh.shape
+        parts = f" (v={self.pipe.parts})" if self.pipe.parts > 1 else ""
         return (f"dp {s['dp']} x pp {s['pp']} x tp {s['tp']}, {self.pipe.chunks} chunks, "
-                f"{self.pipe.schedule}")  # fmt: skip
+                f"{self.pipe.schedule}{parts}")  # fmt: skip
 
     def figures(self) -> dict[str, Any]:
         """The --json mesh figures; a collective (every rank calls it), the same everywhere.
@@ -166,9 +171,9 @@ class MeshModel:
         chunks, shape = self.pipe.chunks, self.mesh.shape
         return {
             "dp": shape["dp"], "pp": shape["pp"], "tp": shape["tp"], "chunks": chunks,
-            "schedule": self.pipe.schedule,
+            "schedule": self.pipe.schedule, "virtual": self.pipe.parts,
             "bubble_fraction": fraction,
-            "bubble_theory": ideal_bubble(self.pipe.schedule, pp, chunks),
+            "bubble_theory": ideal_bubble(self.pipe.schedule, pp, chunks, self.pipe.parts),
             "bubble_by_stage": by_stage,
             "peak_activations": [int(v) for v in both[:pp]],
             "peak_saved_bytes": [int(v) for v in both[pp : 2 * pp]],

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from plait import env
 from plait.options import option
-from plait.pipeline.schedule import SCHEDULES, SHOWN_ONLY
+from plait.pipeline.schedule import SCHEDULES, VIRTUAL
 from plait.train import data as datasets
 from plait.train import profile
 from plait.train.errors import ConfigError
@@ -234,24 +234,35 @@ class MeshConfig:
     schedule: str = field(
         default="1f1b",
         metadata=option(
-            f"the pipeline schedule: {' or '.join(PIPELINE_SCHEDULES)} "
-            f"({', '.join(SHOWN_ONLY)}: plait pipeline show only, refused here)",
-            choices=(*PIPELINE_SCHEDULES, *SHOWN_ONLY),
+            "the pipeline schedule: gpipe, 1f1b, interleaved (each rank holds --virtual parts;"
+            " --chunks a multiple of --pp) or zb-h1 (zero bubble: backward split into input "
+            "and weight gradients, the latter deferred)",
+            choices=PIPELINE_SCHEDULES,
         ),
-    )  # shown-only names parse, so that __post_init__ can say why they are refused
+    )
+    virtual: int | None = field(
+        default=None,
+        metadata=option(
+            "with --schedule interleaved: model parts (virtual stages) per pipeline rank",
+            metavar="V",
+            default_text="2 with --schedule interleaved, else 1",
+        ),
+    )
 
     def __post_init__(self) -> None:
         at_least("pp", self.pp, 1)
         at_least("tp", self.tp, 1)
         if self.dp is not None:
             at_least("dp", self.dp, 1)
-        if self.schedule in SHOWN_ONLY:
-            raise ConfigError(
-                f"schedule {self.schedule!r} is shown and simulated only "
-                f"(plait pipeline show --schedule {self.schedule}); the runtime does not run "
-                f"it yet: use one of {', '.join(PIPELINE_SCHEDULES)}"
-            )
         one_of("schedule", self.schedule, PIPELINE_SCHEDULES)
+        if self.virtual is None:
+            self.virtual = 2 if self.schedule in VIRTUAL else 1
+        at_least("virtual", self.virtual, 1)
+        if self.virtual > 1 and self.schedule not in VIRTUAL:
+            raise ConfigError(
+                f"--virtual {self.virtual} gives each rank several model parts, which only "
+                f"{', '.join(VIRTUAL)} runs; got --schedule {self.schedule}"
+            )
         if self.chunks is None:
             self.chunks = 4 if self.pp > 1 else 1
         at_least("chunks", self.chunks, 1)

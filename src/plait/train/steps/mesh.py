@@ -59,7 +59,8 @@ class MeshStep(AllreduceStep):
         assert config.mesh.chunks is not None
         self.model = MeshModel(model, mesh, chunks=config.mesh.chunks,
                                schedule=config.mesh.schedule, device=self.device,
-                               compute=self.compute, zero=config.zero)  # fmt: skip
+                               compute=self.compute, zero=config.zero,
+                               virtual=config.mesh.virtual or 1)  # fmt: skip
         # --zero: the optimizer steps this rank's shards of the stage; LARS and LAMB take
         # each parameter's norms over its shards and tp slices (MeshModel.layers)
         self.optimizer = make_optimizer(self.model.sharded or self.model.module, config,
