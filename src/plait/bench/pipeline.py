@@ -28,6 +28,7 @@ from torch import nn
 
 from plait.bench import worker_io
 from plait.bench.configs import PipelineBenchConfig
+from plait.pipeline.schedule import VIRTUAL
 
 
 def build_model(layers: int, width: int) -> nn.Sequential:
@@ -61,36 +62,69 @@ def baseline(config: PipelineBenchConfig) -> dict[str, Any]:
 
 
 def cell(comm: Any, schedule: str, chunks: int, config: PipelineBenchConfig) -> dict[str, Any]:
-    """Median step time and measured bubble of one (schedule, chunks) on this pipeline."""
+    """Median step time and measured bubble of one (schedule, chunks) on this pipeline; with
+    --peer torch, torch.distributed.pipelining's step time on the same model, timed in
+    turns with plait's (the order alternating by step), so both see the same noise."""
     from plait.pipeline import Pipeline, ideal_bubble
 
     p, s = comm.size, comm.rank
-    pipe = Pipeline(build_model(config.layers, config.width), comm, chunks, schedule=schedule)
+    parts = config.virtual if schedule in VIRTUAL else 1
+    model = build_model(config.layers, config.width)
+    pipe = Pipeline(model, comm, chunks, schedule=schedule, virtual=parts)
+    peer, peer_refused = None, None
+    if config.peer == "torch":
+        from plait.bench.pipeline_peer import TorchPipe
+
+        try:
+            peer = TorchPipe(
+                build_model(config.layers, config.width), schedule, chunks, parts, s, p
+            )
+        except ValueError as e:  # e.g. Schedule1F1B: microbatches must be >= stages
+            peer_refused = f"torch's {schedule} refuses p={p}, M={chunks}: {e}"
     x, y = _data(config.batch, config.width)
     steps: list[float] = []
+    peer_steps: list[float] = []
     bubbles: list[float] = []
     per_stage: list[list[float]] = []
-    for i in range(config.warmup + config.repeats):
-        pipe.stage.zero_grad(set_to_none=True)
+
+    def timed(run: Any) -> float:
         comm.barrier()
+        start = time.perf_counter()
+        run()
+        mine = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        return float(comm.allreduce(mine, op="max").item())
+
+    def ours() -> None:
+        pipe.stage.zero_grad(set_to_none=True)
         pipe.step(x if s == 0 else None, y if s == p - 1 else None, _mse)
-        mine = torch.zeros(p + 1, dtype=torch.float64)
-        mine[s] = pipe.stats.bubble
-        stage_bubbles = comm.allreduce(mine, op="sum")[:p].tolist()
-        step_max = torch.tensor([pipe.stats.step_time], dtype=torch.float64)
-        step = float(comm.allreduce(step_max, op="max").item())
-        if i >= config.warmup:
-            steps.append(step)
-            bubbles.append(sum(stage_bubbles) / p)
-            per_stage.append(stage_bubbles)
+
+    for i in range(config.warmup + config.repeats):
+        order = ["plait", "torch"] if i % 2 == 0 else ["torch", "plait"]
+        for impl in order:
+            if impl == "torch" and peer is not None:
+                took = timed(lambda: peer.step(x, y))
+                if i >= config.warmup:
+                    peer_steps.append(took)
+            elif impl == "plait":
+                took = timed(ours)
+                mine = torch.zeros(p + 1, dtype=torch.float64)
+                mine[s] = pipe.stats.bubble
+                stage_bubbles = comm.allreduce(mine, op="sum")[:p].tolist()
+                if i >= config.warmup:
+                    steps.append(took)
+                    bubbles.append(sum(stage_bubbles) / p)
+                    per_stage.append(stage_bubbles)
     return {
         "stages": p,
         "schedule": schedule,
         "chunks": chunks,
+        "parts": parts,
         "step_s": statistics.median(steps),
+        "peer_step_s": statistics.median(peer_steps) if peer_steps else None,
+        "peer_refused": peer_refused,
         "bubble": statistics.median(bubbles),
         "stage_bubbles": [statistics.median(b) for b in zip(*per_stage, strict=True)],
-        "theory": ideal_bubble(schedule, p, chunks),
+        "theory": ideal_bubble(schedule, p, chunks, parts),
         "balance": pipe.balance,
     }
 
@@ -110,12 +144,16 @@ def main(argv: list[str]) -> None:
     cells = []
     for schedule in config.schedule_list:
         for chunks in config.chunk_list:
+            if config.skip(schedule, comm.size, chunks):
+                continue
             r = cell(comm, schedule, chunks, config)
             cells.append(r)
             if comm.rank == 0:
+                peer = r["peer_step_s"]
+                vs = f", torch {peer * 1e3:.1f} ms" if peer is not None else ""
                 print(
-                    f"pp={r['stages']} {schedule} M={chunks}: {r['step_s'] * 1e3:.1f} ms/step, "
-                    f"bubble {r['bubble']:.3f} (theory {r['theory']:.3f})",
+                    f"pp={r['stages']} {schedule} M={chunks}: {r['step_s'] * 1e3:.1f} ms/step"
+                    f"{vs}, bubble {r['bubble']:.3f} (theory {r['theory']:.3f})",
                     flush=True,
                 )
     if comm.rank == 0:

@@ -19,7 +19,8 @@ def run(config: PipelineBenchConfig) -> int:
     base = worker_io.run_workers(WORKER, config, 1, "--baseline")
     runs = [worker_io.run_workers(WORKER, config, p) for p in config.stage_list]
     rows = summarize(runs, base, config.batch)
-    notes = _notes(config.stage_list)
+    notes = _notes(config) + sorted({c["peer_refused"] for r in runs for c in r["cells"]
+                                     if c.get("peer_refused")})  # fmt: skip
     render(rows, base, config.batch, notes, report.console(110))
     if config.markdown:
         print(markdown(rows))
@@ -29,14 +30,31 @@ def run(config: PipelineBenchConfig) -> int:
     return 0
 
 
-def _notes(stages: list[int]) -> list[str]:
+def _notes(config: PipelineBenchConfig) -> list[str]:
     cores = os.cpu_count() or 1
     notes = [
         "bubble: median over timed steps of the mean over stages of (step - compute) / step "
-        "per stage; theory: (p-1)/(M+p-1) for equal stages and free communication",
+        "per stage; theory: the schedule's idle share with equal stages, free communication "
+        "and f = b = w (plait.pipeline.ideal_bubble): (p-1)/(M+p-1) for gpipe and 1f1b, "
+        "(p-1)/(v*M+p-1) interleaved, (p-1)/(3M+p-1) zb-h1 (M >= p)",
         f"bar (reported, not asserted): |measured - theory| <= {BAR} at M >= 4",
     ]
-    for p in stages:
+    if config.peer == "torch":
+        notes.append(
+            "vs torch: torch.distributed.pipelining's median step time / plait's on the same "
+            "model (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, and for zb-h1 "
+            "ScheduleInterleavedZeroBubble with one stage per rank), timed in turns; > 1: "
+            "plait faster"
+        )
+    skipped = {
+        why
+        for p in config.stage_list
+        for s in config.schedule_list
+        for m in config.chunk_list
+        if (why := config.skip(s, p, m))
+    }
+    notes += [f"not run: {why}" for why in sorted(skipped)]
+    for p in config.stage_list:
         if p > cores:
             notes.append(
                 f"pp={p} runs {p} processes on {cores} cores: stages share cores, so it cannot "
@@ -62,6 +80,7 @@ def summarize(runs: list[dict[str, Any]], base: dict[str, Any], batch: int) -> l
                     if c["chunks"] >= 4
                     else None,
                     "speedup": base["step_s"] / c["step_s"],
+                    "vs_torch": c["peer_step_s"] / c["step_s"] if c.get("peer_step_s") else None,
                 }
             )
     return rows
@@ -73,24 +92,26 @@ def render(
     title = (f"pipeline training (medians over steps); one process: "
              f"{batch / base['step_s']:.0f} samples/s")  # fmt: skip
     columns = ("pp", "schedule", "M", "samples/s", "bubble", "theory", "diff", "bar",
-               "speedup vs 1 proc")  # fmt: skip
+               "speedup vs 1 proc", "vs torch")  # fmt: skip
     table = report.table(title, columns, left="schedule")
     for r in rows:
         bar = "-" if r["within_bar"] is None else ("ok" if r["within_bar"] else "MISS")
-        *measured, speedup = _cells(r)
-        table.add_row(*measured, bar, speedup)
+        *measured, speedup, vs_torch = _cells(r)
+        table.add_row(*measured, bar, speedup, vs_torch)
     console.print(table)
     for n in notes:
         console.print(f"note: {n}")
 
 
 def _cells(r: dict[str, Any]) -> list[str]:
-    """The columns the table and the Markdown share, speedup last."""
+    """The columns the table and the Markdown share, speedup and vs torch last."""
+    vs_torch = "-" if r.get("vs_torch") is None else report.ratio(r["vs_torch"])
     return [str(r["stages"]), r["schedule"], str(r["chunks"]), f"{r['samples_per_s']:.0f}",
             f"{r['bubble']:.3f}", f"{r['theory']:.3f}", f"{r['diff']:+.3f}",
-            report.ratio(r["speedup"])]  # fmt: skip
+            report.ratio(r["speedup"]), vs_torch]  # fmt: skip
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = ["pp", "schedule", "M", "samples/s", "bubble", "theory", "diff", "speedup"]
+    head = ["pp", "schedule", "M", "samples/s", "bubble", "theory", "diff", "speedup",
+            "vs torch"]  # fmt: skip
     return report.markdown(head, (_cells(r) for r in rows))
