@@ -53,8 +53,8 @@ __all__ = [
     "CommBenchConfig",
     "MemoryBenchConfig",
     "P2PConfig",
-    "PlanBenchConfig",
     "PipelineBenchConfig",
+    "PlanBenchConfig",
     "PsBenchConfig",
     "TrainBenchConfig",
 ]
