@@ -120,7 +120,8 @@ def launcher(config: PlanBenchConfig) -> Iterator[Launch]:
     try:  # HostsError comes from bringing the hosts up: the runs raise none
         with simulated_hosts(config.hosts, config.link_rate) as addrs:
             # the plan's --workers is the job's world size, hosts x nproc (the config checks)
-            yield lambda argv, log: run_on_hosts(addrs, argv, config.nproc, stdout=log)
+            # `plait run -m plait train ...` in each host: the module, then its arguments
+            yield lambda argv, log: run_on_hosts(addrs, ["plait", *argv], config.nproc, log)
     except HostsError as e:
         raise BenchFailed(2, f"simulated hosts: {e}") from None
 
@@ -141,7 +142,7 @@ def run_once(
     with open(log_path, "w") as log:
         code = start(argv, log)
     if code != 0 or not out.exists():
-        tail = log_path.read_text().strip().splitlines()[-5:]
+        tail = log_path.read_text().strip().splitlines()[-3:]
         raise BenchFailed(1, f"`plait {' '.join(argv)}` exited {code}: " + " | ".join(tail))
     figures = json.loads(out.read_text())
     return statistics.median(step_times(figures, config.warmup)), peak_bytes(figures)

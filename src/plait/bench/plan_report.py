@@ -68,9 +68,9 @@ def bars(rows: Sequence[dict[str, Any]], limit: int | None) -> list[dict[str, An
     out.append({"name": "top pick vs the fastest measured", "figure": gap,
                 "bar": MAX_TOP_PICK_GAP, "passed": None if gap is None else gap <= MAX_TOP_PICK_GAP,
                 "text": text})  # fmt: skip
-    if limit is None:
-        oom: dict[str, Any] = {"figure": None, "passed": None,
-                               "text": "not checked: no --memory-per-rank"}  # fmt: skip
+    if limit is None or not done:
+        why = "no --memory-per-rank" if limit is None else "no plan measured"
+        oom: dict[str, Any] = {"figure": None, "passed": None, "text": f"not checked: {why}"}
     else:
         over = [r["label"] for r in done
                 if r["predicted_fits"] and r["measured_peak_max"] > limit]  # fmt: skip

@@ -43,7 +43,7 @@ def run(config: PlanBenchConfig, search: Search | None = None) -> int:
             f.write(f"{where}; {note}\n\n" + plan_report.markdown(rows, bars, limit))
     failed = [r["label"] for r in rows if r["failed"]]
     if failed:
-        print(f"plait bench plan: {len(failed)} plans failed to run: {', '.join(failed)}",
+        print(f"plait bench plan: {len(failed)} plan(s) failed to run: {', '.join(failed)}",
               file=sys.stderr)  # fmt: skip
     return 1 if failed else 0
 
