@@ -128,7 +128,8 @@ def test_errors_and_bars_on_made_up_rows() -> None:
     mae, top, _ = plan_report.bars([made_row(1, 0.01, None), made_row(2, 0.01, 0.010)], None)
     assert top["passed"] is None and mae["figure"] == 0.0
     text = plan_report.markdown(rows, plan_report.bars(rows, 2 * MIB), 2 * MIB)
-    assert "| 3 | plan3 | top | 10.00 | 12.50 | -20.0% |" in text
+    assert "| 3 | plan3 | top | 10.00 | 12.50 | 0% | -20.0% |" in text
+    assert plan_report.spread([0.01, 0.02, 0.012]) == pytest.approx(0.01 / 0.012)
     assert "MISS  step time" in text and "yes / NO" in text
 
 
@@ -175,7 +176,8 @@ def test_the_job_runs_the_chosen_plans_in_rounds_and_writes_the_report(
     assert saved["rows"][0]["step_s_repeats"] == pytest.approx([0.002, 0.002])
     # plan0 is predicted 1 ms, plan1 2 ms, plan3 4 ms (the sample): MAE 50%, a MISS
     assert [b["passed"] for b in saved["bars"]] == [False, True, True]
-    assert "| 1 | plan0 | top | 1.00 | 2.00 | -50.0% |" in md.read_text()
+    assert "| 1 | plan0 | top | 1.00 | 2.00 | 0% | -50.0% |" in md.read_text()
+    assert set(saved["load_average_1min"]) == {"start", "end"}
 
 
 @pytest.mark.parametrize(

@@ -28,13 +28,20 @@ def make_row(rank: int, pick: str, prediction: Any, measured: Measured) -> dict[
         "rank": rank, "pick": pick, "label": prediction.plan.label(),
         "train_args": list(prediction.plan.train_args()), "bottleneck": prediction.bottleneck,
         "predicted_step_s": prediction.step_s, "measured_step_s": step,
-        "step_s_repeats": measured.step_s,
+        "step_s_repeats": measured.step_s, "step_spread": spread(measured.step_s),
         "step_error": None if step is None else error(prediction.step_s, step),
         "predicted_peak_bytes": list(prediction.peak_bytes), "measured_peak_bytes": peaks,
         "predicted_peak_max": pred_peak, "measured_peak_max": None if peaks is None else max(peaks),
         "memory_error": None if peaks is None else error(pred_peak, max(peaks)),
         "predicted_fits": bool(prediction.feasible), "failed": measured.failed,
     }  # fmt: skip
+
+
+def spread(values: Sequence[float]) -> float | None:
+    """(max - min) / median of a plan's repeats: the noise an error should be read against."""
+    if len(values) < 2:
+        return None
+    return (max(values) - min(values)) / statistics.median(values)
 
 
 def error(predicted: float, measured: float) -> float:
@@ -99,8 +106,8 @@ def memory_mae(rows: Sequence[dict[str, Any]]) -> float | None:
     return statistics.mean(errors) if errors else None
 
 
-HEAD = ("#", "plan", "pick", "pred ms", "meas ms", "err", "pred MiB", "meas MiB", "mem err",
-        "fits")  # fmt: skip
+HEAD = ("#", "plan", "pick", "pred ms", "meas ms", "spread", "err", "pred MiB", "meas MiB",
+        "mem err", "fits")  # fmt: skip
 
 
 def _pct(value: float | None) -> str:
@@ -119,7 +126,9 @@ def cells(r: dict[str, Any], limit: int | None) -> list[str]:
             "yes" if r["measured_peak_max"] <= limit else "NO")  # fmt: skip
     return [
         str(r["rank"]), r["label"], r["pick"], f"{r['predicted_step_s'] * 1e3:.2f}",
-        "failed" if meas is None else f"{meas * 1e3:.2f}", _pct(r["step_error"]),
+        "failed" if meas is None else f"{meas * 1e3:.2f}",
+        "" if r["step_spread"] is None else f"{100 * r['step_spread']:.0f}%",
+        _pct(r["step_error"]),
         _mib(r["predicted_peak_max"]), _mib(r["measured_peak_max"]), _pct(r["memory_error"]),
         fits,
     ]  # fmt: skip
@@ -132,8 +141,9 @@ def bar_lines(bar_list: Sequence[dict[str, Any]]) -> list[str]:
 
 def render(rows: Sequence[dict[str, Any]], bar_list: Sequence[dict[str, Any]],
            limit: int | None, where: str) -> None:  # fmt: skip
-    title = (f"the planner vs real runs ({where}): step time median over repeats; err = "
-             "(pred - meas) / meas; MiB: the largest rank's model states + activations; "
+    title = (f"the planner vs real runs ({where}): step time median over repeats, spread "
+             "(max - min) / median of the repeats; err = (pred - meas) / meas; MiB: the "
+             "largest rank's model states + activations; "
              "fits: predicted / measured under --memory-per-rank")  # fmt: skip
     table = report.table(title, HEAD, left="plan")
     report.add_rows(table, [(r["pick"], cells(r, limit)) for r in rows])

@@ -9,6 +9,7 @@ than landing on the plans that happened to run last.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from collections.abc import Callable, Sequence
@@ -26,7 +27,9 @@ def run(config: PlanBenchConfig, search: Search | None = None) -> int:
     predictions = predict(config, search)
     chosen, note = choose(predictions, config.top, config.sample, config.seed)
     print(note, file=sys.stderr)
+    load = [os.getloadavg()[0]]  # the machine's load: shared, its noise varies with it
     measured = measure(chosen, config)
+    load.append(os.getloadavg()[0])
     rows = [plan_report.make_row(rank, pick, p, measured[rank]) for rank, pick, p in chosen]
     limit = config.memory_bytes
     bars = plan_report.bars(rows, limit)
@@ -37,10 +40,12 @@ def run(config: PlanBenchConfig, search: Search | None = None) -> int:
     if config.json:
         worker_io.save(config.json, {"where": where, "note": note, "rows": rows, "bars": bars,
                                      "memory_mae": plan_report.memory_mae(rows),
+                                     "load_average_1min": {"start": load[0], "end": load[1]},
                                      "config": vars(config)})  # fmt: skip
     if config.markdown:
         with open(config.markdown, "w") as f:
-            f.write(f"{where}; {note}\n\n" + plan_report.markdown(rows, bars, limit))
+            f.write(f"{where}; {note}; load average {load[0]:.1f} at the start, "
+                    f"{load[1]:.1f} at the end\n\n" + plan_report.markdown(rows, bars, limit))
     failed = [r["label"] for r in rows if r["failed"]]
     if failed:
         print(f"plait bench plan: {len(failed)} plan(s) failed to run: {', '.join(failed)}",
