@@ -44,8 +44,10 @@ def run(config: PlanBenchConfig, search: Search | None = None) -> int:
                                      "config": vars(config)})  # fmt: skip
     if config.markdown:
         with open(config.markdown, "w") as f:
-            f.write(f"{where}; {note}; load average {load[0]:.1f} at the start, "
-                    f"{load[1]:.1f} at the end\n\n" + plan_report.markdown(rows, bars, limit))
+            f.write(
+                f"{where}; {note}; load average {load[0]:.1f} at the start, "
+                f"{load[1]:.1f} at the end\n\n" + plan_report.markdown(rows, bars, limit)
+            )
     failed = [r["label"] for r in rows if r["failed"]]
     if failed:
         print(f"plait bench plan: {len(failed)} plan(s) failed to run: {', '.join(failed)}",
