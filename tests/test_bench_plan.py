@@ -197,3 +197,11 @@ def test_the_command_line_rejects_bad_input_with_the_fix(
 ) -> None:
     assert main(["bench", "plan", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_missing_planner_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "plait.plan", None)  # import fails: ImportError
+    assert main(["bench", "plan"]) == 2
+    assert "the planner (plait.plan) cannot be imported" in capsys.readouterr().err

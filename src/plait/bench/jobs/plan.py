@@ -57,7 +57,10 @@ def run(config: PlanBenchConfig, search: Search | None = None) -> int:
 
 def predict(config: PlanBenchConfig, search: Search | None) -> list[Any]:
     """Every candidate plan, predicted and ranked best first (plait.plan.search)."""
-    from plait import plan as planner  # the planner: a package of its own, imported late
+    try:  # the planner: a package of its own, imported late
+        from plait import plan as planner
+    except ImportError as e:
+        raise BenchFailed(2, f"the planner (plait.plan) cannot be imported: {e}") from None
 
     request = planner.PlanRequest(
         model=config.model, workers=config.workers, hosts=config.hosts,
