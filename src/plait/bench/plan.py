@@ -21,6 +21,7 @@ no memory cap, so "runs out of memory" means "this figure exceeds --memory-per-r
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -134,8 +135,6 @@ def run_once(
     Raises:
         BenchFailed: the run failed (the message ends with its output's last lines).
     """
-    import json
-
     out, log_path = where.with_suffix(".json"), where.with_suffix(".log")
     out.unlink(missing_ok=True)
     argv = train_argv(plan_args, config, str(out))
