@@ -33,3 +33,22 @@ def format_size(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale}{unit}"
     return str(n)
+
+
+#: tc's rate units (SI, bits): what `--link-rate` takes, as netns.sh passes it to tc tbf
+RATE_UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
+
+
+def parse_rate(text: str) -> int:
+    """'100mbit' -> 100_000_000 bits/s; tc's units gbit, mbit, kbit, bit (powers of 1000)."""
+    low = text.strip().lower()
+    unit = next((u for u in RATE_UNITS if low.endswith(u)), None)
+    try:
+        value = float(low.removesuffix(unit)) * RATE_UNITS[unit] if unit else None
+    except ValueError:
+        value = None
+    if value is None or value <= 0:
+        raise ValueError(
+            f"a link rate must look like 100mbit or 1gbit ({', '.join(RATE_UNITS)}); got {text!r}"
+        )
+    return int(value)

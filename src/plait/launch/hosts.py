@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from plait.errors import PlaitError
 
@@ -56,12 +57,22 @@ def launch_on_hosts(
     """Run `python -m MODULE ARGS` as `nproc` ranks on each of `hosts` simulated hosts;
     return the first non-zero exit status of the hosts' launchers (0 if all succeed)."""
     with simulated_hosts(hosts, rate) as addrs:
-        procs = []
-        for i in range(hosts):
-            argv = ["ip", "netns", "exec", f"plait-h{i}", sys.executable, "-m", "plait", "run",
-                    "-n", str(nproc), "--nnodes", str(hosts), "--node-rank", str(i),
-                    "--master-addr", addrs[0], "--master-port", str(PORT),
-                    "-m", *module_args]  # fmt: skip
-            procs.append(subprocess.Popen(argv, env={**os.environ, "PLAIT_NODE_ID": f"h{i}"}))
-        codes = [p.wait() for p in procs]
+        return run_on_hosts(addrs, module_args, nproc)
+
+
+def run_on_hosts(
+    addrs: Sequence[str], module_args: Sequence[str], nproc: int, stdout: IO[str] | None = None
+) -> int:
+    """`launch_on_hosts` on hosts already up (`simulated_hosts`), so that several jobs can
+    share them; the launchers' output goes to `stdout` (None: this process's)."""
+    procs = []
+    for i in range(len(addrs)):
+        argv = ["ip", "netns", "exec", f"plait-h{i}", sys.executable, "-m", "plait", "run",
+                "-n", str(nproc), "--nnodes", str(len(addrs)), "--node-rank", str(i),
+                "--master-addr", addrs[0], "--master-port", str(PORT),
+                "-m", *module_args]  # fmt: skip
+        env = {**os.environ, "PLAIT_NODE_ID": f"h{i}"}
+        err = None if stdout is None else subprocess.STDOUT
+        procs.append(subprocess.Popen(argv, env=env, stdout=stdout, stderr=err))
+    codes = [p.wait() for p in procs]
     return next((c for c in codes if c != 0), 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from plait.bench.configs.collectives import CollectivesConfig, P2PConfig
 from plait.bench.configs.fields import DEVICES, SIZES
+from plait.bench.configs.planning import PlanBenchConfig
 from plait.bench.configs.training import (
     PS_BARS,
     PS_BASELINE,
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, type] = {
     "p2p": P2PConfig,
     "memory": MemoryBenchConfig,
     "comm": CommBenchConfig,
+    "plan": PlanBenchConfig,
 }
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "MemoryBenchConfig",
     "P2PConfig",
     "PipelineBenchConfig",
+    "PlanBenchConfig",
     "PsBenchConfig",
     "TrainBenchConfig",
 ]

@@ -18,7 +18,7 @@ from torch import nn
 
 from plait.comm.communicator import Communicator
 from plait.data_parallel import DataParallel
-from plait.train import traced
+from plait.train import memory, traced
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate
 from plait.train.optimizers import make_optimizer
@@ -111,5 +111,9 @@ class DataParallelStep(AllreduceStep):
         self._settle()
         # allreduce_bytes: the buckets' bytes (halved by bf16); sent_bytes: what the last
         # step's gradient collectives took from each rank (compression.py's table)
+        # rank_memory: each rank's model states and activations (a collective; `plait
+        # bench plan` compares them with the planner's prediction)
+        mine = memory.held(self.model, self.optimizer, self.compute.activation_bytes or 0)
         return {**self.compute.figures(), "allreduce_bytes": sum(self.wrapped.bucket_sizes),
-                "sent_bytes": self.wrapped.sent_bytes}  # fmt: skip
+                "sent_bytes": self.wrapped.sent_bytes,
+                "rank_memory": self.comm.allgather_object(mine)}  # fmt: skip

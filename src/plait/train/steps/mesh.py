@@ -93,6 +93,9 @@ class MeshStep(AllreduceStep):
                 sdp, self.optimizer, self.comm, psi=part, activations=self.model.peak_saved,
                 optimizer_name=self.config.optimizer,
             )  # fmt: skip
+        else:  # each rank's model states and its stage's activations, as --zero reports them
+            mine = memory.held(self.model.module, self.optimizer, self.model.peak_saved)
+            found["rank_memory"] = self.comm.allgather_object(mine)
         return found
 
     def describe(self) -> dict[str, Any]:

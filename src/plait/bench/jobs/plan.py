@@ -1,0 +1,132 @@
+"""`plait bench plan`, the parent side: ask the planner, choose plans, run them, report.
+
+The planner (plait.plan) is imported only here and only when the benchmark runs, so the
+command line parses without it. Runs go in rounds: every chosen plan once per repeat, in a
+fresh seeded order each round, so that the machine's drift over minutes (a shared 2-core
+machine drifts more than most differences measured) spreads over every plan alike rather
+than landing on the plans that happened to run last.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from plait.bench import plan, plan_report, worker_io
+from plait.bench.configs import PlanBenchConfig
+from plait.bench.worker_io import BenchFailed
+
+Search = Callable[[Any], list[Any]]  # plait.plan.search: PlanRequest -> [Prediction]
+
+
+def run(config: PlanBenchConfig, search: Search | None = None) -> int:
+    """The whole benchmark; `search` stands in for plait.plan.search (tests)."""
+    predictions = predict(config, search)
+    chosen, note = choose(predictions, config.top, config.sample, config.seed)
+    print(note, file=sys.stderr)
+    load = [os.getloadavg()[0]]  # the machine's load: shared, its noise varies with it
+    measured = measure(chosen, config)
+    load.append(os.getloadavg()[0])
+    rows = [plan_report.make_row(rank, pick, p, measured[rank]) for rank, pick, p in chosen]
+    limit = config.memory_bytes
+    bars = plan_report.bars(rows, limit)
+    where = f"{config.workers} ranks" + (
+        f" on {config.hosts} simulated hosts, link {config.link_rate or 'unlimited'}"
+        if config.hosts > 1 else " on this machine")  # fmt: skip
+    plan_report.render(rows, bars, limit, where)
+    if config.json:
+        worker_io.save(config.json, {"where": where, "note": note, "rows": rows, "bars": bars,
+                                     "memory_mae": plan_report.memory_mae(rows),
+                                     "load_average_1min": {"start": load[0], "end": load[1]},
+                                     "config": vars(config)})  # fmt: skip
+    if config.markdown:
+        with open(config.markdown, "w") as f:
+            f.write(
+                f"{where}; {note}; load average {load[0]:.1f} at the start, "
+                f"{load[1]:.1f} at the end\n\n" + plan_report.markdown(rows, bars, limit)
+            )
+    failed = [r["label"] for r in rows if r["failed"]]
+    if failed:
+        print(f"plait bench plan: {len(failed)} plan(s) failed to run: {', '.join(failed)}",
+              file=sys.stderr)  # fmt: skip
+    return 1 if failed else 0
+
+
+def predict(config: PlanBenchConfig, search: Search | None) -> list[Any]:
+    """Every candidate plan, predicted and ranked best first (plait.plan.search)."""
+    try:  # the planner: a package of its own, imported late
+        from plait import plan as planner
+    except ImportError as e:
+        raise BenchFailed(2, f"the planner (plait.plan) cannot be imported: {e}") from None
+
+    request = planner.PlanRequest(
+        model=config.model, workers=config.workers, hosts=config.hosts,
+        link_rate=config.link_bits, memory_per_rank=config.memory_bytes,
+        batch_size=config.batch_size, workload=None,
+    )  # fmt: skip
+    found = (search or planner.search)(request)
+    if not any(p.feasible for p in found):
+        raise BenchFailed(1, f"the planner found no feasible plan for {request}")
+    return list(found)
+
+
+def choose(
+    predictions: Sequence[Any], top: int, sample: int, seed: int
+) -> tuple[list[tuple[int, str, Any]], str]:
+    """(rank, "top" or "sample", prediction) of the plans to run, in the planner's order,
+    and a line saying what was chosen. Rank is the place in `predictions` (1: best).
+
+    The top are the first `top` feasible predictions; the sample is `sample` drawn with
+    random.Random(seed) from the feasible ones left (all of them when fewer are left).
+    """
+    feasible = [(i + 1, p) for i, p in enumerate(predictions) if p.feasible]
+    best, rest = feasible[:top], feasible[top:]
+    drawn = random.Random(seed).sample(rest, min(sample, len(rest)))
+    chosen = [(r, "top", p) for r, p in best] + sorted(
+        ((r, "sample", p) for r, p in drawn), key=lambda c: c[0]
+    )
+    note = (f"{len(predictions)} plans predicted, {len(feasible)} feasible: the top "
+            f"{len(best)} and {len(drawn)} drawn at random (seed {seed})")  # fmt: skip
+    if len(best) < top or len(drawn) < sample:
+        note += (f"; fewer than asked (--top {top} --sample {sample}): every feasible plan "
+                 "runs")  # fmt: skip
+    return chosen, note
+
+
+def measure(
+    chosen: Sequence[tuple[int, str, Any]], config: PlanBenchConfig
+) -> dict[int, plan.Measured]:
+    """Run every chosen plan --repeats times, in rounds; {rank: its measurements}.
+
+    A plan whose run fails is marked failed (the others still run); the log is kept."""
+    folder = plan.scratch("plan")
+    results = {rank: plan.Measured() for rank, _, _ in chosen}
+    total = len(chosen) * config.repeats
+    done = 0
+    with plan.launcher(config) as start:
+        for repeat in range(config.repeats):
+            order = list(chosen)
+            random.Random(config.seed + repeat).shuffle(order)
+            for rank, _, p in order:
+                done += 1
+                m, label = results[rank], p.plan.label()
+                if m.failed:
+                    continue
+                where = folder / f"{rank:03d}-{repeat}"
+                try:
+                    step_s, peaks = plan.run_once(p.plan.train_args(), config, start, where)
+                except BenchFailed as e:
+                    m.failed = str(e)
+                    print(f"[{done}/{total}] {label}: failed ({where}.log): {e}",
+                          file=sys.stderr)  # fmt: skip
+                    continue
+                m.step_s.append(step_s)
+                m.peak_bytes.append(peaks)
+                print(f"[{done}/{total}] {label}: {step_s * 1e3:.2f} ms (pred "
+                      f"{p.step_s * 1e3:.2f}), peak {max(peaks) / plan_report.MIB:.3g} MiB "
+                      f"(pred {max(p.peak_bytes) / plan_report.MIB:.3g})", file=sys.stderr,
+                      flush=True)  # fmt: skip
+    return results
