@@ -4,7 +4,7 @@ parameters, and the bytes autograd keeps, as lines in the micro-batch size.
 A layer is a pipeline layer (`GPT.layers()`, an `nn.Sequential`'s children:
 `plait.train.workload.stages`), the unit a pipeline stage is cut from. Each is timed on
 the output of the one before, on one thread (as a worker runs: OMP_NUM_THREADS=1), the
-median of `REPEATS` runs after one warm-up, the last layer with the workload's loss. This
+fastest of `REPEATS` runs after one warm-up (others' load only adds), the last layer with the workload's loss. This
 happens at two micro-batch sizes, `lo` and `hi`; every figure at another size is the line
 through those two (seconds = a + c * samples: a fixed cost per call plus a cost per
 sample), clamped at zero slope where noise made the larger size faster. Precisions are
@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
 
     from plait.train.workload import Workload
 
-REPEATS = 3
+REPEATS = 5
 Line = tuple[float, float]  # (a, c): a + c * samples
 
 
@@ -130,7 +129,8 @@ def _median_s(run: Any) -> float:
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    # the least disturbed run: other processes on a shared machine only ever add time
+    return min(times)
 
 
 def _bytes(t: torch.Tensor) -> int:

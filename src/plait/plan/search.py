@@ -1,0 +1,212 @@
+"""Every way `plait train` can run a request, predicted and ranked.
+
+The space: the strategy, every dp x pp x tp shape of the workers (pp at most the model's
+layers, tp > 1 for a model with attention and MLP blocks), ZeRO's stage, micro-batches
+(powers of two up to 32) and the schedule (`RUNNABLE_SCHEDULES`), activation
+checkpointing (a model with repeated blocks), precision (those this machine's torch
+autocasts), compression and priority scheduling. A candidate is valid when `TrainConfig`
+takes its options (the one place that knows what combines with what) and its schedule
+builds.
+
+Up to `EXHAUSTIVE` candidates, every one is predicted. Beyond, a Metropolis-Hastings walk
+over plans (FlexFlow's search, Jia et al. SysML'19 section 6): from the current plan,
+change one field to another of its values at random (the proposal is symmetric), and
+accept with probability min(1, exp(-BETA * (t_new - t_cur) / t_cur)), t being the
+predicted step time, infinite for a plan over the memory limit (an infeasible plan is
+never accepted from a feasible one). `BUDGET` proposals, from the plain data-parallel
+plan, with a fixed seed: the same request gives the same answer. Every plan visited is
+returned.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from plait.errors import ConfigError
+from plait.pipeline.schedule import SCHEDULES, VIRTUAL, ScheduleError, build
+from plait.plan.costs import Costs
+from plait.plan.plan import Plan, PlanRequest, Prediction
+from plait.plan.profile import Profile
+from plait.plan.simulate import Setting, simulate
+from plait.train.config import TrainConfig
+from plait.train.strategies import STRATEGIES
+
+RUNNABLE_SCHEDULES = tuple(SCHEDULES)  # what the runtime runs; more join as it learns them
+COMPRESSIONS = ("none", "fp16", "bf16", "topk:0.01", "powersgd:4")
+CHUNKS = (1, 2, 4, 8, 16, 32)
+EXHAUSTIVE = 2000  # candidates; beyond, Metropolis-Hastings
+BUDGET = 2000  # its proposals
+BETA = 10.0  # a plan 10% slower is accepted with probability 1/e
+SEED = 0
+
+
+def shapes(workers: int, layers: int, tp_ok: bool) -> list[tuple[int, int, int]]:
+    """Every (dp, pp, tp) with dp * pp * tp = workers, pp <= layers, tp > 1 only if tp_ok."""
+    found = []
+    for pp in range(1, min(workers, layers) + 1):
+        for tp in range(1, workers // pp + 1):
+            if workers % (pp * tp) == 0 and (tp == 1 or tp_ok):
+                found.append((workers // (pp * tp), pp, tp))
+    return found
+
+
+class Space:
+    """The candidates of one request: each field's values, and which combinations run."""
+
+    def __init__(self, req: PlanRequest, profile: Profile, batch: int) -> None:
+        self.req, self.batch = req, batch
+        self.base = req.train_options()
+        layers = len(profile.layers)
+        self.layers = layers
+        self.values: dict[str, tuple[Any, ...]] = {
+            "strategy": tuple(STRATEGIES),
+            "shape": tuple(shapes(req.workers, layers, any(x.tp_allreduces for x in profile.layers))),
+            "zero": (0, 1, 2, 3),
+            "chunks": CHUNKS,
+            "schedule": RUNNABLE_SCHEDULES,
+            "virtual": (1, 2),
+            "checkpointing": (False, True) if any(x.repeated for x in profile.layers) else (False,),
+            "precision": tuple(profile.precisions),
+            "compression": COMPRESSIONS,
+            "priority": (False, True),
+        }  # fmt: skip
+        self._valid: dict[Plan, bool] = {}
+
+    def make(self, fields: dict[str, Any]) -> Plan:
+        """The plan of these field values, with the pipeline's fields at their defaults
+        when there is no pipeline (so that equal runs are one plan)."""
+        dp, pp, tp = fields["shape"]
+        chunks, schedule, virtual = fields["chunks"], fields["schedule"], fields["virtual"]
+        if pp == 1:
+            chunks, schedule, virtual = 1, "1f1b", 1
+        if schedule not in VIRTUAL:
+            virtual = 1
+        rest = {k: v for k, v in fields.items() if k not in ("shape", "chunks", "schedule", "virtual")}
+        return Plan(dp=dp, pp=pp, tp=tp, chunks=chunks, schedule=schedule, virtual=virtual, **rest)
+
+    def fields(self, plan: Plan) -> dict[str, Any]:
+        f = {k: getattr(plan, k) for k in self.values if k != "shape"}
+        return {**f, "shape": (plan.dp, plan.pp, plan.tp)}
+
+    def valid(self, plan: Plan) -> bool:
+        """Whether `plait train` takes this plan (TrainConfig's checks) and it can run."""
+        if plan not in self._valid:
+            self._valid[plan] = self._check(plan)
+        return self._valid[plan]
+
+    def _check(self, plan: Plan) -> bool:
+        if plan.pp * plan.virtual > self.layers:
+            return False
+        try:
+            TrainConfig.from_options({**self.base, **plan.options()})
+            build(plan.schedule, plan.pp, plan.chunks, plan.virtual)
+        except (ConfigError, ScheduleError, TypeError):  # TypeError: an option train lacks
+            return False
+        return True
+
+    def size(self) -> int:
+        """Candidates before the validity checks (an upper bound)."""
+        return math.prod(len(v) for v in self.values.values())
+
+    def candidates(self) -> Iterator[Plan]:
+        """Every valid plan, each once, in a fixed order."""
+        seen: set[Plan] = set()
+        names = list(self.values)
+        for combo in itertools.product(*self.values.values()):
+            plan = self.make(dict(zip(names, combo, strict=True)))
+            if plan not in seen:
+                seen.add(plan)
+                if self.valid(plan):
+                    yield plan
+
+    def mutate(self, plan: Plan, rng: random.Random) -> Plan:
+        """`plan` with one field changed to another of its values, at random."""
+        name = rng.choice([n for n, v in self.values.items() if len(v) > 1])
+        fields = self.fields(plan)
+        fields[name] = rng.choice([v for v in self.values[name] if v != fields[name]])
+        return self.make(fields)
+
+
+def setting(req: PlanRequest, profile: Profile | None = None) -> tuple[Setting, int]:
+    """The shared figures of a request (profiling its workload if no profile is given),
+    and its global batch.
+
+    Raises:
+        ConfigError: a request `plait train` would refuse (an unknown model, a batch that
+            does not split over the workers ...), or a workload that does not load.
+    """
+    config = TrainConfig.from_options({**req.train_options(), "workers": req.workers})
+    batch = config.batch_size
+    if profile is None:
+        from plait.plan.profile import cached
+        from plait.train.workloads import resolve
+
+        # the whole global batch is the largest micro-batch a plan can have (dp = chunks = 1)
+        profile = cached(resolve(config), max(1, batch // 32), batch, config.optimizer)
+    costs = Costs.of(req.local, req.link_bytes_per_s)
+    return Setting(profile, batch, costs, os.cpu_count() or 1, req.memory_per_rank), batch
+
+
+def _rank(preds: list[Prediction]) -> list[Prediction]:
+    return sorted(preds, key=lambda p: (not p.feasible, p.step_s, p.plan.label()))
+
+
+def search(
+    req: PlanRequest, *, profile: Profile | None = None, exhaustive: int = EXHAUSTIVE,
+    budget: int = BUDGET, seed: int = SEED,
+) -> list[Prediction]:  # fmt: skip
+    """Predict the request's candidates and rank them, feasible first, fastest first.
+
+    Every valid candidate when there are at most `exhaustive` before the validity checks,
+    else those a Metropolis-Hastings walk of `budget` proposals visits (module docstring).
+    `profile`: the layers' costs to use instead of profiling the model (tests).
+
+    Raises:
+        ConfigError: see `setting`; or no candidate runs at all.
+    """
+    s, batch = setting(req, profile)
+    space = Space(req, s.profile, batch)
+    if space.size() <= exhaustive:
+        preds = [simulate(plan, s) for plan in space.candidates()]
+    else:
+        preds = _walk(space, s, budget, seed)
+    if not preds:
+        raise ConfigError(f"no plan runs {req.workers} workers on this request: {req}")
+    return _rank(preds)
+
+
+def _cost(pred: Prediction) -> float:
+    return pred.step_s if pred.feasible else math.inf
+
+
+def _walk(space: Space, s: Setting, budget: int, seed: int) -> list[Prediction]:
+    """Metropolis-Hastings over plans (module docstring); every plan visited, predicted."""
+    rng = random.Random(seed)
+    start = next((p for p in (Plan(dp=space.req.workers),) if space.valid(p)), None)
+    if start is None:
+        start = next(space.candidates(), None)
+    if start is None:
+        return []
+    seen = {start: simulate(start, s)}
+    current = seen[start]
+    for _ in range(budget):
+        plan = space.mutate(current.plan, rng)
+        if not space.valid(plan):
+            continue  # a proposal of a plan train refuses: rejected
+        if plan not in seen:
+            seen[plan] = simulate(plan, s)
+        new = seen[plan]
+        t_new, t_cur = _cost(new), _cost(current)
+        if t_new <= t_cur or math.isinf(t_cur):
+            current = new
+        elif not math.isinf(t_new) and rng.random() < math.exp(-BETA * (t_new - t_cur) / t_cur):
+            current = new
+    return list(seen.values())
+
+
