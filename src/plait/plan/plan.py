@@ -180,7 +180,7 @@ class PlanRequest:
             raise ConfigError(f"memory_per_rank {self.memory_per_rank} is not > 0 bytes")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"batch_size {self.batch_size} < 1")
-        if self.workload is not None and self.model not in (None, "mlp"):
+        if self.workload is not None and self.model is not None:
             raise ConfigError(
                 f"model {self.model} and workload {self.workload}: give one (--workload "
                 "brings its own model)"

@@ -8,7 +8,7 @@ autocasts), compression and priority scheduling. A candidate is valid when `Trai
 takes its options (the one place that knows what combines with what) and its schedule
 builds.
 
-Up to `EXHAUSTIVE` candidates, every one is predicted. Beyond, a Metropolis-Hastings walk
+Up to `EXHAUSTIVE` distinct candidates (before the validity checks, ~0.2 ms each), every one is predicted. Beyond, a Metropolis-Hastings walk
 over plans (FlexFlow's search, Jia et al. SysML'19 section 6): from the current plan,
 change one field to another of its values at random (the proposal is symmetric), and
 accept with probability min(1, exp(-BETA * (t_new - t_cur) / t_cur)), t being the
@@ -25,7 +25,6 @@ import math
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 from plait.errors import ConfigError
@@ -40,10 +39,13 @@ from plait.train.strategies import STRATEGIES
 RUNNABLE_SCHEDULES = tuple(SCHEDULES)  # what the runtime runs; more join as it learns them
 COMPRESSIONS = ("none", "fp16", "bf16", "topk:0.01", "powersgd:4")
 CHUNKS = (1, 2, 4, 8, 16, 32)
-EXHAUSTIVE = 2000  # candidates; beyond, Metropolis-Hastings
+EXHAUSTIVE = 20_000  # distinct candidates before the checks; beyond, Metropolis-Hastings
 BUDGET = 2000  # its proposals
 BETA = 10.0  # a plan 10% slower is accepted with probability 1/e
 SEED = 0
+# the micro-batch sizes profiled (at most the batch); others are on the line through them,
+# so that one profile serves every batch (and a large one costs no more to profile)
+PROFILE_SAMPLES = (2, 16)
 
 
 def shapes(workers: int, layers: int, tp_ok: bool) -> list[tuple[int, int, int]]:
@@ -79,16 +81,18 @@ class Space:
         self._valid: dict[Plan, bool] = {}
 
     def make(self, fields: dict[str, Any]) -> Plan:
-        """The plan of these field values, with the pipeline's fields at their defaults
-        when there is no pipeline (so that equal runs are one plan)."""
+        """The plan of these field values, normalised so that equal runs are one plan: no
+        pipeline, no pipeline fields; one replica, nothing to shard, compress or order."""
         dp, pp, tp = fields["shape"]
-        chunks, schedule, virtual = fields["chunks"], fields["schedule"], fields["virtual"]
+        f = dict(fields)
         if pp == 1:
-            chunks, schedule, virtual = 1, "1f1b", 1
-        if schedule not in VIRTUAL:
-            virtual = 1
-        rest = {k: v for k, v in fields.items() if k not in ("shape", "chunks", "schedule", "virtual")}
-        return Plan(dp=dp, pp=pp, tp=tp, chunks=chunks, schedule=schedule, virtual=virtual, **rest)
+            f.update(chunks=1, schedule="1f1b", virtual=1)
+        if f["schedule"] not in VIRTUAL:
+            f["virtual"] = 1
+        if dp == 1:
+            f.update(zero=0, compression="none", priority=False)
+        del f["shape"]
+        return Plan(dp=dp, pp=pp, tp=tp, **f)
 
     def fields(self, plan: Plan) -> dict[str, Any]:
         f = {k: getattr(plan, k) for k in self.values if k != "shape"}
@@ -110,20 +114,36 @@ class Space:
             return False
         return True
 
+    def _plans(self) -> Iterator[Plan]:
+        """Every plan of the field values, normalised (`make`), each once."""
+        v = self.values
+        seen: set[Plan] = set()
+        rest = [v[n] for n in ("zero", "checkpointing", "precision", "compression", "priority")]
+        for strategy, (dp, pp, tp) in itertools.product(v["strategy"], v["shape"]):
+            pipes = [(1, "1f1b", 1)] if pp == 1 else [
+                (c, sch, vv) for c in v["chunks"] for sch in v["schedule"]
+                for vv in (v["virtual"] if sch in VIRTUAL else (1,))
+            ]  # fmt: skip
+            for (chunks, schedule, virtual), combo in itertools.product(
+                pipes, itertools.product(*rest)
+            ):
+                zero, checkpointing, precision, compression, priority = combo
+                plan = self.make(dict(
+                    strategy=strategy, shape=(dp, pp, tp), chunks=chunks, schedule=schedule,
+                    virtual=virtual, zero=zero, checkpointing=checkpointing,
+                    precision=precision, compression=compression, priority=priority,
+                ))  # fmt: skip
+                if plan not in seen:
+                    seen.add(plan)
+                    yield plan
+
     def size(self) -> int:
-        """Candidates before the validity checks (an upper bound)."""
-        return math.prod(len(v) for v in self.values.values())
+        """Distinct candidates before the validity checks (an upper bound)."""
+        return sum(1 for _ in self._plans())
 
     def candidates(self) -> Iterator[Plan]:
         """Every valid plan, each once, in a fixed order."""
-        seen: set[Plan] = set()
-        names = list(self.values)
-        for combo in itertools.product(*self.values.values()):
-            plan = self.make(dict(zip(names, combo, strict=True)))
-            if plan not in seen:
-                seen.add(plan)
-                if self.valid(plan):
-                    yield plan
+        return (plan for plan in self._plans() if self.valid(plan))
 
     def mutate(self, plan: Plan, rng: random.Random) -> Plan:
         """`plan` with one field changed to another of its values, at random."""
@@ -141,14 +161,15 @@ def setting(req: PlanRequest, profile: Profile | None = None) -> tuple[Setting, 
         ConfigError: a request `plait train` would refuse (an unknown model, a batch that
             does not split over the workers ...), or a workload that does not load.
     """
-    config = TrainConfig.from_options({**req.train_options(), "workers": req.workers})
+    # one worker: whether the batch splits over a plan's replicas is each plan's own check
+    config = TrainConfig.from_options({**req.train_options(), "workers": 1})
     batch = config.batch_size
     if profile is None:
         from plait.plan.profile import cached
         from plait.train.workloads import resolve
 
-        # the whole global batch is the largest micro-batch a plan can have (dp = chunks = 1)
-        profile = cached(resolve(config), max(1, batch // 32), batch, config.optimizer)
+        lo, hi = min(PROFILE_SAMPLES[0], batch), min(PROFILE_SAMPLES[1], batch)
+        profile = cached(resolve(config), lo, hi, config.optimizer)
     costs = Costs.of(req.local, req.link_bytes_per_s)
     return Setting(profile, batch, costs, os.cpu_count() or 1, req.memory_per_rank), batch
 
@@ -163,22 +184,32 @@ def search(
 ) -> list[Prediction]:  # fmt: skip
     """Predict the request's candidates and rank them, feasible first, fastest first.
 
-    Every valid candidate when there are at most `exhaustive` before the validity checks,
-    else those a Metropolis-Hastings walk of `budget` proposals visits (module docstring).
-    `profile`: the layers' costs to use instead of profiling the model (tests).
+    Every valid candidate when there are at most `exhaustive` distinct ones before the
+    validity checks, else those a Metropolis-Hastings walk of `budget` proposals visits
+    (module docstring). `profile`: the layers' costs to use instead of profiling the model.
 
     Raises:
         ConfigError: see `setting`; or no candidate runs at all.
     """
+    return ranked(req, profile=profile, exhaustive=exhaustive, budget=budget, seed=seed)[0]
+
+
+def ranked(
+    req: PlanRequest, *, profile: Profile | None = None, exhaustive: int = EXHAUSTIVE,
+    budget: int = BUDGET, seed: int = SEED,
+) -> tuple[list[Prediction], str]:  # fmt: skip
+    """`search`'s answer, and how it was found, in words."""
     s, batch = setting(req, profile)
     space = Space(req, s.profile, batch)
     if space.size() <= exhaustive:
         preds = [simulate(plan, s) for plan in space.candidates()]
+        how = "exhaustive"
     else:
         preds = _walk(space, s, budget, seed)
+        how = f"Metropolis-Hastings, {budget} proposals, beta {BETA:g}, seed {seed}"
     if not preds:
         raise ConfigError(f"no plan runs {req.workers} workers on this request: {req}")
-    return _rank(preds)
+    return _rank(preds), how
 
 
 def _cost(pred: Prediction) -> float:
