@@ -165,7 +165,7 @@ def test_search_lists_every_valid_plan_ranked_and_deterministic():
     prof = fake(layers=4, params=1000)
     req = PlanRequest(model="mlp", workers=2)
     preds = search(req, profile=prof)
-    s, batch = setting(req, prof)
+    _, batch = setting(req, prof)
     assert len(preds) == len(list(Space(req, prof, batch).candidates()))
     assert len({p.plan for p in preds}) == len(preds)
     times = [p.step_s for p in preds]
@@ -192,7 +192,9 @@ def test_plan_train_args_are_plait_train_options():
     from plait.options import given
     from plait.train.config import TrainConfig
 
-    config = TrainConfig.from_options(given(build_parser().parse_args(["train", *args]), TrainConfig))
+    config = TrainConfig.from_options(
+        given(build_parser().parse_args(["train", *args]), TrainConfig)
+    )
     assert (config.mesh.dp, config.mesh.pp, config.mesh.chunks, config.zero) == (2, 2, 4, 1)
     assert config.mesh.schedule == "gpipe" and config.compute.precision == "bf16"
     assert Plan(dp=4).train_args() == ["--workers", "4"]

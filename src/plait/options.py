@@ -226,7 +226,8 @@ def _make(cls: type, left: dict[str, Any], optional: bool, only: Sequence[str] |
 def flatten(obj: Any, only: Sequence[str] | None = None) -> dict[str, Any]:
     """The option values of dataclass instance `obj` and its components, by option name."""
     values: dict[str, Any] = {}
-    for f, hint in _fields(type(obj), only):
+    cls: type = type(obj)
+    for f, hint in _fields(cls, only):
         value = getattr(obj, f.name)
         if component(hint) is None:
             values[_name(f)] = value

@@ -15,8 +15,10 @@ from plait.options import flag
 
 PLANS = ("best",)
 # the options a plan sets (Plan.options()), and reduce_dtype, compression's other name
-CHOSEN = ("strategy", "dp", "pp", "tp", "zero", "chunks", "schedule", "virtual",
-          "activation_checkpointing", "precision", "compression", "reduce_dtype", "priority")  # fmt: skip
+CHOSEN = (
+    "strategy", "dp", "pp", "tp", "zero", "chunks", "schedule", "virtual",
+    "activation_checkpointing", "precision", "compression", "reduce_dtype", "priority",
+)  # fmt: skip
 
 
 def choose(
@@ -39,9 +41,7 @@ def choose(
     if given:
         shown = ", ".join(f"{flag(n)} {options[n]}".replace(" True", "") for n in given)
         verb = "chooses" if len(given) == 1 else "choose"
-        raise ConfigError(
-            f"--plan best {verb} {', '.join(flag(n) for n in given)}; drop {shown}"
-        )
+        raise ConfigError(f"--plan best {verb} {', '.join(flag(n) for n in given)}; drop {shown}")
     req = PlanRequest(
         model=options.get("model", None if "workload" in options else "mlp"),
         workers=options.get("workers", TrainConfig.workers),

@@ -46,7 +46,7 @@ class Costs:
         return rank // self.local
 
     def level(self, ranks: list[int]) -> str:
-        """"local" when every rank is on one host, else "network"."""
+        """ "local" when every rank is on one host, else "network"."""
         return "local" if len({self.host(r) for r in ranks}) == 1 else "network"
 
     def allreduce(self, n: float, ranks: list[int]) -> float:

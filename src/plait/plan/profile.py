@@ -4,12 +4,12 @@ parameters, and the bytes autograd keeps, as lines in the micro-batch size.
 A layer is a pipeline layer (`GPT.layers()`, an `nn.Sequential`'s children:
 `plait.train.workload.stages`), the unit a pipeline stage is cut from. Each is timed on
 the output of the one before, on one thread (as a worker runs: OMP_NUM_THREADS=1), the
-fastest of `REPEATS` runs after one warm-up (others' load only adds), the last layer with the workload's loss. This
-happens at two micro-batch sizes, `lo` and `hi`; every figure at another size is the line
-through those two (seconds = a + c * samples: a fixed cost per call plus a cost per
-sample), clamped at zero slope where noise made the larger size faster. Precisions are
-measured once for the whole model, as factors on the fp32 figures (on a CPU, autocast to
-bf16 is often *slower*: it is measured, not assumed).
+fastest of `REPEATS` runs after one warm-up (others' load only adds), the last layer
+with the workload's loss. This happens at two micro-batch sizes, `lo` and `hi`; every
+figure at another size is the line through those two (seconds = a + c * samples: a fixed
+cost per call plus a cost per sample), clamped at zero slope where noise made the larger
+size faster. Precisions are measured once for the whole model, as factors on the fp32
+figures (on a CPU, autocast to bf16 is often *slower*: it is measured, not assumed).
 
 The result is cached as JSON under $XDG_CACHE_HOME/plait/profiles/ (~/.cache by default),
 keyed by the model, the two sizes, the optimizer, torch's version, the host name and its
@@ -85,10 +85,12 @@ class Profile:
     @classmethod
     def from_json(cls, text: str) -> Profile:
         data = json.loads(text)
-        layers = [
-            LayerCost(**{k: tuple(v) if isinstance(v, list) else v for k, v in layer.items()})
-            for layer in data.pop("layers")
-        ]
+        layers = []
+        for layer in data.pop("layers"):
+            fields: dict[str, Any] = {
+                k: tuple(v) if isinstance(v, list) else v for k, v in layer.items()
+            }  # JSON's lists back to the lines' tuples
+            layers.append(LayerCost(**fields))
         precisions = {k: (v[0], v[1]) for k, v in data.pop("precisions").items()}
         return cls(layers=layers, precisions=precisions, **data)
 
@@ -168,7 +170,7 @@ def _time_layers(
         f = _median_s(forward)
         b = max(0.0, _median_s(both) - f)
         with saved_bytes() as kept:
-            xi, _, y = forward()
+            _, _, y = forward()
         found.append((f, b, float(kept.total), float(_bytes(x)), float(_bytes(y))))
         x = y.detach()
     return found
@@ -180,11 +182,14 @@ def _tp_allreduces(layer: nn.Module) -> int:
     return sum(
         1
         for m in layer.modules()
-        if all(hasattr(m, a) for a in ("q", "k", "v", "out")) or all(hasattr(m, a) for a in ("fc", "proj"))
+        if all(hasattr(m, a) for a in ("q", "k", "v", "out"))
+        or all(hasattr(m, a) for a in ("fc", "proj"))
     )
 
 
-def _precision_factors(workload: Workload, model: nn.Module, samples: int) -> dict[str, tuple[float, float]]:
+def _precision_factors(
+    workload: Workload, model: nn.Module, samples: int
+) -> dict[str, tuple[float, float]]:
     """Per precision: the whole model's forward + backward time and saved bytes over fp32's."""
     import torch
 
@@ -197,9 +202,9 @@ def _precision_factors(workload: Workload, model: nn.Module, samples: int) -> di
         enabled = name != "fp32"
 
         def run(dtype: str = dtype, enabled: bool = enabled) -> float:
-            with saved_bytes() as kept:
-                with torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=enabled):
-                    loss = workload.loss(model(x), target)
+            cast = torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=enabled)
+            with saved_bytes() as kept, cast:
+                loss = workload.loss(model(x), target)
             loss.backward()
             model.zero_grad(set_to_none=True)
             return float(kept.total)

@@ -8,14 +8,14 @@ autocasts), compression and priority scheduling. A candidate is valid when `Trai
 takes its options (the one place that knows what combines with what) and its schedule
 builds.
 
-Up to `EXHAUSTIVE` distinct candidates (before the validity checks, ~0.2 ms each), every one is predicted. Beyond, a Metropolis-Hastings walk
-over plans (FlexFlow's search, Jia et al. SysML'19 section 6): from the current plan,
-change one field to another of its values at random (the proposal is symmetric), and
-accept with probability min(1, exp(-BETA * (t_new - t_cur) / t_cur)), t being the
-predicted step time, infinite for a plan over the memory limit (an infeasible plan is
-never accepted from a feasible one). `BUDGET` proposals, from the plain data-parallel
-plan, with a fixed seed: the same request gives the same answer. Every plan visited is
-returned.
+Up to `EXHAUSTIVE` distinct candidates (counted before the validity checks, ~0.2 ms
+each), every one is predicted. Beyond, a Metropolis-Hastings walk over plans (FlexFlow's
+search, Jia et al. SysML'19 section 6): from the current plan, change one field to
+another of its values at random (the proposal is symmetric), and accept with probability
+min(1, exp(-BETA * (t_new - t_cur) / t_cur)), t being the predicted step time, infinite
+for a plan over the memory limit (an infeasible plan is never accepted from a feasible
+one). `BUDGET` proposals, from the plain data-parallel plan, with a fixed seed: the same
+request gives the same answer. Every plan visited is returned.
 """
 
 from __future__ import annotations
@@ -64,11 +64,12 @@ class Space:
     def __init__(self, req: PlanRequest, profile: Profile, batch: int) -> None:
         self.req, self.batch = req, batch
         self.base = req.train_options()
-        layers = len(profile.layers)
+        prof = profile.layers
+        layers = len(prof)
         self.layers = layers
         self.values: dict[str, tuple[Any, ...]] = {
             "strategy": tuple(STRATEGIES),
-            "shape": tuple(shapes(req.workers, layers, any(x.tp_allreduces for x in profile.layers))),
+            "shape": tuple(shapes(req.workers, layers, any(x.tp_allreduces for x in prof))),
             "zero": (0, 1, 2, 3),
             "chunks": CHUNKS,
             "schedule": RUNNABLE_SCHEDULES,
@@ -234,10 +235,9 @@ def _walk(space: Space, s: Setting, budget: int, seed: int) -> list[Prediction]:
             seen[plan] = simulate(plan, s)
         new = seen[plan]
         t_new, t_cur = _cost(new), _cost(current)
-        if t_new <= t_cur or math.isinf(t_cur):
-            current = new
-        elif not math.isinf(t_new) and rng.random() < math.exp(-BETA * (t_new - t_cur) / t_cur):
+        # Metropolis: downhill always (and anywhere from an infeasible plan), uphill with
+        # probability exp(-BETA * relative slowdown), never into an infeasible plan
+        worse = math.inf if math.isinf(t_new) else BETA * (t_new - t_cur) / t_cur
+        if t_new <= t_cur or math.isinf(t_cur) or rng.random() < math.exp(-worse):
             current = new
     return list(seen.values())
-
-

@@ -40,7 +40,8 @@ from functools import lru_cache
 from plait.data_parallel.buckets import FIRST_BUCKET_BYTES, MiB
 from plait.pipeline.balance import split_sizes
 from plait.pipeline.schedule import Action, build
-from plait.pipeline.timeline import dependencies, simulate as simulate_timeline
+from plait.pipeline.timeline import dependencies
+from plait.pipeline.timeline import simulate as simulate_timeline
 from plait.plan.costs import Costs
 from plait.plan.graph import Graph
 from plait.plan.plan import Plan, Prediction
