@@ -269,3 +269,19 @@ def test_train_plan_best_runs(capsys, fake_profiling):
     assert main([*argv, "--eval-every", "0"]) == 0
     err = capsys.readouterr().err
     assert "plan: " in err and "ms/step)" in err
+
+
+def test_shapes_split_only_what_tensor_parallelism_can():
+    from plait.plan.search import shapes
+
+    # gpt: 4 heads, so tp 1, 2 or 4; pp at most its 6 layers
+    assert shapes(4, 6, 4) == [(4, 1, 1), (2, 1, 2), (1, 1, 4), (2, 2, 1), (1, 2, 2), (1, 4, 1)]
+    assert (1, 1, 3) not in shapes(3, 6, 4)  # 4 heads % tp 3 != 0
+    assert shapes(4, 2, 0) == [(4, 1, 1), (2, 2, 1)]  # no splittable layer; 2 layers
+
+
+def test_cli_says_when_no_plan_fits(capsys, fake_profiling):
+    assert main(["plan", "--workers", "2", "--memory-per-rank", "1K", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "0 fit in memory" in out and "no plan fits 1024 bytes per rank" in out
+    assert "run the best" not in out

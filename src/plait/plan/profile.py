@@ -19,6 +19,7 @@ CPU count: a second `plait plan` on the same machine measures nothing.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from plait.train.workload import Workload
 
 REPEATS = 5
+VERSION = 2  # of the cached JSON's fields: a profile of another version is measured again
 Line = tuple[float, float]  # (a, c): a + c * samples
 
 
@@ -62,6 +64,7 @@ class LayerCost:
     output_bytes: float  # per sample: a pipeline send, a tensor-parallel allreduce
     repeated: bool = False  # one of the blocks --activation-checkpointing wraps
     tp_allreduces: int = 0  # Megatron allreduces in its forward when split over tp (0: not)
+    tp_units: int = 0  # gcd of its attention heads and MLP widths: a tp must divide it
 
 
 @dataclass
@@ -104,7 +107,7 @@ def cache_path(model: str, lo: int, hi: int, optimizer: str) -> Path:
     import torch
 
     machine = f"{platform.node()}-c{os.cpu_count()}"
-    key = f"{model}-b{lo}-{hi}-{optimizer}-torch{torch.__version__}-{machine}"
+    key = f"v{VERSION}-{model}-b{lo}-{hi}-{optimizer}-torch{torch.__version__}-{machine}"
     return cache_dir() / (re.sub(r"[^\w.-]+", "_", key) + ".json")
 
 
@@ -173,6 +176,19 @@ def _time_layers(
             _, _, y = forward()
         found.append((f, b, float(kept.total), float(_bytes(x)), float(_bytes(y))))
         x = y.detach()
+    return found
+
+
+def _tp_units(layer: nn.Module) -> int:
+    """The gcd of the layer's attention heads and MLP hidden sizes (the checks of
+    plait.tensor_parallel.parallelize: every tp rank holds whole heads, equal slices)."""
+    found = 0
+    for m in layer.modules():
+        q, fc, width = getattr(m, "q", None), getattr(m, "fc", None), getattr(m, "head_dim", 0)
+        if all(hasattr(m, a) for a in ("k", "v", "out")) and q is not None and width:
+            found = math.gcd(found, int(q.out_features) // int(width))
+        elif hasattr(m, "proj") and fc is not None:
+            found = math.gcd(found, int(fc.out_features))
     return found
 
 
@@ -251,6 +267,7 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str) -> Profile:
                     output_bytes=g[4] / hi,
                     repeated=any(id(b) in inside for b in blocks),
                     tp_allreduces=_tp_allreduces(layer),
+                    tp_units=_tp_units(layer),
                 )
             )
         # at a middling size: bf16 on a CPU can be ten times slower than fp32

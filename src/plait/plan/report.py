@@ -27,7 +27,7 @@ def caveat(req: PlanRequest) -> str:
         )
     return (
         f"predicted (simulated from each layer's profile on this machine, not measured): "
-        f"{req.workers} local ranks on {cores} cores"
+        f"{req.workers} local rank{'s' if req.workers > 1 else ''} on {cores} cores"
     )
 
 
@@ -60,8 +60,14 @@ def table(req: PlanRequest, preds: list[Prediction], top: int, how: str) -> str:
                 for c, (cell, w) in enumerate(zip(r, widths, strict=True))
             ).rstrip()
         )
-    if preds:
+    if preds and preds[0].feasible:
         lines.append(f"run the best: plait train {' '.join(preds[0].plan.train_args())}")
+    elif preds:
+        least = min(max(p.peak_bytes) for p in preds)
+        lines.append(
+            f"no plan fits {req.memory_per_rank} bytes per rank: the smallest needs "
+            f"{least} ({least / MiB:.1f} MiB)"
+        )
     return "\n".join(lines)
 
 

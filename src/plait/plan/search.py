@@ -20,6 +20,7 @@ request gives the same answer. Every plan visited is returned.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -31,7 +32,7 @@ from plait.errors import ConfigError
 from plait.pipeline.schedule import SCHEDULES, VIRTUAL, ScheduleError, build
 from plait.plan.costs import Costs
 from plait.plan.plan import Plan, PlanRequest, Prediction
-from plait.plan.profile import Profile
+from plait.plan.profile import LayerCost, Profile
 from plait.plan.simulate import Setting, simulate
 from plait.train.config import TrainConfig
 from plait.train.strategies import STRATEGIES
@@ -48,14 +49,20 @@ SEED = 0
 PROFILE_SAMPLES = (2, 16)
 
 
-def shapes(workers: int, layers: int, tp_ok: bool) -> list[tuple[int, int, int]]:
-    """Every (dp, pp, tp) with dp * pp * tp = workers, pp <= layers, tp > 1 only if tp_ok."""
+def shapes(workers: int, layers: int, units: int) -> list[tuple[int, int, int]]:
+    """Every (dp, pp, tp) with dp * pp * tp = workers, pp <= layers, and tp dividing
+    `units` (the gcd of the model's heads and MLP widths; 0: no layer splits, tp = 1)."""
     found = []
     for pp in range(1, min(workers, layers) + 1):
         for tp in range(1, workers // pp + 1):
-            if workers % (pp * tp) == 0 and (tp == 1 or tp_ok):
+            if workers % (pp * tp) == 0 and (tp == 1 or (units and units % tp == 0)):
                 found.append((workers // (pp * tp), pp, tp))
     return found
+
+
+def _units(layers: list[LayerCost]) -> int:
+    """The gcd of every splittable layer's heads and widths (0: none splits)."""
+    return functools.reduce(math.gcd, (x.tp_units for x in layers if x.tp_allreduces), 0)
 
 
 class Space:
@@ -69,7 +76,7 @@ class Space:
         self.layers = layers
         self.values: dict[str, tuple[Any, ...]] = {
             "strategy": tuple(STRATEGIES),
-            "shape": tuple(shapes(req.workers, layers, any(x.tp_allreduces for x in prof))),
+            "shape": tuple(shapes(req.workers, layers, _units(prof))),
             "zero": (0, 1, 2, 3),
             "chunks": CHUNKS,
             "schedule": RUNNABLE_SCHEDULES,
