@@ -285,3 +285,21 @@ def test_cli_says_when_no_plan_fits(capsys, fake_profiling):
     out = capsys.readouterr().out
     assert "0 fit in memory" in out and "no plan fits 1024 bytes per rank" in out
     assert "run the best" not in out
+
+
+def test_a_pipeline_across_hosts_waits_on_the_network():
+    # one rank per host, 1 kB/s between them: each send of 512 bytes takes ~0.5 s
+    costs = Costs.of(local=1, link_bytes_per_s=1e3)
+    pred = simulate(Plan(pp=2), setting_of(fake(layers=2, f=0.01, b=0.01), 2, costs))
+    send = select.NETWORK.alpha + 8 * 64 / 1e3
+    assert pred.step_s == pytest.approx(0.04 + 2 * send)  # F, send, F, B, send back, B
+    assert pred.bottleneck == "link:network"
+
+
+def test_parameter_server_step_pushes_updates_and_pulls():
+    costs = Costs.of(local=2, link_bytes_per_s=None)
+    prof = fake(layers=1, params=1 << 16)
+    ps = simulate(Plan(strategy="ps", dp=2), setting_of(prof, 2, costs))
+    move = costs.to_servers(4.0 * (1 << 16), 2, 2)
+    assert ps.step_s > 3.0 + 2 * move  # forward, backward, push, the update, pull
+    assert ps.peak_bytes == [8 * (1 << 16)] * 2  # parameters and gradients only

@@ -52,6 +52,7 @@ from plait.train.memory import OPTIMIZER_BYTES, formula
 BUCKET_BYTES = 25 * MiB  # DataParallel(bucket_mb=25)'s default
 SLICE_BYTES = 1 * MiB  # --slice-mb's default: P3's slices
 GAMMA = 1 / 4e9  # seconds per byte of an elementwise pass (select.Link's gamma)
+SERVERS = "servers"  # the parameter servers' compute queue (not a link)
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,9 @@ def simulate(plan: Plan, s: Setting) -> Prediction:
     grad_ready: dict[int, int] = {}  # layer -> task after which its gradient is final
     gathers: dict[int, list[int]] = {}  # stage -> ZeRO 3's parameter gathers (F, B)
 
-    def link(src: int, dst: int) -> str:
-        return "network" if costs.host(src) != costs.host(dst) else f"p2p s{src}>s{dst}"
+    def link(src: int, dst: int) -> str:  # the queue of a send between two stages
+        ranks = (rank(0, src), rank(0, dst))
+        return "network" if costs.level(list(ranks)) == "network" else f"p2p s{src}>s{dst}"
 
     pending = [list(acts) for acts in sched]
     for stage in range(p):
@@ -187,7 +189,9 @@ def simulate(plan: Plan, s: Setting) -> Prediction:
 
     reduced = _reductions(plan, g, s, grads, grad_ready, groups, rank, slow)
     full = g.run()
-    free_links = g.run({r: 0.0 for r in full.busy if not r.startswith("s")})
+    computes = {f"s{stage}" for stage in range(p)}
+    links = {r: t for r, t in full.busy.items() if r not in computes and r != SERVERS}
+    free_links = g.run({r: 0.0 for r in links})
     step = full.makespan
     no_comm = free_links.makespan
     if plan.priority:
@@ -195,7 +199,7 @@ def simulate(plan: Plan, s: Setting) -> Prediction:
         steps = [n * per_param for n in grads]
         step = _overlapped(full, g, reduced, fwd, steps)
         no_comm = _overlapped(free_links, g, reduced, fwd, steps)
-    compute = max(v for r, v in full.busy.items() if r.startswith("s"))
+    compute = max(full.busy[r] for r in computes)
     breakdown = {
         "compute_s": compute,
         "bubble_s": max(0.0, no_comm - compute),
@@ -211,8 +215,7 @@ def simulate(plan: Plan, s: Setting) -> Prediction:
         parts = {"compute": compute, "bubble": breakdown["bubble_s"], "comm": breakdown["comm_s"]}
         bottleneck = max(parts, key=parts.__getitem__)
         if bottleneck == "comm":
-            links = {r: t for r, t in full.busy.items() if not r.startswith("s")}
-            bottleneck = "link:" + max(links, key=links.__getitem__)
+            bottleneck = "link:" + max(links, key=links.__getitem__) if links else "compute"
     return Prediction(plan, step, s.batch / step, peak_bytes, bottleneck, feasible, breakdown)
 
 
@@ -265,7 +268,7 @@ def _reductions(
                 move = costs.to_servers(4.0 * n, dp, servers)
                 push = g.add(f"push L{min(bucket)}", "servers' links", move, deps, prio)
                 apply = n / servers * (prof.step_per_param + dp * 4 * GAMMA)
-                update = g.add(f"update L{min(bucket)}", "servers", apply, [push], prio)
+                update = g.add(f"update L{min(bucket)}", SERVERS, apply, [push], prio)
                 done = g.add(f"pull L{min(bucket)}", "servers' links", move, [update], prio)
             elif dp > 1:
                 nbytes, work, gathered = _compression(plan.compression, n)
