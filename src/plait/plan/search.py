@@ -227,8 +227,8 @@ def _cost(pred: Prediction) -> float:
 def _walk(space: Space, s: Setting, budget: int, seed: int) -> list[Prediction]:
     """Metropolis-Hastings over plans (module docstring); every plan visited, predicted."""
     rng = random.Random(seed)
-    start = next((p for p in (Plan(dp=space.req.workers),) if space.valid(p)), None)
-    if start is None:
+    start: Plan | None = Plan(dp=space.req.workers)  # plain data parallelism, if it runs
+    if not space.valid(start):
         start = next(space.candidates(), None)
     if start is None:
         return []
