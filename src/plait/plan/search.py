@@ -65,6 +65,22 @@ def _units(layers: list[LayerCost]) -> int:
     return functools.reduce(math.gcd, (x.tp_units for x in layers if x.tp_allreduces), 0)
 
 
+@functools.cache
+def _same_as(schedule: str, pp: int, chunks: int, virtual: int) -> str:
+    """The first runnable schedule whose actions are `schedule`'s (gpipe and 1f1b are one
+    schedule at one micro-batch): one plan, not two with the same prediction."""
+    if pp == 1 or virtual > 1:
+        return schedule
+    try:
+        mine = build(schedule, pp, chunks, virtual)
+    except ScheduleError:  # not a plan at all: `valid` says so
+        return schedule
+    for other in RUNNABLE_SCHEDULES:
+        if other not in VIRTUAL and build(other, pp, chunks) == mine:
+            return other
+    return schedule
+
+
 class Space:
     """The candidates of one request: each field's values, and which combinations run."""
 
@@ -97,6 +113,7 @@ class Space:
             f.update(chunks=1, schedule="1f1b", virtual=1)
         if f["schedule"] not in VIRTUAL:
             f["virtual"] = 1
+        f["schedule"] = _same_as(f["schedule"], pp, f["chunks"], f["virtual"])
         if dp == 1:
             f.update(zero=0, compression="none", priority=False)
         del f["shape"]
@@ -227,9 +244,8 @@ def _cost(pred: Prediction) -> float:
 def _walk(space: Space, s: Setting, budget: int, seed: int) -> list[Prediction]:
     """Metropolis-Hastings over plans (module docstring); every plan visited, predicted."""
     rng = random.Random(seed)
-    start: Plan | None = Plan(dp=space.req.workers)  # plain data parallelism, if it runs
-    if not space.valid(start):
-        start = next(space.candidates(), None)
+    plain = Plan(dp=space.req.workers)  # plain data parallelism, if it runs
+    start = plain if space.valid(plain) else next(space.candidates(), None)
     if start is None:
         return []
     seen = {start: simulate(start, s)}

@@ -90,7 +90,27 @@ def _compression(method: str, params: int) -> tuple[float, float, bool]:
 
 
 def simulate(plan: Plan, s: Setting) -> Prediction:
-    """Predict `plan`'s step time, samples/s, peak memory per rank and bottleneck."""
+    """Predict `plan`'s step time, samples/s, peak memory per rank and bottleneck.
+
+    Where a host's ranks outnumber its cores, each rank's compute is slowed by the ranks
+    per core; a rank that waits (a bubble, a reduction) leaves its share to the others, so
+    the step is simulated once more with the ranks counted by the share of the step they
+    compute (a mean-field view of the cores' sharing, one refinement)."""
+    servers = DEFAULT_SERVERS if plan.strategy == "ps" else 0
+    hosts = max(1, plan.workers // s.costs.local)
+    per_host = plan.workers / hosts
+    slow = max(1.0, (per_host + servers / hosts) / s.cores)
+    pred = _simulate(plan, s, slow)
+    if slow > 1.0:
+        busy = pred.breakdown["compute_total_s"] / (plan.pp * pred.step_s)
+        shared = max(1.0, (per_host * min(1.0, busy) + servers / hosts) / s.cores)
+        if shared < slow:
+            pred = _simulate(plan, s, shared)
+    return pred
+
+
+def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
+    """`simulate` with every rank's compute slowed by `slow`."""
     prof, costs = s.profile, s.costs
     p, v, m, tp, dp = plan.pp, plan.virtual, plan.chunks, plan.tp, plan.dp
     micro = s.batch / (dp * m)  # samples per micro-batch
@@ -98,9 +118,6 @@ def simulate(plan: Plan, s: Setting) -> Prediction:
     sizes = split_sizes(len(layers), p * v)
     groups = [list(range(sum(sizes[:k]), sum(sizes[: k + 1]))) for k in range(p * v)]
     tfac, afac = prof.precisions[plan.precision]
-    servers = DEFAULT_SERVERS if plan.strategy == "ps" else 0
-    hosts = max(1, plan.workers // costs.local)
-    slow = max(1.0, (plan.workers + servers) / hosts / s.cores)  # ranks sharing cores
 
     def rank(d: int, stage: int, t: int = 0) -> int:  # comm/mesh.py's layout
         return (d * p + stage) * tp + t
@@ -204,6 +221,7 @@ def simulate(plan: Plan, s: Setting) -> Prediction:
         "compute_s": compute,
         "bubble_s": max(0.0, no_comm - compute),
         "comm_s": max(0.0, step - no_comm),
+        "compute_total_s": sum(full.busy[r] for r in computes),  # all stages together
         "slowdown": slow,
     }
     peaks = _memory(plan, s, groups, grads, afac, micro)
