@@ -1,6 +1,6 @@
 """`plait bench plan`: one real run parsed, the choice of plans, the bars, the command line.
 
-The planner (plait.plan) is written elsewhere: a stand-in `search` returns predictions of
+The planner's `search` is replaced by a stand-in that returns predictions of
 the promised shape with real `plait train` arguments. One real run trains (mlp, 2 workers,
 3 steps, ~10 s); the rest fakes the runs by writing the JSON `plait train` would.
 """
@@ -16,6 +16,7 @@ from typing import IO, Any
 
 import pytest
 
+import plait
 from plait.bench import plan, plan_report
 from plait.bench.configs import PlanBenchConfig
 from plait.bench.jobs import plan as job
@@ -163,6 +164,7 @@ def test_the_job_runs_the_chosen_plans_in_rounds_and_writes_the_report(
     fake.PlanRequest = FakeRequest  # type: ignore[attr-defined]
     fake.search = search  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "plait.plan", fake)
+    monkeypatch.setattr(plait, "plan", fake, raising=False)  # (where the real one was loaded)
     out, md = tmp_path / "o.json", tmp_path / "t.md"
     code = main(["bench", "plan", "--workers", "2", "--top", "2", "--sample", "1",
                  "--repeats", "2", "--memory-per-rank", "4M", "--json", str(out),
@@ -203,5 +205,6 @@ def test_a_missing_planner_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "plait.plan", None)  # import fails: ImportError
+    monkeypatch.delattr(plait, "plan", raising=False)
     assert main(["bench", "plan"]) == 2
     assert "the planner (plait.plan) cannot be imported" in capsys.readouterr().err

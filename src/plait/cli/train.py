@@ -10,8 +10,11 @@ plait.train.job.
 from __future__ import annotations
 
 import argparse
+import sys
 
+from plait.errors import EXIT_BAD_INPUT, ConfigError
 from plait.options import add_options, given
+from plait.plan.best import PLANS
 from plait.train.config import TrainConfig
 
 
@@ -24,10 +27,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(p, TrainConfig)
+    p.add_argument(
+        "--plan",
+        choices=PLANS,
+        help="run the planner's best plan for this model, workers and batch (plait plan): it "
+        "chooses --dp/--pp/--tp, --zero, --chunks, --schedule, --precision, --compression, "
+        "--activation-checkpointing, --priority and --strategy",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from plait.train import job
 
-    return job.run(given(args, TrainConfig))
+    options = given(args, TrainConfig)
+    if getattr(args, "plan", None) is not None:
+        from plait.plan.best import choose
+
+        try:
+            options = choose(args.plan, options)
+        except ConfigError as e:
+            print(f"plait train: error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    return job.run(options)

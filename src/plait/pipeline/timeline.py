@@ -260,3 +260,9 @@ def grid(
         line = f"rank {s}".ljust(label) + " " + " ".join(c.ljust(width) for c in row)
         lines.append(line.rstrip())
     return "\n".join(lines)
+
+
+def dependencies(a: Action, stages: int, parts: int = 1) -> list[Action]:
+    """The actions `a` waits for, by the rules in the module docstring (the planner's
+    simulator, plait.plan.simulate, adds the sends between them)."""
+    return _deps(a, stages, parts)

@@ -1,0 +1,17 @@
+"""The planner (`plait plan`): predict how every way of running a training step performs on
+a machine (or a cluster this machine is not), and rank them.
+
+    from plait.plan import Plan, Prediction, PlanRequest, search
+    preds = search(PlanRequest(model="gpt", workers=4))   # best first, feasible first
+    preds[0].plan.train_args()                            # the plait train flags that run it
+
+profile.py measures each layer once per model and machine; costs.py prices communication
+with the calibrated alpha-beta model; graph.py runs a task graph on queues (FlexFlow's
+simulator); simulate.py builds a plan's step as one; search.py enumerates or walks the
+candidates. See docs/planning.md.
+"""
+
+from plait.plan.plan import Plan, PlanRequest, Prediction, parse_rate
+from plait.plan.search import RUNNABLE_SCHEDULES, search
+
+__all__ = ["RUNNABLE_SCHEDULES", "Plan", "PlanRequest", "Prediction", "parse_rate", "search"]

@@ -1,0 +1,108 @@
+"""`plait plan`'s options, as a dataclass (plait/options.py derives the command line).
+No torch here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plait.bench.units import parse_size
+from plait.errors import ConfigError
+from plait.options import option
+from plait.plan.plan import PlanRequest
+from plait.plan.search import BUDGET, SEED
+from plait.train.recipes import MODELS
+
+
+@dataclass(kw_only=True)
+class PlanConfig:
+    """Which workload on which machine(s), and what to print."""
+
+    model: str | None = field(
+        default=None,
+        metadata=option("the network", choices=MODELS, default_text="mlp, unless --workload"),
+    )
+    workload: str | None = field(
+        default=None,
+        metadata=option(
+            "plan your own workload: a function returning a plait.train.Workload",
+            metavar="MODULE:FUNCTION",
+        ),
+    )
+    workers: int = field(default=4, metadata=option("ranks (all hosts together)"))
+    hosts: int = field(
+        default=1,
+        metadata=option("hosts the workers are spread over, workers / hosts each", metavar="H"),
+    )
+    link_rate: str | None = field(
+        default=None,
+        metadata=option(
+            "with --hosts: each host's network link, as tc writes it (100mbit, 1gbit)",
+            metavar="RATE",
+            default_text="1gbit",
+        ),
+    )
+    memory_per_rank: str | None = field(
+        default=None,
+        metadata=option(
+            "each rank's memory (e.g. 512M, 2G): plans that need more are infeasible",
+            metavar="BYTES",
+            default_text="no limit",
+        ),
+    )
+    batch_size: int | None = field(
+        default=None,
+        metadata=option("the global batch", default_text="the model's recipe's"),
+    )
+    top: int = field(default=10, metadata=option("print the K best plans", metavar="K"))
+    json: str | None = field(
+        default=None,
+        metadata=option("write every plan predicted, ranked, to FILE as JSON", metavar="FILE"),
+    )
+    budget: int = field(
+        default=BUDGET,
+        metadata=option("Metropolis-Hastings proposals, where the space is too large to list"),
+    )
+    seed: int = field(default=SEED, metadata=option("the Metropolis-Hastings walk's seed"))
+
+    def __post_init__(self) -> None:
+        if self.top < 1:
+            raise ConfigError(f"top {self.top} < 1")
+        if self.budget < 1:
+            raise ConfigError(f"budget {self.budget} < 1")
+        self.request()  # its own checks
+
+    def memory_bytes(self) -> int | None:
+        if self.memory_per_rank is None:
+            return None
+        try:
+            return parse_size(self.memory_per_rank)
+        except ValueError as e:
+            raise ConfigError(f"memory_per_rank: {e}") from None
+
+    def request(self) -> PlanRequest:
+        """The search's request.
+
+        Raises:
+            ConfigError: workers or hosts below 1, workers not a multiple of hosts, a link
+                rate without hosts or not as tc writes it, both --model and --workload.
+        """
+        if self.model is not None and self.workload is not None:
+            raise ConfigError(
+                f"--model {self.model} and --workload {self.workload}: give one (--workload "
+                "brings its own model)"
+            )
+        model = self.model if self.workload is None else None
+        return PlanRequest(
+            model=model if model is not None or self.workload is not None else "mlp",
+            workers=self.workers,
+            hosts=self.hosts,
+            link_rate=self.link_rate,
+            memory_per_rank=self.memory_bytes(),
+            batch_size=self.batch_size,
+            workload=self.workload,
+        )
+
+    def beyond_this_machine(self) -> bool:
+        """Whether the figures are of a cluster this machine is not (several hosts; local
+        ranks beyond the cores run here, sharing them, and are modelled so)."""
+        return self.hosts > 1

@@ -1,0 +1,80 @@
+"""What moving bytes costs: the calibrated alpha-beta model per level (plait.comm.select).
+
+Two levels, as the hierarchical allreduce has them: *local*, between the ranks of one host
+(shared memory; its collectives' cost is `plait bench collectives --calibrate`'s
+measurements at that world size when there are any, else the alpha-beta formulas with
+`select.DEFAULT`, this machine's constants), and *network*, between hosts (`select.NETWORK`:
+100 us a message, and `--link-rate` for its bandwidth, 1 Gbit/s by default). A collective
+whose ranks span hosts is costed as plait's two-level allreduce (`predict_hierarchical`).
+Point-to-point sends inside a host cost a shared-memory synchronisation plus the bytes at
+`SHM_BETA`; across hosts, the network's alpha + n beta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from plait.comm import select
+from plait.comm.select import DEFAULT, FLAT, NETWORK, Link
+
+
+def _local_allreduce(n: int, p: int) -> float:
+    """Seconds of the best flat allreduce of n bytes over p ranks of one host."""
+    measured = select.load_calibration().get(select.world_key(p, 1), {}).get("allreduce", {})
+    times = [select.interpolate(points, n) for points in measured.values() if points]
+    if times:
+        return min(times)
+    return min(select.predict(a, n, p, DEFAULT) for a in FLAT)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Communication costs for ranks laid `local` to a host (rank r on host r // local)."""
+
+    local: int  # ranks per host
+    network: Link = NETWORK
+
+    @classmethod
+    def of(cls, local: int, link_bytes_per_s: float | None) -> Costs:
+        net = NETWORK
+        if link_bytes_per_s is not None:
+            beta = 1 / link_bytes_per_s
+            net = replace(NETWORK, beta=beta, native_beta=beta)
+        return cls(local, net)
+
+    def host(self, rank: int) -> int:
+        return rank // self.local
+
+    def level(self, ranks: list[int]) -> str:
+        """ "local" when every rank is on one host, else "network"."""
+        return "local" if len({self.host(r) for r in ranks}) == 1 else "network"
+
+    def allreduce(self, n: float, ranks: list[int]) -> float:
+        """Seconds of an allreduce of n bytes over `ranks`."""
+        p = len(ranks)
+        if p <= 1 or n <= 0:
+            return 0.0
+        hosts = len({self.host(r) for r in ranks})
+        if hosts == 1:
+            return _local_allreduce(int(n), p)
+        return select.predict_hierarchical(int(n), hosts, p // hosts, self.network)
+
+    def allgather(self, n: float, ranks: list[int]) -> float:
+        """Seconds of a ring all-gather where every rank contributes n bytes."""
+        p = len(ranks)
+        if p <= 1:
+            return 0.0
+        link = DEFAULT if self.level(ranks) == "local" else self.network
+        return (p - 1) * (link.alpha + n * link.beta)
+
+    def to_servers(self, n: float, workers: int, servers: int) -> float:
+        """Seconds for `workers` ranks to each push n bytes to `servers` servers (each takes
+        its 1/servers slice from every worker over its own link), or to pull them back."""
+        link = DEFAULT if self.local * 1 >= workers else self.network
+        return link.alpha + workers * n / servers * link.beta
+
+    def send(self, n: float, src: int, dst: int) -> float:
+        """Seconds of a point-to-point send of n bytes."""
+        if self.host(src) == self.host(dst):
+            return select.SHM_SYNC + n * select.SHM_BETA
+        return self.network.alpha + n * self.network.beta
