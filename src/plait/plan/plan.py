@@ -70,7 +70,7 @@ class Plan:
             o.update(dp=self.dp, pp=self.pp, tp=self.tp)
         if self.pp > 1:
             o.update(chunks=self.chunks, schedule=self.schedule)
-            if self.virtual > 1:
+            if self.schedule == "interleaved":  # (plait train's default is 2 parts)
                 o["virtual"] = self.virtual
         if self.zero:
             o["zero"] = self.zero
@@ -97,7 +97,7 @@ class Plan:
         """A short name, e.g. `dp2 pp2 1f1b m4 zero1 bf16`."""
         words = [f"dp{self.dp}"] if self.strategy == "allreduce" else [f"ps x{self.dp}"]
         if self.pp > 1:
-            sched = self.schedule + (f" v{self.virtual}" if self.virtual > 1 else "")
+            sched = self.schedule + (f" v{self.virtual}" if self.schedule == "interleaved" else "")
             words += [f"pp{self.pp}", sched, f"m{self.chunks}"]
         if self.tp > 1:
             words.append(f"tp{self.tp}")
