@@ -52,10 +52,11 @@ class FakeRequest:
     model: str
     workers: int
     hosts: int = 1
-    link_rate: int | None = None
+    link_rate: str | None = None
     memory_per_rank: int | None = None
     batch_size: int | None = None
     workload: Any = None
+    cores_per_host: int | None = None
 
 
 def predictions(feasible: list[bool]) -> list[FakePrediction]:

@@ -159,8 +159,13 @@ class PlanRequest:
     memory_per_rank: int | None = None
     batch_size: int | None = None
     workload: str | None = None
+    # each host's cores; None: this machine's (simulated hosts on one machine share its
+    # cores: plait bench plan passes cpu_count // hosts)
+    cores_per_host: int | None = None
 
     def __post_init__(self) -> None:
+        if self.cores_per_host is not None and self.cores_per_host < 1:
+            raise ConfigError(f"cores_per_host {self.cores_per_host} < 1")
         if self.workers < 1:
             raise ConfigError(f"workers {self.workers} < 1: a plan needs at least one rank")
         if self.hosts < 1:

@@ -196,7 +196,8 @@ def setting(req: PlanRequest, profile: Profile | None = None) -> tuple[Setting, 
         lo, hi = min(PROFILE_SAMPLES[0], batch), min(PROFILE_SAMPLES[1], batch)
         profile = cached(resolve(config), lo, hi, config.optimizer)
     costs = Costs.of(req.local, req.link_bytes_per_s)
-    return Setting(profile, batch, costs, os.cpu_count() or 1, req.memory_per_rank), batch
+    cores = req.cores_per_host or os.cpu_count() or 1
+    return Setting(profile, batch, costs, cores, req.memory_per_rank), batch
 
 
 def _rank(preds: list[Prediction]) -> list[Prediction]:

@@ -62,9 +62,12 @@ def predict(config: PlanBenchConfig, search: Search | None) -> list[Any]:
     except ImportError as e:
         raise BenchFailed(2, f"the planner (plait.plan) cannot be imported: {e}") from None
 
+    cores = max(1, (os.cpu_count() or 1) // config.hosts)
     request = planner.PlanRequest(
         model=config.model, workers=config.workers, hosts=config.hosts,
-        link_rate=config.link_bits, memory_per_rank=config.memory_bytes,
+        link_rate=config.link_rate, memory_per_rank=config.memory_bytes,
+        # the simulated hosts are namespaces of this machine: they share its cores
+        cores_per_host=cores if config.hosts > 1 else None,
         batch_size=config.batch_size, workload=None,
     )  # fmt: skip
     found = (search or planner.search)(request)
