@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from dataclasses import replace
 
 import pytest
 
@@ -171,6 +173,19 @@ def test_search_lists_every_valid_plan_ranked_and_deterministic():
     times = [p.step_s for p in preds]
     assert times == sorted(times)
     assert [p.plan for p in search(req, profile=prof)] == [p.plan for p in preds]
+
+
+def test_hosts_sharing_one_machines_cores_compute_slower():
+    # plait bench plan's simulated hosts are namespaces of one machine: it passes the
+    # cores each host really has, and ranks that outnumber them share them
+    prof = fake(layers=4, f=0.01, b=0.02, params=1000)
+    req = PlanRequest(model="mlp", workers=4, hosts=2)
+    own, shared = setting(req, prof)[0], setting(replace(req, cores_per_host=1), prof)[0]
+    assert (own.cores, shared.cores) == (os.cpu_count() or 1, 1)
+    plan = Plan(dp=4)
+    assert simulate(plan, shared).step_s > simulate(plan, own).step_s
+    with pytest.raises(ConfigError, match="cores_per_host 0 < 1"):
+        PlanRequest(model="mlp", cores_per_host=0)
 
 
 def test_metropolis_hastings_finds_the_exhaustive_optimum():
