@@ -9,9 +9,29 @@ profile.py measures each layer once per model and machine; costs.py prices commu
 with the calibrated alpha-beta model; graph.py runs a task graph on queues (FlexFlow's
 simulator); simulate.py builds a plan's step as one; search.py enumerates or walks the
 candidates. See docs/planning.md.
+
+The search needs torch (it profiles), so it is imported on first use: the command line
+parses `plait plan`'s options without it.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from plait.plan.plan import Plan, PlanRequest, Prediction, parse_rate
-from plait.plan.search import RUNNABLE_SCHEDULES, search
+
+if TYPE_CHECKING:
+    from plait.plan.search import RUNNABLE_SCHEDULES, search
+
+_LAZY = {"RUNNABLE_SCHEDULES": "plait.plan.search", "search": "plait.plan.search"}
 
 __all__ = ["RUNNABLE_SCHEDULES", "Plan", "PlanRequest", "Prediction", "parse_rate", "search"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'plait.plan' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from plait.bench.units import parse_size
 from plait.errors import ConfigError
 from plait.options import option
-from plait.plan.plan import PlanRequest
-from plait.plan.search import BUDGET, SEED
+from plait.plan.plan import BUDGET, SEED, PlanRequest
 from plait.train.recipes import MODELS
 
 

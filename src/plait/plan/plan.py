@@ -15,6 +15,9 @@ from typing import Any
 
 from plait.errors import ConfigError
 
+BUDGET = 2000  # Metropolis-Hastings proposals (search.py), by default
+SEED = 0  # its seed
+
 # tc's rate units (tc(8)): bits per second
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
 _RATE_SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}

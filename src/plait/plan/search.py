@@ -31,7 +31,7 @@ from typing import Any
 from plait.errors import ConfigError
 from plait.pipeline.schedule import SCHEDULES, VIRTUAL, ScheduleError, build
 from plait.plan.costs import Costs
-from plait.plan.plan import Plan, PlanRequest, Prediction
+from plait.plan.plan import BUDGET, SEED, Plan, PlanRequest, Prediction
 from plait.plan.profile import LayerCost, Profile
 from plait.plan.simulate import Setting, simulate
 from plait.train.config import TrainConfig
@@ -41,9 +41,7 @@ RUNNABLE_SCHEDULES = tuple(SCHEDULES)  # what the runtime runs; more join as it 
 COMPRESSIONS = ("none", "fp16", "bf16", "topk:0.01", "powersgd:4")
 CHUNKS = (1, 2, 4, 8, 16, 32)
 EXHAUSTIVE = 20_000  # distinct candidates before the checks; beyond, Metropolis-Hastings
-BUDGET = 2000  # its proposals
 BETA = 10.0  # a plan 10% slower is accepted with probability 1/e
-SEED = 0
 # the micro-batch sizes profiled (at most the batch); others are on the line through them,
 # so that one profile serves every batch (and a large one costs no more to profile)
 PROFILE_SAMPLES = (2, 16)
