@@ -9,33 +9,27 @@ the hosts and their link, the memory limit, the global batch). No torch here.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from plait.bench import units
 from plait.errors import ConfigError
 
 BUDGET = 2000  # Metropolis-Hastings proposals (search.py), by default
 SEED = 0  # its seed
 
-# tc's rate units (tc(8)): bits per second
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
-_RATE_SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-
 
 def parse_rate(text: str) -> float:
-    """A link rate as tc writes it ('100mbit', '1gbit') in bytes per second.
+    """A link rate as tc writes it ('100mbit', '1gbit') in bytes per second (the
+    benchmarks' parser, bench/units.py, gives bits).
 
     Raises:
-        ConfigError: not a positive number followed by bit, kbit, mbit, gbit or tbit.
+        ConfigError: not a rate as tc writes it.
     """
-    found = _RATE.match(text)
-    if not found or float(found.group(1)) <= 0:
-        raise ConfigError(
-            f"link rate {text!r} is not a rate as tc writes it: a positive number and "
-            "bit, kbit, mbit, gbit or tbit (bits per second), e.g. 100mbit or 1gbit"
-        )
-    return float(found.group(1)) * _RATE_SCALE[found.group(2).lower()] / 8
+    try:
+        return units.parse_rate(text) / 8
+    except ValueError as e:
+        raise ConfigError(f"link rate {text!r} is not a rate as tc writes it: {e}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
