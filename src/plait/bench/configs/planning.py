@@ -85,18 +85,12 @@ class PlanBenchConfig:
                               "between hosts); got --hosts 1")  # fmt: skip
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1; got {self.batch_size}")
-        self.link_bits  # noqa: B018  (checks the values now, not after the runs)
+        if self.link_rate is not None:  # checked now, not after the runs
+            try:
+                parse_rate(self.link_rate)
+            except ValueError as e:
+                raise ConfigError(f"--link-rate: {e}") from None
         self.memory_bytes  # noqa: B018
-
-    @property
-    def link_bits(self) -> int | None:
-        """--link-rate in bits/s (None: unlimited)."""
-        if self.link_rate is None:
-            return None
-        try:
-            return parse_rate(self.link_rate)
-        except ValueError as e:
-            raise ConfigError(f"--link-rate: {e}") from None
 
     @property
     def memory_bytes(self) -> int | None:
