@@ -1,0 +1,1 @@
+"""Apply trained networks (docs/inference.md)."""
