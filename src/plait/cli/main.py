@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from plait.cli import bench, checkpoint, pipeline, plan, plot, run, train
+from plait.cli import bench, checkpoint, infer, pipeline, plan, plot, run, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Distributed deep-learning training for PyTorch.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (run, bench, train, plan, pipeline, checkpoint, plot):
+    for module in (run, bench, train, infer, plan, pipeline, checkpoint, plot):
         module.add_parser(sub)
     return parser
 

@@ -95,8 +95,9 @@ def load_run(directory: str | os.PathLike[str], workload: Workload | None = None
             f"{first[0].strip()}"
         ) from None
     model.eval()
-    return Trained(where, work, model, options, int(common["step"]),
-                   list(common.get("evals", [])), sharded.is_file() and not plain.is_file())  # fmt: skip
+    evals = list(common.get("evals", []))
+    from_shards = sharded.is_file() and not plain.is_file()
+    return Trained(where, work, model, options, int(common["step"]), evals, from_shards)
 
 
 def _consolidated(where: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

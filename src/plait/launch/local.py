@@ -96,6 +96,7 @@ def launch(
     survivable: Collection[int] = (),
     nnodes: int = 1,
     node_rank: int = 0,
+    statuses: dict[int, int] | None = None,
 ) -> int:
     """Run `cmd` as `nproc` local ranks with the torchrun environment; return the job's status.
 
@@ -117,6 +118,8 @@ def launch(
             rules out `servers`.
         node_rank: which node this launcher is, in [0, nnodes): it runs global ranks
             node_rank * nproc .. node_rank * nproc + nproc - 1, prefixed with those ranks.
+        statuses: filled with every started rank's exit code (negative: killed by that
+            signal), by global rank, for a caller that accounts for each rank's work.
 
     Returns:
         0 if every rank exited 0 (or failed but was survivable); else the first failing
@@ -218,6 +221,8 @@ def launch(
         for rk in ranks:
             rk.out.join(_PUMP_JOIN_S)
             rk.err.join(_PUMP_JOIN_S)
+            if statuses is not None and rk.proc.returncode is not None:
+                statuses[rk.rank] = rk.proc.returncode
 
     if failed is not None:
         failed = _root_cause(failed, [rk for rk in ranks if rk.rank not in survivable])

@@ -1,0 +1,262 @@
+"""`plait infer` as a job: shard the inputs over the workers, gather their lines in order.
+
+    result = predict("runs/gpt", out="predictions.jsonl", workers=2)   # plait.infer.predict
+
+1. The run is loaded here once (load.py), to check it and count the inputs; the inputs are
+   cut into `workers / (pp * tp)` contiguous shards.
+2. One worker without --pp/--tp predicts in this process. Otherwise the local launcher (the
+   machinery of `plait run`) starts `python -m plait.infer.worker SPEC`, one per worker;
+   without --pp/--tp a worker that dies does not stop the others (they share nothing).
+3. Every shard must have finished (worker.py: its lines and its figures on disk). A shard
+   that did not is run again by a new worker, up to `retry` times; when none are left, the
+   job fails naming each missing shard, its inputs, the worker that held it and how that
+   worker ended, and keeps what was written (PARTS: OUT.parts/).
+4. The shards' lines are concatenated in order into OUT (a temporary file, then a rename:
+   OUT is whole or absent) and the summary is made from the shards' figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO, cast
+
+from plait.errors import ConfigError, PlaitError
+from plait.infer.config import InferConfig
+from plait.infer.worker import Shard, ShardFigures, figures_path, lines_path
+
+__all__ = ["InferError", "InferResult", "predict", "run"]
+
+
+class InferError(PlaitError):
+    """Workers died and their shards were not predicted (the message says which)."""
+
+
+@dataclass
+class InferResult:
+    """A finished `plait infer`: where the lines went and how fast they came."""
+
+    out: str
+    model: str
+    parameters: int
+    model_bytes: int
+    data: str
+    examples: int
+    workers: int
+    quantize: str
+    precision: str
+    wall_s: float  # the whole job, start-up included
+    predict_s: float  # first worker's first batch to the last worker's last
+    latencies_ms: list[float] = field(repr=False, default_factory=list)  # per batch, all shards
+    metric_name: str | None = None
+    metric: float | None = None  # over the labelled inputs; None without labels
+    retried: list[int] = field(default_factory=list)  # shards run again
+
+    @property
+    def examples_per_s(self) -> float:
+        return self.examples / max(self.predict_s, 1e-9)
+
+    def latency_ms(self, q: float) -> float:
+        """The q-quantile (0..1) of the per-batch latency, nearest rank."""
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+    def figures(self) -> dict[str, Any]:
+        fig = {k: v for k, v in asdict(self).items() if k != "latencies_ms"}
+        return {
+            **fig,
+            "examples_per_s": self.examples_per_s,
+            "batches": len(self.latencies_ms),
+            "latency_p50_ms": self.latency_ms(0.5),
+            "latency_p99_ms": self.latency_ms(0.99),
+        }
+
+
+def predict(
+    source: str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str],
+    workload: Any = None,
+    quiet: bool = True,
+    **options: Any,
+) -> InferResult:
+    """Apply the run in `source` to `options["data"]` (default: its held-out data), writing
+    one JSON line per input to `out`; the options are `plait infer`'s (InferConfig's fields:
+    data, workers, batch_size, limit, pp, tp, chunks, quantize, precision, threads, retry).
+
+    Raises:
+        ConfigError: a bad option, data or run. CheckpointError: no usable checkpoint.
+        InferError: workers died and their shards stayed unpredicted.
+    """
+    config = InferConfig(source=str(source), out=str(out), **options)
+    return run(config, workload=workload, stream=None if quiet else sys.stderr)
+
+
+def run(config: InferConfig, *, workload: Any = None, stream: TextIO | None = None) -> InferResult:
+    """Run the job `config`; progress goes to `stream` (None: silent)."""
+    from plait.infer import progress
+    from plait.infer.inputs import open_inputs
+    from plait.infer.load import load_run
+    from plait.infer.quantize import model_bytes, prepare
+
+    t0 = time.time()
+    assert config.source is not None and config.out is not None
+    out = Path(config.out)
+    _check_writable(out)
+    trained = load_run(config.source, workload)
+    if workload is not None and config.workers > 1:
+        raise ConfigError(
+            "a Workload object passed from Python stays in this process: workers > 1 rebuild "
+            "the run from its options; use workers=1"
+        )
+    inputs = open_inputs(config.data, trained.workload, config.limit)
+    shards = _cut(inputs.count, config.groups)
+    parts = out.with_name(out.name + ".parts")
+    shutil.rmtree(parts, ignore_errors=True)
+    parts.mkdir(parents=True)
+    bar = progress.Progress(inputs.count, stream, f"plait infer: {trained.name} on {inputs.name}")
+    retried: list[int] = []
+    try:
+        if config.workers == 1:
+            _in_process(config, trained, inputs, shards[0], parts, bar)
+        else:
+            _launched(config, shards, parts, bar, retried)
+    finally:
+        bar.close()
+    figures = [ShardFigures(**json.loads(figures_path(parts, s.index).read_text())) for s in shards]
+    _merge(out, [lines_path(parts, s.index) for s in shards])
+    shutil.rmtree(parts, ignore_errors=True)
+    metric_sum = sum(f.metric_sum for f in figures)
+    metric_count = sum(f.metric_count for f in figures)
+    prepared = prepare(trained.model, config.quantize, config.precision)
+    return InferResult(
+        out=str(out), model=trained.name, parameters=trained.parameters,
+        model_bytes=model_bytes(prepared), data=inputs.name, examples=inputs.count,
+        workers=config.workers, quantize=config.quantize, precision=config.precision,
+        wall_s=time.time() - t0,
+        predict_s=max(f.end for f in figures) - min(f.start for f in figures),
+        latencies_ms=[1e3 * s for f in figures for s in f.latencies],
+        metric_name=trained.workload.metric.name if metric_count else None,
+        metric=metric_sum / metric_count if metric_count else None, retried=retried,
+    )  # fmt: skip
+
+
+def _cut(count: int, groups: int) -> list[Shard]:
+    """`count` inputs in `groups` contiguous shards, sizes differing by one at most."""
+    base, extra = divmod(count, groups)
+    shards, lo = [], 0
+    for k in range(groups):
+        hi = lo + base + (k < extra)
+        shards.append(Shard(k, lo, hi))
+        lo = hi
+    return shards
+
+
+def _in_process(
+    config: InferConfig, trained: Any, inputs: Any, shard: Shard, parts: Path, bar: Any
+) -> None:
+    from plait.infer import worker
+
+    threads = _threads_before()
+    try:
+        worker.set_threads(config)
+        forward = worker.local_forward(trained, config)
+        worker.predict_shard(forward, inputs, shard, config, trained, parts,
+                             progress=lambda done: bar.update(shard.index, done))  # fmt: skip
+    finally:
+        _threads_after(threads)
+
+
+def _threads_before() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _threads_after(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _launched(
+    config: InferConfig, shards: list[Shard], parts: Path, bar: Any, retried: list[int]
+) -> None:
+    """Launch the workers for `shards`; again for the unfinished ones while retries last."""
+    from plait.infer.progress import EventStream
+    from plait.launch import launch
+
+    group = config.pp * config.tp
+    todo, attempt = list(shards), 0
+    while True:
+        # a retry runs fewer shards, so fewer workers: the shard count is the group count
+        settings = {**config.to_dict(), "workers": len(todo) * group}
+        spec = {"config": settings, "source": config.source, "parts": str(parts),
+                "shards": [[s.index, s.lo, s.hi] for s in todo], "attempt": attempt}  # fmt: skip
+        statuses: dict[int, int] = {}
+        stream = EventStream(bar)
+        launch([sys.executable, "-m", "plait.infer.worker", json.dumps(spec)], len(todo) * group,
+               stdout=cast(TextIO, stream), survivable=range(len(todo)) if group == 1 else (),
+               statuses=statuses)  # fmt: skip
+        missing = [s for s in todo if not figures_path(parts, s.index).is_file()]
+        if not missing:
+            return
+        if attempt >= config.retry:
+            raise InferError(_failure(missing, todo, shards, statuses, group, parts, config))
+        for s in missing:
+            bar.update(s.index, 0)
+        retried.extend(s.index for s in missing)
+        todo, attempt = missing, attempt + 1
+
+
+def _failure(
+    missing: list[Shard],
+    todo: list[Shard],
+    shards: list[Shard],
+    statuses: dict[int, int],
+    group: int,
+    parts: Path,
+    config: InferConfig,
+) -> str:
+    from plait.launch.local import describe_exit
+
+    lines = []
+    for s in missing:
+        position = todo.index(s)  # the launch's group of this shard: ranks position*group...
+        ranks = range(position * group, (position + 1) * group)
+        dead = [f"worker {r} {describe_exit(statuses[r])}" for r in ranks if statuses.get(r, 0)]
+        how = dead or ["its workers exited without finishing it"]
+        lines.append(f"shard {s.index} (inputs {s.lo}..{s.hi - 1}): {', '.join(how)}")
+    done = [s for s in shards if s not in missing]
+    written = ", ".join(f"{s.lo}..{s.hi - 1}" for s in done) or "nothing"
+    return (
+        f"{len(missing)} of {len(shards)} shards were not predicted: " + "; ".join(lines)
+        + f". Written: inputs {written}, kept in {parts}/ ({config.out} was not written). "
+        "Run again, with --retry 1 to run a dead worker's shard again"
+    )  # fmt: skip
+
+
+def _merge(out: Path, files: list[Path]) -> None:
+    """Concatenate `files` into `out`, atomically."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    with tmp.open("wb") as sink:
+        for f in files:
+            with f.open("rb") as source:
+                shutil.copyfileobj(source, sink)
+        sink.flush()
+        os.fsync(sink.fileno())
+    os.replace(tmp, out)
+
+
+def _check_writable(out: Path) -> None:
+    from plait.train.outdir import check_file_writable
+
+    try:
+        check_file_writable(out, "--out")
+    except PlaitError as e:
+        raise ConfigError(str(e)) from None
