@@ -7,8 +7,8 @@ groups run different batches, and different numbers of them (a collective over d
 hang), with sizes not divisible by chunks, smaller than chunks, and of one sample. Also the
 structure of the communication (per batch, min(chunks, size) activations per stage
 boundary forward, none backward, tags apart between batches), that the micro-batches
-overlap (from the trace's recorded times: every rank of one host reads one clock), and
-the errors.
+overlap (stage 0's last micro-batch waits for stage 1 to have computed its first, and the
+trace's recorded times agree: every rank of one host reads one clock), and the errors.
 
 One world of 4 ranks runs every check once (`battery`).
 """
@@ -16,7 +16,9 @@ One world of 4 ranks runs every check once (`battery`).
 from __future__ import annotations
 
 import copy
+import itertools
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +28,9 @@ from torch import nn
 from plait import Communicator
 from plait.comm.mesh import Mesh
 from plait.infer.mesh import MeshForward
+from plait.trace.recorder import Recorder
 from plait.train import workloads
 from plait.train.gpt import GPT, GPTConfig
-from plait.trace.recorder import Recorder
 from world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
@@ -91,8 +93,9 @@ def _equivalence(mesh: Mesh, name: str) -> dict[str, Any]:
         assert out.shape == want.shape, (out.shape, want.shape)
         assert not out.requires_grad
         errors.append(float((out - want).abs().max()))
+    training = any(m.training for m in fw.stage.modules())
     return {"errors": errors, "first": fw.first, "last": fw.last, "writes": fw.writes,
-            "coords": dict(mesh.coords), "training": any(m.training for m in fw.stage.modules())}  # fmt: skip
+            "coords": dict(mesh.coords), "training": training}  # fmt: skip
 
 
 def _structure(mesh: Mesh) -> dict[str, Any]:
@@ -102,9 +105,17 @@ def _structure(mesh: Mesh) -> dict[str, Any]:
     pp = mesh.pp
     isend, recv = pp.isend, pp.recv
 
+    class Logged:  # a send's request, whose wait is logged
+        def __init__(self, req: Any, peer: int, tag: int, ordered: bool) -> None:
+            self.req, self.what = req, (peer, tag, ordered)
+
+        def wait(self) -> Any:
+            log.append(("wait", *self.what))
+            return self.req.wait()
+
     def counted_isend(t: torch.Tensor, peer: int, tag: int = 0, *, ordered: bool = False) -> Any:
         log.append(("isend", peer, tag, ordered))
-        return isend(t, peer, tag, ordered=ordered)
+        return Logged(isend(t, peer, tag, ordered=ordered), peer, tag, ordered)
 
     def counted_recv(t: torch.Tensor, peer: int, tag: int = 0, *, ordered: bool = False) -> Any:
         log.append(("recv", peer, tag, ordered))
@@ -121,33 +132,51 @@ def _structure(mesh: Mesh) -> dict[str, Any]:
     return {"stage": mesh.coords["pp"], "per_batch": per_batch}
 
 
-class Pause(nn.Module):
-    """Identity that takes `seconds`: a stage made slow, so that orders show with margin."""
+class Mark(nn.Module):
+    """Identity that, the first time it runs, creates the file `path`."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, path: Path) -> None:
         super().__init__()
-        self.seconds = seconds
+        self.path = path
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.seconds)
+        self.path.touch()
         return x
 
 
-def _overlap(mesh: Mesh, slow: int) -> dict[str, Any]:
-    """The recorded micro-batch spans and receives of one batch of 4 micro-batches on
-    dp 2 x pp 2, with stage `slow` pausing 40 ms per micro-batch."""
+class Gate(nn.Module):
+    """Identity that, on its `at`-th call, waits (at most 20 s) for the file `path`: stage 0
+    computes its last micro-batch only once stage 1 has computed micro-batch 0. A pipeline
+    that did not overlap them would wait out the 20 s, and `seen` says so: the order is
+    caused, not raced."""
+
+    def __init__(self, path: Path, at: int) -> None:
+        super().__init__()
+        self.path, self.at, self.calls, self.seen = path, at, 0, False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.at:
+            deadline = time.monotonic() + 20
+            while not self.path.exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self.seen = self.path.exists()
+        return x
+
+
+def _overlap(mesh: Mesh, where: Path) -> dict[str, Any]:
+    """One batch of 4 micro-batches on dp 2 x pp 2, recorded; stage 0 holds its last
+    micro-batch until stage 1 has computed micro-batch 0 (or 20 s have passed)."""
     torch.manual_seed(0)
-    a: list[nn.Module] = [nn.Linear(5, 5), nn.Tanh()]
-    if slow == 0:
-        a[1:1] = [Pause(0.04)]
-    b: list[nn.Module] = [nn.Linear(5, 3)] + ([Pause(0.04)] if slow == 1 else [nn.Identity()])
-    model = nn.Sequential(*a, *b)
+    marker = where / f"dp{mesh.coords['dp']}"
+    gate = Gate(marker, at=4)
+    model = nn.Sequential(nn.Linear(5, 5), gate, Mark(marker), nn.Linear(5, 3))
     fw = MeshForward(model, mesh, chunks=4)
     recorder = mesh.pp.recorder = Recorder(mesh.comm.rank)
     x = torch.randn(8, 5)
     fw(x if fw.first else None, 8)
     mesh.pp.recorder = None
-    return {"stage": mesh.coords["pp"], "dp": mesh.coords["dp"],
+    return {"stage": mesh.coords["pp"], "dp": mesh.coords["dp"], "seen": gate.seen,
             "events": [(e[0], e[1], e[2], e[3]) for e in recorder.events]}  # fmt: skip
 
 
@@ -188,7 +217,7 @@ def _errors(comm: Communicator) -> dict[str, str | None]:
     return out
 
 
-def battery(comm: Communicator) -> dict[str, Any]:
+def battery(comm: Communicator, where: Path) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for i, shape in enumerate(SHAPES):
         mesh = Mesh(**shape, comm=comm)
@@ -196,16 +225,15 @@ def battery(comm: Communicator) -> dict[str, Any]:
             found[f"{name} {i}"] = _equivalence(mesh, name)
         if i == 0:
             found["structure"] = _structure(mesh)
-            found["overlap 0"] = _overlap(mesh, slow=0)
-            found["overlap 1"] = _overlap(mesh, slow=1)
+            found["overlap"] = _overlap(mesh, where)
     found["errors"] = _errors(comm)
     return found
 
 
 @pytest.fixture(scope="module")
-def four_ranks() -> list[dict[str, Any]]:
+def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     start = time.monotonic()
-    found = run_world(4, battery, timeout=120, env=ENV)
+    found = run_world(4, battery, tmp_path_factory.mktemp("marks"), timeout=120, env=ENV)
     print(f"world of 4 ran every check in {time.monotonic() - start:.1f} s")
     return found
 
@@ -235,24 +263,25 @@ def test_each_stage_boundary_carries_one_message_per_micro_batch_forward_only(
     four_ranks: list[dict[str, Any]],
 ) -> None:
     sizes = [5, 2, 4]
-    tags_by_batch = []
     for found in four_ranks:
         got = found["structure"]
+        tags_by_batch = []
         for size, log in zip(sizes, got["per_batch"], strict=True):
             n = min(CHUNKS, size)
-            if got["stage"] == 0:  # sends only, to stage 1: a header and a payload each
-                assert [op for op, *_ in log] == ["isend"] * 2 * n
+            if got["stage"] == 0:  # sends only, to stage 1: a header and a payload each,
+                # all posted before any is waited for (no micro-batch waits on a send)
+                assert [op for op, *_ in log] == ["isend"] * 2 * n + ["wait"] * 2 * n
                 assert {peer for _, peer, _, _ in log} == {1}
-                assert sum(ordered for *_, ordered in log) == n
+                assert sum(ordered for op, *_, ordered in log if op == "isend") == n
                 tags_by_batch.append({tag for _, _, tag, _ in log})
             else:  # receives only, from stage 0; nothing goes back
                 assert [op for op, *_ in log] == ["recv"] * 2 * n
                 assert {peer for _, peer, _, _ in log} == {0}
-            assert len({tag for _, _, tag, _ in log}) == n
-    for tags in tags_by_batch:  # clear of the training pipeline's (kind, part, mb) tags
-        assert not tags & set(range(2 * CHUNKS))
-    for a, b in zip(tags_by_batch[:2], tags_by_batch[1:3], strict=True):
-        assert not a & b, "consecutive batches must not share tags"
+            assert len({tag for _, _, tag, _ in log}) == n  # one per micro-batch
+        for tags in tags_by_batch:  # clear of the training pipeline's (kind, part, mb) tags
+            assert not tags & set(range(2 * CHUNKS))
+        for a, b in itertools.pairwise(tags_by_batch):
+            assert not a & b, "consecutive batches must not share tags"
 
 
 def _spans(found: dict[str, Any], cat: str, name: str) -> tuple[float, float]:
@@ -266,20 +295,14 @@ def _pair(four_ranks: list[dict[str, Any]], key: str) -> tuple[dict[str, Any], d
 
 
 def test_micro_batches_overlap_across_stages(four_ranks: list[dict[str, Any]]) -> None:
-    first, second = _pair(four_ranks, "overlap 0")  # stage 0 is the slow one
-    got_mb0 = [e for e in second["events"] if e[0] == "comm" and e[1] == "recv"][1][3]
-    last_start, last_end = _spans(first, "pipeline", "F3")
-    # stage 1 has micro-batch 0 (header, then payload) before stage 0 starts its last one
-    assert got_mb0 < last_start
-    assert _spans(second, "pipeline", "F0")[1] < last_end
+    first, second = _pair(four_ranks, "overlap")
+    # stage 0's last micro-batch waited for stage 1's first: they overlap, or this is False
+    assert first["seen"], "stage 1 did not compute micro-batch 0 while stage 0 still worked"
+    got_mb0 = next(e for e in second["events"] if e[0] == "comm" and e[1] == "recv")[3]
+    # the same, on the recorded times (one clock for the ranks of one host)
+    assert got_mb0 < _spans(first, "pipeline", "F3")[1]
     for mb in range(4):  # each micro-batch is sent on after its compute on stage 0
         assert _spans(first, "pipeline", f"F{mb}")[1] <= _spans(second, "pipeline", f"F{mb}")[0]
-
-
-def test_sends_do_not_hold_the_next_micro_batch(four_ranks: list[dict[str, Any]]) -> None:
-    first, second = _pair(four_ranks, "overlap 1")  # stage 1 is the slow one
-    # stage 0 computes all 4 micro-batches without waiting for stage 1 to take them
-    assert _spans(first, "pipeline", "F3")[1] < _spans(second, "pipeline", "F1")[0]
 
 
 EXPECTED = {
