@@ -310,7 +310,7 @@ EXPECTED = {
     "x missing": "stage 0 takes the inputs",
     "x short": "x has 3 samples, but size is 4",
     "x given": "only pipeline stage 0 takes inputs; this rank is stage 1",
-    "chunks 0": "chunks must be an integer >= 1; got 0",
+    "chunks 0": "chunks must be an integer in [1, 1073741824]; got 0",
     "no stages": "Opaque cannot be laid on pp 2 x tp 1: a pipeline (--pp) cuts the model",
     "too few layers": "cannot split 1 layers into 2",
     "heads": "n_head 2 % tp 4 = 2 != 0",

@@ -41,11 +41,12 @@ from plait.tensor_parallel import parallelize
 from plait.trace.recorder import Recorder
 from plait.train.workload import stages
 
-__all__ = ["TAG_BASE", "MeshForward"]
+__all__ = ["MAX_CHUNKS", "TAG_BASE", "MeshForward"]
 
 # The upper half of a communicator's user tags (0 .. 2**32 - 1): Pipeline.step and .forward
 # tag with kind, part and micro-batch from 0 up (2 * parts * chunks of them), far below.
 TAG_BASE = 1 << 31
+MAX_CHUNKS = 1 << 30  # two batches' tags, TAG_BASE + 2 * chunks, stay below 2**32
 
 
 class MeshForward:
@@ -59,15 +60,16 @@ class MeshForward:
         device: where this rank's stage runs.
 
     Raises:
-        ConfigError (a ValueError): chunks < 1, a model that cannot be cut into pp stages,
-            or tp that the model cannot take; the message names the mesh.
+        ConfigError (a ValueError): chunks outside [1, MAX_CHUNKS], a model that cannot be
+            cut into pp stages, or tp that the model cannot take; the message names the
+            mesh.
     """
 
     def __init__(
         self, model: nn.Module, mesh: Mesh, *, chunks: int, device: torch.device | str = "cpu"
     ) -> None:
-        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-            raise ConfigError(f"chunks must be an integer >= 1; got {chunks!r}")
+        if not isinstance(chunks, int) or isinstance(chunks, bool) or not 1 <= chunks <= MAX_CHUNKS:
+            raise ConfigError(f"chunks must be an integer in [1, {MAX_CHUNKS}]; got {chunks!r}")
         self.mesh, self.chunks = mesh, chunks
         shape = f"pp {mesh.pp.size} x tp {mesh.tp.size}"
         try:
@@ -105,7 +107,8 @@ class MeshForward:
         # consecutive batches use disjoint tags: a message never matches the other batch's
         base = TAG_BASE + (self.batches % 2) * self.chunks
         self.batches += 1
-        pieces = list(torch.tensor_split(x, n)) if x is not None else []  # n, never fewer
+        # n pieces, never fewer (torch.chunk(x, 3) of 4 samples gives 2)
+        pieces = list(torch.tensor_split(x.to(self.device), n)) if x is not None else []
         actions = [a for a in build("gpipe", self.stages, n)[self.rank] if a.kind == "F"]
         rec: Recorder | None = getattr(self.pipe.comm, "recorder", None)
         outs: list[torch.Tensor] = []
