@@ -63,7 +63,7 @@ class WorkloadConfig:
             "the dataset: digits (8x8 handwritten digits, needs scikit-learn), code "
             "(bytes of the Python standard library's source), synthetic (generated)",
             choices=tuple(datasets.TASKS),
-            default_text="digits for mlp, cnn and wide, code for gpt",
+            default_text="digits for mlp, cnn and wide, code for gpt and gpt-small",
         ),
     )
     path: str | None = field(
