@@ -32,7 +32,7 @@ from plait.train.errors import ConfigError
 from plait.train.recipes import MODEL_TASK, TASK_NAMES
 from plait.train.workload import Workload
 
-__all__ = ["Distiller", "distillation_loss", "load", "pack", "unpack"]
+__all__ = ["Distiller", "describe", "distillation_loss", "load", "pack", "unpack"]
 
 EXACT_LABELS = 2**24  # float32 holds every integer below this exactly
 
@@ -149,7 +149,6 @@ def _check_data(teacher: dict[str, Any], config: TrainConfig, where: str) -> Non
     w = config.workload
     if w.given:  # a Workload object: nothing to compare but the outputs' shape
         return
-    key, mine = ("workload", w.path) if w.path is not None else ("data", w.data)
     tasks = (MODEL_TASK.get(teacher.get("model") or ""), MODEL_TASK.get(w.model or ""))
     if None not in tasks and tasks[0] != tasks[1]:
         raise ConfigError(
@@ -157,12 +156,17 @@ def _check_data(teacher: dict[str, Any], config: TrainConfig, where: str) -> Non
             f"student ({w.model}) {TASK_NAMES[str(tasks[1])]}: distil between models of "
             "one task"
         )
-    if teacher.get(key) != mine:
+    theirs, mine = _source(teacher.get("workload"), teacher.get("data")), _source(w.path, w.data)
+    if theirs != mine:
         raise ConfigError(
-            f"teacher {where} trained on {key} {teacher.get(key)!r}, the student on {key} "
-            f"{mine!r}: distil on the data the teacher learnt (give --{key} "
-            f"{teacher.get(key)}), or train a teacher on {mine}"
+            f"teacher {where} trained on {theirs}, the student on {mine}: distil on the data "
+            f"the teacher learnt ({theirs}), or train a teacher on {mine}"
         )
+
+
+def _source(workload: str | None, data: str | None) -> str:
+    """What a run trained on, as its options name it: "--workload M:F" or "data NAME"."""
+    return f"--workload {workload}" if workload else f"data {data}"
 
 
 def describe(distiller: Distiller) -> dict[str, Any]:
