@@ -77,3 +77,12 @@ def test_workload_build_for_the_benchmark() -> None:
     assert g.loss(g.model()(x), y).dim() == 0
     with pytest.raises(ValueError, match="global_batch 6 % world 4 = 2 != 0"):
         workloads.build("mlp", 6, world=4)
+
+
+def test_gpt_small_is_a_gpt_under_half_the_size() -> None:
+    small = workloads.builtin("gpt-small", "synthetic").build_model(0)
+    big = workloads.builtin("gpt", "synthetic").build_model(0)
+    assert isinstance(small, GPT) and len(small.blocks) == 2
+    assert models.count_parameters(small) < models.count_parameters(big) / 2
+    ids = torch.randint(0, 8, (2, 64))
+    assert small(ids).shape == big(ids).shape  # the same vocabulary: a student for gpt

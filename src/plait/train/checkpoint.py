@@ -3,9 +3,9 @@
 A checkpoint holds the model's state_dict (the unwrapped module's), the optimizer's state,
 the step, the data position, the RNG states, the losses so far, and the options that must
 match to resume (model, data, workload, batch_size, seed, optimizer: another optimizer's
-state would not fit). Under data parallelism every rank holds the same state, so rank 0
-alone writes. The number of workers may change between runs: the data stream depends on
-the global batch, not on how it is split.
+state would not fit; teacher: the run distils from the same one). Under data parallelism
+every rank holds the same state, so rank 0 alone writes. The number of workers may change
+between runs: the data stream depends on the global batch, not on how it is split.
 
 Atomic: the bytes go to a temporary file in the same directory, are fsync'ed, and then
 os.replace() puts the file in place (a rename, atomic on POSIX). A crash at any moment
@@ -29,7 +29,8 @@ from plait.train.outdir import checkpoint_path as path
 __all__ = ["check_matches", "check_writable", "load", "path", "rng_state", "save", "set_rng_state"]
 
 FORMAT = 1
-MUST_MATCH = ("model", "data", "workload", "batch_size", "seed", "optimizer")  # options by name
+# options by name; "teacher": a distilled run resumes distilling from the same teacher
+MUST_MATCH = ("model", "data", "workload", "batch_size", "seed", "optimizer", "teacher")
 
 
 def rng_state() -> dict[str, Any]:

@@ -21,6 +21,7 @@ from plait.train.errors import ConfigError
 from plait.train.parts import (
     CheckpointConfig,
     DeviceConfig,
+    DistillConfig,
     LogConfig,
     MeshConfig,
     OptimConfig,
@@ -35,12 +36,14 @@ from plait.train.strategies import STRATEGIES
 # PSConfig's fields on plait train's command line (the rest follow the recipe: `_check_ps`)
 PS_OPTIONS = ("mode", "staleness", "stale_policy", "warm_start_steps")
 DEFAULT_SERVERS = 2
+TRANSFORMERS = ("gpt", "gpt-small")  # the built-in models --tp splits
 
 __all__ = [
     "RECIPES",
     "CheckpointConfig",
     "ComputeConfig",
     "DeviceConfig",
+    "DistillConfig",
     "LogConfig",
     "MeshConfig",
     "OptimConfig",
@@ -110,6 +113,9 @@ class TrainConfig:
     )
     checkpoint: CheckpointConfig = field(
         default_factory=CheckpointConfig, metadata=group("checkpoints")
+    )
+    distill: DistillConfig = field(
+        default_factory=DistillConfig, metadata=group("knowledge distillation")
     )
     log: LogConfig = field(default_factory=LogConfig, metadata=group("progress and figures"))
 
@@ -286,10 +292,10 @@ class TrainConfig:
             )
         self._check_schedule()
         model = self.workload.model
-        if self.mesh.tp > 1 and model not in (None, "gpt"):
+        if self.mesh.tp > 1 and model not in (None, *TRANSFORMERS):
             raise ConfigError(
                 f"--tp {self.mesh.tp} splits a transformer's attention heads and MLP; model "
-                f"{model} has none: use --model gpt"
+                f"{model} has none: use --model {' or '.join(TRANSFORMERS)}"
             )
 
     def _check_schedule(self) -> None:
@@ -377,6 +383,13 @@ def check_given(options: dict[str, Any]) -> None:
     Raises:
         ConfigError: naming exactly the flags given in vain.
     """
+    distilled = [flag(n) for n in ("distill_temperature", "distill_weight")
+                 if options.get(n) is not None]  # fmt: skip
+    if distilled and options.get("teacher") is None:
+        raise ConfigError(
+            f"{' and '.join(distilled)} {'applies' if len(distilled) == 1 else 'apply'} to "
+            "distillation: give --teacher DIR (a run `plait train --out DIR` trained) too"
+        )
     names = ("servers", "ps_mode", *(n for n in PS_OPTIONS if n != "mode"))
     given = [flag(n) for n in names if options.get(n) is not None]
     strategy = options.get("strategy", "allreduce")

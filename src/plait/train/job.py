@@ -110,6 +110,8 @@ def _check(config: TrainConfig) -> TrainConfig:
         if config.checkpoint.resume:
             outdir.check_resumable(out, sharded=config.zero > 0)
         outdir.check_writable(out)
+    if config.distill.teacher is not None:
+        _check_teacher(config.distill.teacher)
     if config.log.json is not None:
         outdir.check_file_writable(config.log.json)
     if config.log.tensorboard is not None:
@@ -119,6 +121,17 @@ def _check(config: TrainConfig) -> TrainConfig:
     if config.log.trace is not None:
         outdir.check_file_writable(config.log.trace, what="--trace")
     return config
+
+
+def _check_teacher(teacher: str) -> None:
+    """--teacher DIR holds a trained run's checkpoint (plain or sharded); its data and
+    outputs are checked where it is loaded (distill.load, in every worker)."""
+    where = outdir.checkpoint_path(teacher)
+    if not where.is_file() and not (where.parent / outdir.MANIFEST).is_file():
+        raise CheckpointError(
+            f"--teacher {teacher!r} holds no trained run: expected {where.name} or "
+            f"{outdir.MANIFEST} there (the directory `plait train --out DIR` wrote)"
+        )
 
 
 def _check_folder(folder: str, what: str) -> None:

@@ -40,6 +40,7 @@ from plait.train import (
     checkpoint,
     compile,
     compute,
+    distill,
     profile,
     strategies,
     traced,
@@ -170,6 +171,9 @@ class _Run:
         self.token = getattr(data, "token", "")  # LM: what the loss is per
         baseline = getattr(data, "baseline", None)  # a reference value of the metric
         self.baseline: float | None = baseline() if callable(baseline) else None
+        # --teacher: packed targets (the teacher's logits and the labels) and their loss
+        self.distiller = distill.load(config, work, step.device)
+        self.loss_fn = work.loss if self.distiller is None else self.distiller.loss
         self.pending: list[torch.Tensor] = []  # this rank's losses since the last flush
         self.started = time.perf_counter()
         self.paused_s = 0.0  # evaluation and checkpoint time, left out of samples/s
@@ -183,7 +187,7 @@ class _Run:
         s.start()
         if c.compute.compile:  # torch.compile compiles at the first call: off the clock
             self.compile_s = compile.warm_up(
-                lambda: s.forward_backward(*self.batch_of(1, 0), self.work.loss)
+                lambda: s.forward_backward(*self.batch_of(1, 0), self.loss_fn)
             )
         self.started = time.perf_counter()
         self.window = (self.started, self.paused_s, self.first)
@@ -223,7 +227,7 @@ class _Run:
         """Gradients of part `part` of global step `step` (1-based); keep its loss."""
         with trace.maybe(self.rec, "data", "data"):
             x, y = self.batch_of(step, part)
-        loss_fn = _poisoned(self.work.loss) if step == self.nan_at else self.work.loss
+        loss_fn = _poisoned(self.loss_fn) if step == self.nan_at else self.loss_fn
         loss = self.step.forward_backward(x, y, loss_fn)
         clip = self.config.recipe.grad_clip
         if clip > 0:
@@ -231,10 +235,12 @@ class _Run:
         self.pending.append(loss)
 
     def batch_of(self, step: int, part: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets) of part `part` of global step `step`, on the Step's device."""
+        """(inputs, targets) of part `part` of global step `step`, on the Step's device;
+        with --teacher the targets are the teacher's logits and the labels (distill.pack)."""
         indices = self.sampler.shard(step - 1, part, self.step.replicas)
         x, y = self.work.data.train_batch(indices)
-        return x.to(self.step.device), y.to(self.step.device)  # the same tensors on the CPU
+        x, y = x.to(self.step.device), y.to(self.step.device)  # the same tensors on the CPU
+        return (x, y) if self.distiller is None else (x, self.distiller.targets(x, y))
 
     def between(self, step: int, crossed: range, stop_after: int | None) -> None:
         """Flush, evaluate and checkpoint as due at the steps `crossed` (none the last)."""
@@ -300,8 +306,12 @@ class _Run:
             "workers": self.step.world_size, "global_batch": self.batch, "steps": self.steps,
             "peak_lr": c.peak_lr, "first_step": self.first, "resumed_from": resumed,
             "device": self.step.device.type, "compute": compute.describe(c.compute),
-            **self.step.describe(),
+            **self.step.describe(), **self.distilled(),
         })  # fmt: skip
+
+    def distilled(self) -> dict[str, Any]:
+        """--teacher: the teacher's figures, T and A (the header's and --json's)."""
+        return {} if self.distiller is None else distill.describe(self.distiller)
 
     def flush(self, step: int, log: bool) -> None:
         """The run's losses of the buffered steps (Step.average); stop on a bad one."""
@@ -383,5 +393,5 @@ class _Run:
             eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
             throughput=self.throughput,
             device=self.step.device.type, compile_s=self.compile_s,
-            extra={**self.step.figures(), **self.tracing.figures()},
+            extra={**self.step.figures(), **self.tracing.figures(), **self.distilled()},
         )  # fmt: skip

@@ -1,4 +1,5 @@
-"""The built-in networks: `mlp`, `cnn` and `wide` (classify 1x8x8 images), `gpt` (next token).
+"""The built-in networks: `mlp`, `cnn` and `wide` (classify 1x8x8 images), `gpt` and
+`gpt-small` (next token).
 
 `wide` is an MLP with two 2048-unit hidden layers (4.3 M parameters, 17 MB of gradient):
 little compute per byte of gradient, the workload where communication shows.
@@ -21,6 +22,11 @@ MLP_HIDDEN = 128
 # batch of 32 windows of 64 bytes takes ~0.25-0.3 s on 4 workers sharing 2 cores, so the
 # 360-step default takes ~110 s and reaches ~2.0 nats/byte on code (unigram: 3.12).
 GPT_SIZES = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64)
+# `--model gpt-small` (~0.14 M parameters on code, a sixth of gpt's): a student for
+# distillation from a trained gpt (docs/distillation.md); the same GPT class, so --tp and
+# --pp cut it as they cut gpt
+GPT_SMALL_SIZES = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64)
+GPT_BY_NAME = {"gpt": GPT_SIZES, "gpt-small": GPT_SMALL_SIZES}
 
 
 def mlp(
@@ -73,7 +79,7 @@ def gpt(vocab_size: int, block_size: int, sizes: GPTConfig = GPT_SIZES) -> GPT:
 
 
 def build(name: str, dataset: Dataset) -> nn.Module:
-    """Model `name` ("mlp", "cnn", "wide" or "gpt") shaped for `dataset`.
+    """Model `name` ("mlp", "cnn", "wide", "gpt" or "gpt-small") shaped for `dataset`.
 
     Raises:
         ValueError: an unknown name, or a model that cannot train on this kind of data.
@@ -87,11 +93,11 @@ def build(name: str, dataset: Dataset) -> nn.Module:
         if name == "wide":
             return wide(math.prod(dataset.input_shape), dataset.num_classes)
         return cnn(c, h, w, dataset.num_classes)
-    if name == "gpt":
+    if name in GPT_BY_NAME:
         if not isinstance(dataset, LanguageModelling):
-            raise ValueError(f"model 'gpt' models text; data {dataset.name!r} is images")
-        return gpt(dataset.vocab_size, dataset.block_size)
-    raise ValueError(f"unknown model {name!r}; expected one of mlp, cnn, gpt, wide")
+            raise ValueError(f"model {name!r} models text; data {dataset.name!r} is images")
+        return gpt(dataset.vocab_size, dataset.block_size, GPT_BY_NAME[name])
+    raise ValueError(f"unknown model {name!r}; expected one of mlp, cnn, gpt, wide, gpt-small")
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,6 +1,6 @@
 """The components of `TrainConfig`, one per concern: what trains, how the optimizer runs,
-the mesh, the device, checkpoints, logging. (The parameter server's is `plait.ps.PSConfig`
-itself.)
+the mesh, the device, checkpoints, distillation, logging. (The parameter server's is
+`plait.ps.PSConfig` itself.)
 
 Each checks its own fields in `__post_init__`; a field left None is filled in by
 `TrainConfig`, which knows the recipe and the other components (`filled` returns the
@@ -63,7 +63,7 @@ class WorkloadConfig:
             "the dataset: digits (8x8 handwritten digits, needs scikit-learn), code "
             "(bytes of the Python standard library's source), synthetic (generated)",
             choices=tuple(datasets.TASKS),
-            default_text="digits for mlp, cnn and wide, code for gpt",
+            default_text="digits for mlp, cnn and wide, code for gpt and gpt-small",
         ),
     )
     path: str | None = field(
@@ -355,6 +355,49 @@ class CheckpointConfig:
     def filled(self, steps: int) -> CheckpointConfig:
         every = max(1, steps // 5) if self.checkpoint_every is None else self.checkpoint_every
         return replace(self, checkpoint_every=every)
+
+
+DISTILL_TEMPERATURE, DISTILL_WEIGHT = 2.0, 0.5  # DistillConfig's defaults
+
+
+@dataclass(kw_only=True)
+class DistillConfig:
+    """Knowledge distillation (Hinton, Vinyals, Dean 2015): the student also learns the
+    softened outputs of a trained teacher run (train/distill.py, docs/distillation.md)."""
+
+    teacher: str | None = field(
+        default=None,
+        metadata=option(
+            "distil from the run `plait train --out DIR` trained: the loss adds the KL "
+            "divergence to its temperature-softened outputs",
+            metavar="DIR",
+        ),
+    )
+    distill_temperature: float = field(
+        default=DISTILL_TEMPERATURE,
+        metadata=option("with --teacher: the softmax temperature T of both outputs (> 0)",
+                        metavar="T"),
+    )  # fmt: skip
+    distill_weight: float = field(
+        default=DISTILL_WEIGHT,
+        metadata=option(
+            "with --teacher: the weight A of the soft-target term, in [0, 1]; the labels' "
+            "cross-entropy gets 1 - A",
+            metavar="A",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        t, a = self.distill_temperature, self.distill_weight
+        if not (math.isfinite(t) and t > 0):
+            raise ConfigError(f"distill_temperature {t:g} is not > 0")
+        if not (0.0 <= a <= 1.0):
+            raise ConfigError(f"distill_weight {a:g} is not in [0, 1]")
+        if self.teacher is None and (t, a) != (DISTILL_TEMPERATURE, DISTILL_WEIGHT):
+            raise ConfigError(
+                f"distill_temperature {t:g} and distill_weight {a:g} apply to distillation: "
+                "give --teacher DIR (a run `plait train --out DIR` trained)"
+            )
 
 
 @dataclass(kw_only=True)

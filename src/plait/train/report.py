@@ -64,7 +64,25 @@ def header(rec: Record) -> list[str]:
         lines.append(f"compute: {rec['compute']}")
     if rec.get("resumed_from"):
         lines.append(f"resumed from {rec['resumed_from']} at step {rec['first_step']}")
+    if rec.get("teacher"):
+        lines.append(teacher_line(rec))
     return lines
+
+
+def teacher_line(rec: Record) -> str:
+    """--teacher: "distilled from DIR: MODEL, N parameters, its metric (T t, weight a)"."""
+    t = rec["teacher"]
+    if t.get("metric") is None:
+        figure = "no held-out figure"
+    elif t.get("metric_unit") == "%":
+        figure = f"{t['metric_name']} {t['metric']:.1%}"
+    else:
+        shown = _value({"value": t["metric"], "eval_unit": t.get("metric_unit", "")})
+        figure = f"{t['metric_name']} {shown}"
+    return (
+        f"distilled from {t['dir']}: {t['model']}, {t['parameters']:,} parameters, {figure} "
+        f"(T {rec['distill_temperature']:g}, weight {rec['distill_weight']:g})"
+    )
 
 
 def log_line(rec: Record) -> str:
