@@ -216,7 +216,7 @@ def test_a_dead_worker_is_named_and_its_shard_retried(
         predict(runs["gpt"], out=out, **options)
     said = str(failed.value)
     assert "shard 1 (inputs 20..39): worker 1 killed by SIGKILL" in said
-    assert "Written: inputs 0..19" in said and "--retry" in said
+    assert "Written: inputs 0..19" in said and "--retry 1" in said
     parts = out.with_name(out.name + ".parts")
     assert not out.exists() and (parts / "shard-00000.jsonl").is_file()  # nothing lost
     result = predict(runs["gpt"], out=out, retry=1, **options)
@@ -236,3 +236,21 @@ def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:
         assert key in fig
     bad = _plait("infer", "--out", str(out))
     assert bad.returncode == 2 and "--from DIR is required" in bad.stderr
+
+
+def test_pipeline_and_tensor_parallel_workers_equal_one_process(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    reference = [json.loads(r) for r in _reference(runs["gpt"], "train", 8)[:24]]
+    options = {"data": "train", "limit": 24, "batch_size": 8}
+    # dp 2 x pp 2: the pipeline's stages run the same float ops as the whole model
+    out = tmp_path / "pp.jsonl"
+    predict(runs["gpt"], out=out, workers=4, pp=2, chunks=3, **options)
+    assert [json.loads(r) for r in out.read_text().splitlines()] == reference
+    # tp 2: the row-parallel layers sum partial products, which rounds differently
+    out = tmp_path / "tp.jsonl"
+    result = predict(runs["gpt"], out=out, workers=2, tp=2, **options)
+    rows = [json.loads(r) for r in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(24))
+    assert max(abs(r["loss"] - s["loss"]) for r, s in zip(rows, reference, strict=True)) < 1e-4
+    assert result.metric == pytest.approx(sum(r["loss"] for r in reference) / 24, abs=1e-4)

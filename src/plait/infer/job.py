@@ -114,6 +114,11 @@ def run(config: InferConfig, *, workload: Any = None, stream: TextIO | None = No
             "a Workload object passed from Python stays in this process: workers > 1 rebuild "
             "the run from its options; use workers=1"
         )
+    prepared = prepare(trained.model, config.quantize, config.precision)
+    if config.pp > 1:  # a model a pipeline cannot cut: one line here, not one per worker
+        from plait.train.workload import stages
+
+        stages(prepared)
     inputs = open_inputs(config.data, trained.workload, config.limit)
     shards = _cut(inputs.count, config.groups)
     parts = out.with_name(out.name + ".parts")
@@ -133,7 +138,6 @@ def run(config: InferConfig, *, workload: Any = None, stream: TextIO | None = No
     shutil.rmtree(parts, ignore_errors=True)
     metric_sum = sum(f.metric_sum for f in figures)
     metric_count = sum(f.metric_count for f in figures)
-    prepared = prepare(trained.model, config.quantize, config.precision)
     return InferResult(
         out=str(out), model=trained.name, parameters=trained.parameters,
         model_bytes=model_bytes(prepared), data=inputs.name, examples=inputs.count,
@@ -225,19 +229,23 @@ def _failure(
 ) -> str:
     from plait.launch.local import describe_exit
 
-    lines = []
+    lines, killed = [], False
     for s in missing:
         position = todo.index(s)  # the launch's group of this shard: ranks position*group...
         ranks = range(position * group, (position + 1) * group)
         dead = [f"worker {r} {describe_exit(statuses[r])}" for r in ranks if statuses.get(r, 0)]
         how = dead or ["its workers exited without finishing it"]
+        killed = killed or any(statuses.get(r, 0) < 0 for r in ranks)
         lines.append(f"shard {s.index} (inputs {s.lo}..{s.hi - 1}): {', '.join(how)}")
     done = [s for s in shards if s not in missing]
     written = ", ".join(f"{s.lo}..{s.hi - 1}" for s in done) or "nothing"
+    # a killed worker may live if run again; one that raised would raise again
+    hint = ("run again with --retry 1 to give a dead worker's shard to a new one" if killed
+            else "the workers' errors are above")  # fmt: skip
     return (
         f"{len(missing)} of {len(shards)} shards were not predicted: " + "; ".join(lines)
-        + f". Written: inputs {written}, kept in {parts}/ ({config.out} was not written). "
-        "Run again, with --retry 1 to run a dead worker's shard again"
+        + f". Written: inputs {written}, kept in {parts}/ ({config.out} was not written); "
+        + hint
     )  # fmt: skip
 
 

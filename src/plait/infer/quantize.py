@@ -20,20 +20,35 @@ import warnings
 import torch
 from torch import nn
 
+from plait.train.workload import stages
+
 __all__ = ["Prepared", "model_bytes", "prepare"]
 
 
+class Cast(nn.Module):
+    """Floating inputs to `dtype`; other inputs (token ids) as they are."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype) if x.is_floating_point() else x
+
+
 class Prepared(nn.Module):
-    """`module` called with its inputs in `dtype` (floating ones only), outputs in fp32."""
+    """`module` called with its inputs in `dtype` (floating ones only), outputs in fp32.
+    A pipeline cuts it as Cast(dtype), the module's stages, Cast(float32) (`layers`)."""
 
     def __init__(self, module: nn.Module, dtype: torch.dtype) -> None:
         super().__init__()
         self.module, self.dtype = module, dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_floating_point():
-            x = x.to(self.dtype)
-        return self.module(x).float()
+        return Cast(torch.float32)(self.module(Cast(self.dtype)(x)))
+
+    def layers(self) -> list[nn.Module]:
+        return [Cast(self.dtype), *stages(self.module), Cast(torch.float32)]
 
 
 def prepare(model: nn.Module, quantize: str = "none", precision: str = "fp32") -> nn.Module:
