@@ -61,7 +61,12 @@ def table(req: PlanRequest, preds: list[Prediction], top: int, how: str) -> str:
             ).rstrip()
         )
     if preds and preds[0].feasible:
-        lines.append(f"run the best: plait train {' '.join(preds[0].plan.train_args())}")
+        # what the request held fixed comes first: the plan alone would train mlp
+        what = [f"--workload {req.workload}"] if req.workload else [f"--model {req.model}"]
+        if req.batch_size is not None:
+            what.append(f"--batch-size {req.batch_size}")
+        args = " ".join([*what, *preds[0].plan.train_args()])
+        lines.append(f"run the best: plait train {args}")
     elif preds:
         least = min(max(p.peak_bytes) for p in preds)
         lines.append(
