@@ -30,7 +30,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 200  # the README is a front door; the rest lives in docs/
 
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
-NOT_SHELL = {"python", "py", "json", "toml", "yaml"}
+NOT_SHELL = {"python", "py", "json", "toml", "yaml", "text"}
 
 
 def blocks(text: str) -> tuple[list[str], str]:

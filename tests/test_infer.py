@@ -230,6 +230,7 @@ def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:
                   "--json", str(figures))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "wrote 360 predictions" in done.stdout and "held-out accuracy" in done.stdout
+    assert "(the run measured" in done.stdout  # the held-out figure beside the run's own
     assert "360/360 inputs" in done.stderr  # progress, on stderr
     fig = json.loads(figures.read_text())
     for key in ("examples_per_s", "latency_p50_ms", "latency_p99_ms", "metric", "model_bytes"):

@@ -70,9 +70,16 @@ def summary(fig: dict[str, object]) -> list[str]:
         f"{fig['latency_p99_ms']:.2f} ms ({fig['batches']} batches)",
     ]
     if fig["metric"] is not None:
-        value = float(str(fig["metric"]))
-        shown = f"{100 * value:.2f}%" if "accuracy" in str(fig["metric_name"]) else f"{value:.4f}"
-        lines.append(f"  {fig['metric_name']!s:<20} {shown}")
+        percent = "accuracy" in str(fig["metric_name"])
+
+        def shown(value: object) -> str:
+            v = float(str(value))
+            return f"{100 * v:.2f}%" if percent else f"{v:.4f}"
+
+        line = f"  {fig['metric_name']!s:<20} {shown(fig['metric'])}"
+        if fig["run_metric"] is not None:  # int8's or bf16's cost shows beside it
+            line += f" (the run measured {shown(fig['run_metric'])} at its end, in fp32)"
+        lines.append(line)
     if fig["retried"]:
         lines.append(f"  retried shards       {fig['retried']}")
     return lines

@@ -55,6 +55,8 @@ class InferResult:
     latencies_ms: list[float] = field(repr=False, default_factory=list)  # per batch, all shards
     metric_name: str | None = None
     metric: float | None = None  # over the labelled inputs; None without labels
+    # the run's own last figure on the same (whole held-out) inputs, in fp32, to compare
+    run_metric: float | None = None
     retried: list[int] = field(default_factory=list)  # shards run again
 
     @property
@@ -147,6 +149,7 @@ def run(config: InferConfig, *, workload: Any = None, stream: TextIO | None = No
         latencies_ms=[1e3 * s for f in figures for s in f.latencies],
         metric_name=trained.workload.metric.name if metric_count else None,
         metric=metric_sum / metric_count if metric_count else None, retried=retried,
+        run_metric=trained.metric if config.data == "val" and config.limit is None else None,
     )  # fmt: skip
 
 
