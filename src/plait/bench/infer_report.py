@@ -57,14 +57,15 @@ def int8_bar(rows: list[dict[str, Any]]) -> dict[str, Any]:
     speed = fp32["latency_p50_ms"] / int8["latency_p50_ms"]
     delta = int8["metric"] - fp32["metric"]
     ok = speed >= c.INT8_SPEEDUP and abs(delta) <= c.INT8_LOSS_SLACK
-    return bar(name, ok, f"{speed:.2f}x (p50 {fp32['latency_p50_ms']:.2f} -> "
-                         f"{int8['latency_p50_ms']:.2f} ms), loss {delta:+.4f} nats/byte")  # fmt: skip
+    p50 = f"p50 {fp32['latency_p50_ms']:.2f} -> {int8['latency_p50_ms']:.2f} ms"
+    return bar(name, ok, f"{speed:.2f}x ({p50}), loss {delta:+.4f} nats/byte")
 
 
 def student_bar(rows: list[dict[str, Any]]) -> dict[str, Any]:
     t = c.TASKS["digits"]
-    name = (f"{t.student} distilled: <= {c.STUDENT_PARAMS:g}x {t.teacher}'s parameters, within "
-            f"{100 * c.STUDENT_POINTS:g} point of its accuracy, better than {t.student} alone")  # fmt: skip
+    name = (f"{t.student} distilled: <= {c.STUDENT_PARAMS:g}x {t.teacher}'s parameters, "
+            f"within {100 * c.STUDENT_POINTS:g} point of its accuracy, better than {t.student} "
+            "alone")  # fmt: skip
     teacher, alone = find(rows, t.teacher), find(rows, t.student)
     student = find(rows, f"{t.student}-distilled")
     if teacher is None or alone is None or student is None:
@@ -84,8 +85,10 @@ def workers_bar(predictions: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if 1 not in rates or 2 not in rates:
         return bar(name, None, "needs gpt in --models and 1,2 in --workers-list")
     ratio = report.paired_ratio(rates[2], rates[1])
-    return bar(name, ratio >= c.WORKERS_SPEEDUP, f"{ratio:.2f}x ({statistics.median(rates[1]):.0f}"
-                                                 f" -> {statistics.median(rates[2]):.0f} examples/s)")  # fmt: skip
+    one, two = statistics.median(rates[1]), statistics.median(rates[2])
+    return bar(
+        name, ratio >= c.WORKERS_SPEEDUP, f"{ratio:.2f}x ({one:.0f} -> {two:.0f} examples/s)"
+    )
 
 
 def students(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -118,7 +121,8 @@ def render(rows: list[dict], predictions: dict[str, dict], found: list[dict],
     )  # fmt: skip
     report.add_rows(t, ((r["run"], [
         r["run"], r["variant"], f"{r['parameters']:,}", f"{r['model_bytes'] / 1024:.0f}K",
-        f"{r['latency_p50_ms']:.3f}", f"{r['latency_p99_ms']:.3f}", report.ratio(r.get("p50_vs_fp32")),
+        f"{r['latency_p50_ms']:.3f}", f"{r['latency_p99_ms']:.3f}",
+        report.ratio(r.get("p50_vs_fp32")),
         str(r["batch"]), f"{r['examples_per_s']:.0f}", report.ratio(r.get("throughput_vs_fp32")),
         metric_text(r["metric"], r["metric_name"])]) for r in rows))  # fmt: skip
     out.print(t)

@@ -29,10 +29,11 @@ class Task:
 
 #: task -> its models; a teacher in --models brings its student, alone and distilled
 TASKS = {
-    # 32768 digits: the 1437 train digits tiled, so that one worker's cnn predicts >= 1 s
-    "digits": Task("digits", "cnn", "mlp", 256, 32768, 256, True, ("temperature", "weight")),
-    "code": Task("code", "gpt", "gpt-small", 64, 1024, 64, False,
-                 ("text_temperature", "text_weight")),
+    # 16384 digits: the 1437 train digits tiled, so that one worker's cnn predicts >= 1 s
+    "digits": Task("digits", "cnn", "mlp", 256, 16384, 256, True, ("temperature", "weight")),
+    "code": Task(
+        "code", "gpt", "gpt-small", 64, 1024, 64, False, ("text_temperature", "text_weight")
+    ),
 }
 #: what --models may name: the task of each
 MODEL_TASK = {"mlp": "digits", "cnn": "digits", "gpt": "code"}
@@ -56,7 +57,8 @@ class InferBenchConfig:
     and bytes, the latency of a one-example forward (p50 and p99 over --calls, variants in
     turns), the throughput of a --large-batch forward (median over --repeats, in turns) and
     its held-out metric; then `plait infer`'s batch-prediction throughput at each of
-    --workers-list. Prints a table per section and the bars (PASS/MISS with the figure).
+    --workers-list (median over --predict-repeats). Prints a table per section and the
+    bars (PASS/MISS with the figure).
     """
 
     models: str = field(
@@ -79,8 +81,9 @@ class InferBenchConfig:
     text_temperature: float = field(default=2.0, metadata=option("code: distillation T"))
     text_weight: float = field(default=0.5, metadata=option("code: distillation weight A"))
     calls: int = field(default=200, metadata=option("one-example forwards per variant"))
-    repeats: int = field(
-        default=5, metadata=option("large-batch forwards, and prediction runs, per variant")
+    repeats: int = field(default=7, metadata=option("large-batch forwards per variant"))
+    predict_repeats: int = field(
+        default=3, metadata=option("`plait infer` runs per worker count (after one untimed)")
     )
     large_batch: int | None = field(
         default=None,
@@ -94,7 +97,12 @@ class InferBenchConfig:
     def __post_init__(self) -> None:
         subset("models", self.models, tuple(MODEL_TASK))
         ints("workers-list", self.workers_list)
-        at_least_1(workers=self.workers, calls=self.calls, repeats=self.repeats)
+        at_least_1(
+            workers=self.workers,
+            calls=self.calls,
+            repeats=self.repeats,
+            predict_repeats=self.predict_repeats,
+        )
         if self.large_batch is not None:
             at_least_1(large_batch=self.large_batch)
         if not self.steps_scale > 0:

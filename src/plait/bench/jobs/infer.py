@@ -25,7 +25,7 @@ def say(line: str) -> None:
 def run(config: InferBenchConfig) -> int:
     """Train, measure, print; return the exit status (0: the bars are figures, not tests)."""
     keep = config.runs is not None
-    folder = Path(config.runs) if keep else Path(tempfile.mkdtemp(prefix="plait-bench-infer-"))
+    folder = Path(config.runs or tempfile.mkdtemp(prefix="plait-bench-infer-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
         return _run(config, folder)
@@ -59,10 +59,10 @@ def _run(config: InferBenchConfig, folder: Path) -> int:
         for r in runs:
             if r.variants:
                 say(f"batch prediction: {r.name} at {config.workers_list} workers, "
-                    f"{config.repeats} runs each")  # fmt: skip
+                    f"{config.predict_repeats} runs each")  # fmt: skip
                 trained = load_run(folder / r.name)
                 predictions[r.name] = infer.prediction(
-                    trained, r.task, config.worker_counts, config.repeats, scratch
+                    trained, r.task, config.worker_counts, config.predict_repeats, scratch
                 )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
