@@ -17,13 +17,11 @@ from typing import Any
 
 import torch
 
-from plait.bench.configs.inference import TASKS
+from plait.bench.configs.inference import TASKS, VARIANTS
 from plait.infer import model_bytes, predict, prepare
 from plait.infer.load import Trained
 from plait.train.evaluate import evaluate_alone
 
-#: variant -> prepare()'s (quantize, precision)
-VARIANTS = {"fp32": ("none", "fp32"), "int8": ("int8", "fp32"), "bf16": ("none", "bf16")}
 WARMUP_CALLS = 10  # untimed one-example rounds first: allocator, int8 kernels' first packing
 
 

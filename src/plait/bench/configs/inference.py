@@ -37,7 +37,8 @@ TASKS = {
 }
 #: what --models may name: the task of each
 MODEL_TASK = {"mlp": "digits", "cnn": "digits", "gpt": "code"}
-VARIANTS = ("fp32", "int8", "bf16")  # bench/infer.py's prepare() arguments per name
+#: variant -> plait.infer.prepare's (quantize, precision)
+VARIANTS = {"fp32": ("none", "fp32"), "int8": ("int8", "fp32"), "bf16": ("none", "bf16")}
 
 # The bars (the issue's): each (figure, threshold)
 INT8_SPEEDUP = 1.5  # gpt at batch 1, p50 fp32 / p50 int8

@@ -49,7 +49,7 @@ def _run(config: InferBenchConfig, folder: Path) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="plait-bench-infer-predict-"))
     try:
         for i, r in enumerate(runs):
-            variants = VARIANTS if r.variants else ("fp32",)
+            variants = tuple(VARIANTS) if r.variants else ("fp32",)
             say(f"[{i + 1}/{len(runs)}] measuring {r.name} ({', '.join(variants)}, in turns)")
             trained = load_run(folder / r.name)
             for row in infer.measure(trained, variants, config.calls, config.repeats,
