@@ -106,9 +106,10 @@ def prediction_inputs(trained: Trained, task: str, scratch: Path) -> tuple[str, 
 
 
 def prediction(trained: Trained, task: str, counts: list[int], repeats: int,
-               scratch: Path) -> dict[str, Any]:  # fmt: skip
+               scratch: Path, threads: int | None = None) -> dict[str, Any]:  # fmt: skip
     """`plait infer`'s examples/s (over the prediction window) and wall time (start-up
-    included) per worker count, `repeats` runs each, the counts in turns."""
+    included) per worker count, `repeats` runs each, the counts in turns; `threads` per
+    worker (None: plait infer's default, the cores / workers)."""
     data, limit, batch = prediction_inputs(trained, task, scratch)
     rates: dict[int, list[float]] = {w: [] for w in counts}
     walls: dict[int, list[float]] = {w: [] for w in counts}
@@ -116,7 +117,8 @@ def prediction(trained: Trained, task: str, counts: list[int], repeats: int,
     def once(workers: int) -> Callable[[int], object]:
         def go(_: int) -> None:
             r = predict(trained.directory, out=scratch / f"predictions-{workers}.jsonl",
-                        data=data, limit=limit, workers=workers, batch_size=batch)  # fmt: skip
+                        data=data, limit=limit, workers=workers, batch_size=batch,
+                        threads=threads)  # fmt: skip
             rates[workers].append(r.examples_per_s)
             walls[workers].append(r.wall_s)
 

@@ -94,6 +94,11 @@ class InferBenchConfig:
     workers_list: str = field(
         default="1,2,4", metadata=option("`plait infer` worker counts (ratios against the first)")
     )
+    threads: int | None = field(
+        default=None,
+        metadata=option("torch threads for the timings and for each `plait infer` worker",
+                        default_text="torch's default; plait infer's cores / workers"),
+    )  # fmt: skip
     json: str | None = json_field()
 
     def __post_init__(self) -> None:
@@ -105,6 +110,8 @@ class InferBenchConfig:
             repeats=self.repeats,
             predict_repeats=self.predict_repeats,
         )
+        if self.threads is not None:
+            at_least_1(threads=self.threads)
         if self.large_batch is not None:
             at_least_1(large_batch=self.large_batch)
         if not self.steps_scale > 0:

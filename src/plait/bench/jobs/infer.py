@@ -43,6 +43,8 @@ def _run(config: InferBenchConfig, folder: Path) -> int:
     runs = infer_runs.plan(config)
     say(f"training {len(runs)} runs into {folder}")
     trained_figures = infer_runs.train(runs, config, folder)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     threads = torch.get_num_threads()
     rows: list[dict[str, Any]] = []
     predictions: dict[str, dict[str, Any]] = {}
@@ -62,7 +64,12 @@ def _run(config: InferBenchConfig, folder: Path) -> int:
                     f"{config.predict_repeats} runs each")  # fmt: skip
                 trained = load_run(folder / r.name)
                 predictions[r.name] = infer.prediction(
-                    trained, r.task, config.worker_counts, config.predict_repeats, scratch
+                    trained,
+                    r.task,
+                    config.worker_counts,
+                    config.predict_repeats,
+                    scratch,
+                    config.threads,
                 )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
