@@ -28,6 +28,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
         ({"steps_scale": 0.0}, "--steps-scale must be > 0"),
         ({"steps_scale": -1.0}, "got -1.0"),
         ({"calls": 0}, "--calls must be >= 1; got 0"),
+        ({"threads": 0}, "--threads must be >= 1; got 0"),
         ({"weight": 1.5}, "--weight must be in [0, 1]; got 1.5"),
         ({"text_temperature": 0.0}, "--text-temperature must be > 0"),
     ],
