@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from plait.bench.configs.collectives import CollectivesConfig, P2PConfig
 from plait.bench.configs.fields import DEVICES, SIZES
+from plait.bench.configs.inference import InferBenchConfig
 from plait.bench.configs.planning import PlanBenchConfig
 from plait.bench.configs.training import (
     PS_BARS,
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, type] = {
     "memory": MemoryBenchConfig,
     "comm": CommBenchConfig,
     "plan": PlanBenchConfig,
+    "infer": InferBenchConfig,
 }
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "SIZES",
     "CollectivesConfig",
     "CommBenchConfig",
+    "InferBenchConfig",
     "MemoryBenchConfig",
     "P2PConfig",
     "PipelineBenchConfig",

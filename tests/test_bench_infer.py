@@ -1,0 +1,149 @@
+"""`plait bench infer`: its config's checks, the runs it plans, turn-taking on fake calls, the
+bars on made-up figures, and one tiny real run through the command (mlp, ~20 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plait.bench import infer_report, infer_runs
+from plait.bench.configs import InferBenchConfig
+from plait.errors import ConfigError
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"models": "mlp,resnet"}, "unknown models ['resnet']; expected a subset of mlp, cnn, gpt"),
+        ({"workers_list": "1,x"}, "--workers-list must be comma-separated integers; got '1,x'"),
+        ({"workers_list": "0,2"}, "--workers-list values must be >= 1; got '0,2'"),
+        ({"steps_scale": 0.0}, "--steps-scale must be > 0"),
+        ({"steps_scale": -1.0}, "got -1.0"),
+        ({"calls": 0}, "--calls must be >= 1; got 0"),
+        ({"threads": 0}, "--threads must be >= 1; got 0"),
+        ({"weight": 1.5}, "--weight must be in [0, 1]; got 1.5"),
+        ({"text_temperature": 0.0}, "--text-temperature must be > 0"),
+    ],
+)
+def test_bad_options_say_what_was_expected(options: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        InferBenchConfig(**options)
+    assert says in str(info.value)
+
+
+def test_a_teacher_brings_its_student_alone_and_distilled() -> None:
+    names = [r.name for r in infer_runs.plan(InferBenchConfig(models="mlp"))]
+    assert names == ["mlp"]
+    runs = infer_runs.plan(InferBenchConfig(models="cnn,gpt"))
+    assert [(r.name, r.variants, r.teacher) for r in runs] == [
+        ("cnn", True, None), ("mlp", False, None), ("gpt", True, None),
+        ("gpt-small", False, None), ("mlp-distilled", False, "cnn"),
+        ("gpt-small-distilled", False, "gpt"),
+    ]  # fmt: skip
+    assert infer_runs.plan(InferBenchConfig(models="cnn,mlp"))[1].variants  # named: all three
+
+
+def test_train_args_scale_the_recipe_and_name_the_teacher(tmp_path: Path) -> None:
+    config = InferBenchConfig(models="gpt", steps_scale=0.1, text_temperature=3, text_weight=0.25)
+    student = infer_runs.plan(config)[-1]
+    args = infer_runs.train_args(student, config, tmp_path)
+    assert args == ["--model", "gpt-small", "--workers", "2", "--steps", "36",
+                    "--warmup-steps", "4", "--teacher", str(tmp_path / "gpt"),
+                    "--distill-temperature", "3.0", "--distill-weight", "0.25"]  # fmt: skip
+    mlp = infer_runs.plan(InferBenchConfig(models="mlp"))[0]
+    tiny = infer_runs.train_args(mlp, InferBenchConfig(steps_scale=1e-6), tmp_path)
+    assert "--warmup-steps" not in tiny
+
+
+def test_a_run_is_reused_only_with_a_checkpoint_and_the_same_options(tmp_path: Path) -> None:
+    args = ["--model", "mlp", "--steps", "3"]
+    assert not infer_runs.reusable(tmp_path, args)
+    (tmp_path / infer_runs.OPTIONS_FILE).write_text(json.dumps(args))
+    assert not infer_runs.reusable(tmp_path, args)  # no checkpoint
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    assert infer_runs.reusable(tmp_path, args)
+    assert not infer_runs.reusable(tmp_path, [*args[:-1], "4"])
+
+
+def test_in_turns_rotates_the_order_and_times_each_call() -> None:
+    from plait.bench.infer import in_turns, quantile
+
+    log: list[tuple[str, int]] = []
+    now = [0.0]
+    cost = {"fp32": 3.0, "int8": 1.0, "bf16": 5.0}
+
+    def call(name: str) -> Any:
+        def go(i: int) -> None:
+            log.append((name, i))
+            now[0] += cost[name]
+
+        return go
+
+    took = in_turns({n: call(n) for n in cost}, rounds=3, warmup=1, clock=lambda: now[0])
+    assert log == [("fp32", 0), ("int8", 0), ("bf16", 0),  # warm-up, untimed
+                   ("int8", 1), ("bf16", 1), ("fp32", 1),
+                   ("bf16", 2), ("fp32", 2), ("int8", 2),
+                   ("fp32", 3), ("int8", 3), ("bf16", 3)]  # fmt: skip
+    assert took == {n: [c] * 3 for n, c in cost.items()}
+    assert quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.0 and quantile([1.0, 9.0], 0.99) == 9.0
+
+
+def row(run: str, variant: str, params: int, p50: float, metric: float) -> dict[str, Any]:
+    return {"run": run, "variant": variant, "parameters": params, "latency_p50_ms": p50,
+            "metric": metric, "metric_name": "held-out accuracy",
+            "examples_per_s_repeats": [1.0]}  # fmt: skip
+
+
+def test_the_bars_pass_and_miss_on_made_up_figures() -> None:
+    good = [row("gpt", "fp32", 867_072, 6.0, 1.50), row("gpt", "int8", 867_072, 3.0, 1.52),
+            row("cnn", "fp32", 38_282, 0.2, 0.980), row("mlp", "fp32", 9_610, 0.1, 0.960),
+            row("mlp-distilled", "fp32", 9_610, 0.1, 0.975)]  # fmt: skip
+    fast = {"gpt": {"examples_per_s": {1: [100.0, 110.0], 2: [180.0, 200.0]}}}
+    assert [b["status"] for b in infer_report.bars(good, fast)] == ["PASS"] * 3
+    assert "2.00x" in infer_report.bars(good, fast)[0]["figure"]
+
+    bad = [dict(r) for r in good]
+    bad[1]["metric"] = 1.56  # int8 loses 0.06 nats/byte: fast enough, not accurate enough
+    bad[4]["metric"] = 0.955  # the student is worse than alone (and within 1 point)
+    slow = {"gpt": {"examples_per_s": {1: [100.0], 2: [160.0]}}}
+    assert [b["status"] for b in infer_report.bars(bad, slow)] == ["MISS"] * 3
+
+    big = [dict(r) for r in good]
+    big[4]["parameters"] = 20_000  # more than half the teacher's
+    assert infer_report.student_bar(big)["status"] == "MISS"
+    far = [dict(r) for r in good]
+    far[2]["metric"] = 0.990  # the teacher 1.5 points above the student
+    assert infer_report.student_bar(far)["status"] == "MISS"
+    assert [b["status"] for b in infer_report.bars([], {})] == ["n/a"] * 3
+
+
+def test_the_command_measures_and_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "plait", "bench", "infer", "--models", "mlp",
+           "--steps-scale", "0.05", "--calls", "10", "--repeats", "1", "--predict-repeats", "1",
+           "--workers-list", "1,2", "--runs", str(tmp_path / "runs"),
+           "--json", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "200"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "training mlp" in proc.stderr and "batch prediction: mlp" in proc.stderr
+    table = [line for line in proc.stdout.splitlines() if line.startswith("│ mlp")]
+    assert [line.split("│")[2].strip() for line in table[:3]] == ["fp32", "int8", "bf16"]
+    assert "torch threads" in proc.stdout and "n/a   gpt int8" in proc.stdout
+    got = json.loads(out.read_text())
+    assert set(got) >= {"config", "torch_threads", "rows", "prediction", "students", "bars",
+                        "training", "worker_ratios"}  # fmt: skip
+    assert [r["variant"] for r in got["rows"]] == ["fp32", "int8", "bf16"]
+    assert set(got["rows"][0]) >= {"parameters", "model_bytes", "latency_p50_ms",
+                                   "latency_p99_ms", "examples_per_s", "metric"}  # fmt: skip
+    assert set(got["prediction"]["mlp"]["examples_per_s"]) == {"1", "2"}
+    assert got["rows"][1]["model_bytes"] < got["rows"][0]["model_bytes"]  # int8 weighs less
+    assert (tmp_path / "runs" / "mlp" / infer_runs.OPTIONS_FILE).is_file()  # --runs keeps it
