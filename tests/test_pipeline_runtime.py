@@ -202,6 +202,22 @@ def test_single_stage_equals_reference() -> None:
         assert float((a.grad - b.grad).abs().max()) < 1e-12
 
 
+@pytest.mark.parametrize(("batch", "chunks"), [(4, 3), (10, 4), (7, 7)])
+def test_uneven_micro_batches_equal_reference(batch: int, chunks: int) -> None:
+    # exactly `chunks` micro-batches whatever the batch (torch.chunk gave 2 for 4 in 3)
+    model = _model()
+    ref = copy.deepcopy(model)
+    x, y = torch.randn(batch, 6, dtype=f64), torch.randn(batch, 5, dtype=f64)
+    ref_loss = _mse(ref(x), y)
+    ref_loss.backward()
+    pipe = Pipeline(model, _fake(1), chunks=chunks, schedule="1f1b")
+    loss = pipe.step(x, y, _mse)
+    assert loss is not None and abs(float(loss) - float(ref_loss.detach())) < 1e-12
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None
+        assert float((a.grad - b.grad).abs().max()) < 1e-12
+
+
 def _checkpoint_all(comm: Communicator) -> dict[str, Any]:
     """Every (schedule, checkpoint) at chunks 4: gradient error and peak saved bytes."""
     out: dict[str, Any] = {}

@@ -45,7 +45,7 @@ class Progress:
                 TextColumn("inputs"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), TimeRemainingColumn(), console=Console(file=stream),
             )  # fmt: skip
-            self.bar.console.print(title)
+            self.bar.console.print(title, markup=False, highlight=False)
             self.task = self.bar.add_task("infer", total=total)
             self.bar.start()
         else:

@@ -413,7 +413,9 @@ class Pipeline:
         if t.dim() == 0 or len(t) < self.chunks:
             n = 0 if t.dim() == 0 else len(t)
             raise ValueError(f"{name} has batch size {n}, fewer than chunks={self.chunks}")
-        return list(torch.chunk(t, self.chunks))
+        # exactly `chunks` pieces, sizes differing by one at most (torch.chunk may give
+        # fewer: 4 samples in 3 chunks are 2 pieces of 2)
+        return list(torch.tensor_split(t, self.chunks))
 
 
 class Parts(nn.ModuleList):
