@@ -1,8 +1,8 @@
 """`TrainConfig`: one training run, as the job's shape plus one config per component.
 
 The command line is derived from these fields (plait/options.py): TrainConfig's own
-(workers, strategy, servers) and those of its components (parts.py, and the parameter
-server's `PSConfig` itself), each under its own name, so `plait train --steps 5 --ps-mode
+(workers, strategy, servers) and those of its components (parts.py, parts_io.py, and the
+parameter server's `PSConfig` itself), each under its own name, so `plait train --steps 5 --ps-mode
 ssp` builds `TrainConfig(optim=OptimConfig(steps=5), ps=PSConfig(mode="ssp"))`. Fields left
 None take the workload's recipe (recipes.py); the checks that involve several components
 live here. This module imports no torch.
@@ -19,16 +19,14 @@ from plait.train import strategies
 from plait.train.compute import ComputeConfig
 from plait.train.errors import ConfigError
 from plait.train.parts import (
-    CheckpointConfig,
     DeviceConfig,
-    DistillConfig,
-    LogConfig,
     MeshConfig,
     OptimConfig,
     WorkloadConfig,
     at_least,
     one_of,
 )
+from plait.train.parts_io import CheckpointConfig, DistillConfig, LogConfig
 from plait.train.recipes import RECIPES, Rates, Recipe, server_optimizer
 from plait.train.schedule import lr_at
 from plait.train.strategies import STRATEGIES
