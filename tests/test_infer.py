@@ -255,3 +255,17 @@ def test_pipeline_and_tensor_parallel_workers_equal_one_process(
     assert [r["index"] for r in rows] == list(range(24))
     assert max(abs(r["loss"] - s["loss"]) for r, s in zip(rows, reference, strict=True)) < 1e-4
     assert result.metric == pytest.approx(sum(r["loss"] for r in reference) / 24, abs=1e-4)
+
+
+def test_a_run_of_the_users_own_workload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # --workload examples/custom_workload.py:make is relative to it
+    run = tmp_path / "run"
+    done = _plait("train", "--workload", "examples/custom_workload.py:make", "--steps", "3",
+                  "--workers", "1", "--out", str(run))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = predict(run, out=tmp_path / "p.jsonl")
+    assert result.metric == pytest.approx(load_run(run).metric, abs=1e-9)
+    monkeypatch.chdir(tmp_path)  # elsewhere the relative path does not resolve: say why
+    with pytest.raises(ConfigError, match="run it where the run was trained"):
+        predict(run, out=tmp_path / "q.jsonl")

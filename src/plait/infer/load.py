@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait.errors import CheckpointError
+from plait.errors import CheckpointError, ConfigError
 from plait.train import checkpoint, outdir
 from plait.train.models import count_parameters
 from plait.train.workload import Workload
@@ -120,5 +120,12 @@ def _workload(options: dict[str, Any], where: Path) -> Workload:
             "import path to rebuild it from; pass the same one (workload=...)"
         )
     if options.get("workload"):
-        return load(options["workload"])
+        try:
+            return load(options["workload"])
+        except ConfigError as e:  # a relative path, from another directory than training's
+            raise ConfigError(
+                f"{e} (the run in {where} was trained with --workload {options['workload']}; "
+                "a relative path or module resolves from the directory plait infer runs in: "
+                "run it where the run was trained, or put the module on PYTHONPATH)"
+            ) from None
     return workloads.builtin(options["model"], options.get("data"))
