@@ -186,6 +186,7 @@ def test_a_language_model_reads_a_file_as_bytes(tmp_path: Path) -> None:
         ({"workers": 3, "pp": 2}, "workers 3 % (pp 2 * tp 1) = 1 != 0"),
         ({"quantize": "int8", "tp": 2, "workers": 2}, "the int8 layers are not tensor-parallel"),
         ({"batch_size": 0}, "batch_size 0 < 1"),
+        ({"quantize": "int8", "device": "cuda"}, "torch's dynamic int8 layers run on the CPU"),
     ],
 )
 def test_bad_input_is_one_clear_error(
@@ -269,3 +270,25 @@ def test_a_run_of_the_users_own_workload(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path)  # elsewhere the relative path does not resolve: say why
     with pytest.raises(ConfigError, match="run it where the run was trained"):
         predict(run, out=tmp_path / "q.jsonl")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where there is no GPU")
+def test_cuda_without_a_gpu_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="device cuda was asked for"):
+        predict(runs["mlp"], out=tmp_path / "p.jsonl", device="cuda", workers=2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_gpu_predicts_what_the_cpu_does(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    monkeypatch.setenv("PLAIT_SHARE_GPU", "1")  # two workers may share one GPU
+    options = {"data": "train", "limit": 40, "batch_size": 8, "workers": workers}
+    cpu = predict(runs["gpt"], out=tmp_path / "cpu.jsonl", device="cpu", **options)
+    gpu = predict(runs["gpt"], out=tmp_path / "gpu.jsonl", device="cuda", **options)
+    a = [json.loads(r) for r in (tmp_path / "cpu.jsonl").read_text().splitlines()]
+    b = [json.loads(r) for r in (tmp_path / "gpu.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in b] == list(range(40))
+    assert max(abs(r["loss"] - s["loss"]) for r, s in zip(a, b, strict=True)) < 1e-3
+    assert gpu.metric == pytest.approx(cpu.metric, abs=1e-3)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from plait.errors import ConfigError
 from plait.options import option
 
 QUANTIZE = ("none", "int8")
+DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
 PRECISIONS = ("fp32", "bf16")
 SPLITS = ("val", "train")  # --data naming one of the run's own splits
 
@@ -74,6 +75,14 @@ class InferConfig:
         default="fp32",
         metadata=option("bf16: weights and activations in bfloat16", choices=PRECISIONS),
     )
+    device: str = field(
+        default="auto",
+        metadata=option(
+            "where each worker predicts: cuda (GPU LOCAL_RANK of the host), cpu, or auto "
+            "(cuda where torch sees a GPU; the CPU for --quantize int8)",
+            choices=DEVICES,
+        ),
+    )
     threads: int | None = field(
         default=None,
         metadata=option("torch threads per worker", default_text="this machine's cores / workers"),
@@ -115,11 +124,21 @@ class InferConfig:
                 "--quantize int8 with --tp: the int8 layers are not tensor-parallel ones; "
                 "quantize with --pp or data-parallel workers, or leave --tp 1"
             )
+        if self.quantize == "int8" and self.device == "cuda":
+            raise ConfigError(
+                "--quantize int8 with --device cuda: torch's dynamic int8 layers run on the "
+                "CPU only; use --device cpu (or auto), or --precision bf16 on the GPU"
+            )
         if self.quantize == "int8" and self.precision != "fp32":
             raise ConfigError(
                 f"--quantize int8 with --precision {self.precision}: int8 layers take fp32 "
                 "activations; choose one"
             )
+
+    @property
+    def device_name(self) -> str:
+        """The device every worker asks for (int8 runs on the CPU, whatever auto finds)."""
+        return "cpu" if self.quantize == "int8" else self.device
 
     @property
     def groups(self) -> int:

@@ -110,6 +110,7 @@ def run(config: InferConfig, *, workload: Any = None, stream: TextIO | None = No
     assert config.source is not None and config.out is not None
     out = Path(config.out)
     _check_writable(out)
+    _check_device(config)
     trained = load_run(config.source, workload)
     if workload is not None and config.workers > 1:
         raise ConfigError(
@@ -172,7 +173,7 @@ def _in_process(
     threads = _threads_before()
     try:
         worker.set_threads(config)
-        forward = worker.local_forward(trained, config)
+        forward = worker.local_forward(trained, config, worker.local_device(config, 0, 1))
         worker.predict_shard(forward, inputs, shard, config, trained, parts,
                              progress=lambda done: bar.update(shard.index, done))  # fmt: skip
     finally:
@@ -262,6 +263,13 @@ def _merge(out: Path, files: list[Path]) -> None:
         sink.flush()
         os.fsync(sink.fileno())
     os.replace(tmp, out)
+
+
+def _check_device(config: InferConfig) -> None:
+    """A device the workers cannot have: one line now, not a traceback per worker."""
+    from plait.train import device
+
+    device.check(config.device_name, 0, config.workers)
 
 
 def _check_writable(out: Path) -> None:

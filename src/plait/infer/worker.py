@@ -105,6 +105,8 @@ def predict_shard(
             began = time.perf_counter()
             with torch.inference_mode():
                 out = forward(x if reads else None, hi - lo)
+                if out is not None and out.is_cuda:  # the kernels' time, not their launch
+                    torch.cuda.synchronize(out.device)
             figures.latencies.append(time.perf_counter() - began)
             if sink is None or out is None:
                 continue
@@ -139,10 +141,26 @@ def set_threads(config: InferConfig) -> None:
     torch.set_num_threads(config.threads or max(1, (cores or 1) // config.workers))
 
 
-def local_forward(trained: Trained, config: InferConfig) -> Forward:
-    """The whole model in this process, prepared (int8, bf16) as the config says."""
-    model = prepare(trained.model, config.quantize, config.precision)
-    return lambda x, size: model(x)
+def local_forward(trained: Trained, config: InferConfig, device: torch.device) -> Forward:
+    """The whole model in this process on `device`, prepared (int8, bf16) as the config
+    says; the output stays on the device (rows.lines copies it to the host)."""
+    model = prepare(trained.model, config.quantize, config.precision).to(device)
+
+    def forward(x: torch.Tensor | None, size: int) -> torch.Tensor:
+        assert x is not None, "one process reads its own inputs"
+        return model(x.to(device))
+
+    return forward
+
+
+def local_device(config: InferConfig, local_rank: int, local_size: int) -> torch.device:
+    """This worker's device (`plait.devices.resolve`), made the current CUDA device."""
+    from plait import devices
+
+    device = devices.resolve(config.device_name, local_rank, local_size)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def run(spec: dict[str, Any]) -> int:
@@ -159,17 +177,21 @@ def run(spec: dict[str, Any]) -> int:
     die_after = int(after) if who == str(rank) else None
     group = config.pp * config.tp
     if group == 1:
-        writes, reads, forward, shard = True, True, local_forward(trained, config), shards[rank]
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        forward = local_forward(trained, config, local_device(config, local_rank, local_size))
+        writes, reads, shard = True, True, shards[rank]
     else:
-        from plait import init, shutdown
+        from plait import devices, init, shutdown
         from plait.comm.mesh import Mesh
         from plait.infer.mesh import MeshForward
 
+        os.environ["PLAIT_DEVICE"] = config.device_name  # plait.init() picks the rank's device
         comm = init()
         mesh = Mesh(dp=world // group, pp=config.pp, tp=config.tp, comm=comm)
         prepared = prepare(trained.model, config.quantize, config.precision)
         assert config.chunks is not None
-        mf = MeshForward(prepared, mesh, chunks=config.chunks)
+        mf = MeshForward(prepared, mesh, chunks=config.chunks, device=devices.device())
         forward, writes, reads = mf, mf.writes, mf.first
         shard = shards[mesh.coords["dp"]]
 
