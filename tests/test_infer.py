@@ -220,9 +220,21 @@ def test_a_dead_worker_is_named_and_its_shard_retried(
     assert "Written: inputs 0..19" in said and "--retry 1" in said
     parts = out.with_name(out.name + ".parts")
     assert not out.exists() and (parts / "shard-00000.jsonl").is_file()  # nothing lost
-    result = predict(runs["gpt"], out=out, retry=1, **options)
-    assert result.retried == [1]
-    assert out.read_text().splitlines(keepends=True) == _reference(runs["gpt"], "train", 8)[:40]
+    reference = _reference(runs["gpt"], "train", 8)[:40]
+    # the same job again predicts only the shard that was lost
+    monkeypatch.delenv("PLAIT_INFER_DIE")
+    again = predict(runs["gpt"], out=out, **options)
+    assert again.reused == [0] and again.predicted == 20 and not parts.exists()
+    assert out.read_text().splitlines(keepends=True) == reference
+    # --retry gives the dead worker's shard to a new worker within the job
+    monkeypatch.setenv("PLAIT_INFER_DIE", "1:1")
+    result = predict(runs["gpt"], out=tmp_path / "r.jsonl", retry=1, **options)
+    assert result.retried == [1] and result.reused == []
+    assert (tmp_path / "r.jsonl").read_text().splitlines(keepends=True) == reference
+    # another job (here: another batch size) does not reuse what an earlier one left
+    monkeypatch.delenv("PLAIT_INFER_DIE")
+    predict(runs["gpt"], out=out, **{**options, "batch_size": 4})
+    assert out.read_text().splitlines(keepends=True) == _reference(runs["gpt"], "train", 4)[:40]
 
 
 def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:

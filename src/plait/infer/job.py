@@ -10,7 +10,9 @@
 3. Every shard must have finished (worker.py: its lines and its figures on disk). A shard
    that did not is run again by a new worker, up to `retry` times; when none are left, the
    job fails naming each missing shard, its inputs, the worker that held it and how that
-   worker ended, and keeps what was written (PARTS: OUT.parts/).
+   worker ended, and keeps what was written (PARTS: OUT.parts/). PARTS/job.json describes
+   the job (`_job`): the same job run again reuses the shards PARTS holds and predicts the
+   rest; another job clears PARTS first.
 4. The shards' lines are concatenated in order into OUT (a temporary file, then a rename:
    OUT is whole or absent) and the summary is made from the shards' figures.
 """
@@ -58,10 +60,13 @@ class InferResult:
     # the run's own last figure on the same (whole held-out) inputs, in fp32, to compare
     run_metric: float | None = None
     retried: list[int] = field(default_factory=list)  # shards run again
+    predicted: int = 0  # inputs predicted by this call (the others: reused shards)
+    reused: list[int] = field(default_factory=list)  # shards an earlier run had finished
 
     @property
     def examples_per_s(self) -> float:
-        return self.examples / max(self.predict_s, 1e-9)
+        """Inputs predicted by this call per second of its prediction window."""
+        return (self.predicted or self.examples) / max(self.predict_s, 1e-9)
 
     def latency_ms(self, q: float) -> float:
         """The q-quantile (0..1) of the per-batch latency, nearest rank."""
@@ -125,18 +130,27 @@ def run(config: InferConfig, *, workload: Any = None, stream: TextIO | None = No
     inputs = open_inputs(config.data, trained.workload, config.limit)
     shards = _cut(inputs.count, config.groups)
     parts = out.with_name(out.name + ".parts")
-    shutil.rmtree(parts, ignore_errors=True)
-    parts.mkdir(parents=True)
+    reused = _reuse(parts, _job(config, shards))
+    todo = [s for s in shards if s.index not in reused]
     bar = progress.Progress(inputs.count, stream, f"plait infer: {trained.name} on {inputs.name}")
+    if reused:
+        bar.text(
+            f"plait infer: {len(reused)} of {len(shards)} shards were finished by an earlier "
+            f"run of the same job ({parts}/): predicting the other {len(todo)}"
+        )
+    for s in shards:
+        if s.index in reused:
+            bar.update(s.index, s.hi - s.lo)
     retried: list[int] = []
     try:
-        if config.workers == 1:
-            _in_process(config, trained, inputs, shards[0], parts, bar)
-        else:
-            _launched(config, shards, parts, bar, retried)
+        if todo and config.workers == 1:
+            _in_process(config, trained, inputs, todo[0], parts, bar)
+        elif todo:
+            _launched(config, todo, shards, parts, bar, retried)
     finally:
         bar.close()
     figures = [ShardFigures(**json.loads(figures_path(parts, s.index).read_text())) for s in shards]
+    fresh = [f for f in figures if f.index not in reused] or figures  # this call's window
     _merge(out, [lines_path(parts, s.index) for s in shards])
     shutil.rmtree(parts, ignore_errors=True)
     metric_sum = sum(f.metric_sum for f in figures)
@@ -146,12 +160,50 @@ def run(config: InferConfig, *, workload: Any = None, stream: TextIO | None = No
         model_bytes=model_bytes(prepared), data=inputs.name, examples=inputs.count,
         workers=config.workers, quantize=config.quantize, precision=config.precision,
         wall_s=time.time() - t0,
-        predict_s=max(f.end for f in figures) - min(f.start for f in figures),
+        predict_s=max(f.end for f in fresh) - min(f.start for f in fresh),
+        predicted=sum(f.count for f in fresh), reused=sorted(reused),
         latencies_ms=[1e3 * s for f in figures for s in f.latencies],
         metric_name=trained.workload.metric.name if metric_count else None,
         metric=metric_sum / metric_count if metric_count else None, retried=retried,
         run_metric=trained.metric if config.data == "val" and config.limit is None else None,
     )  # fmt: skip
+
+
+def _job(config: InferConfig, shards: list[Shard]) -> dict[str, Any]:
+    """What decides a job's lines: the run's checkpoint (its file's size and time), the
+    inputs, the shards and every option that changes a number. Equal: a shard an earlier
+    run finished is this run's too."""
+    assert config.source is not None
+    src = Path(config.source)
+    marker = next(f for f in (src / "checkpoint.pt", src / "checkpoint.json") if f.is_file())
+    data = Path(config.data)
+    stamp = lambda f: [f.stat().st_size, f.stat().st_mtime_ns]  # noqa: E731
+    return {
+        "source": str(src.resolve()), "checkpoint": stamp(marker),
+        "data": [str(data.resolve()), *stamp(data)] if data.is_file() else config.data,
+        "limit": config.limit, "batch_size": config.batch_size, "pp": config.pp,
+        "tp": config.tp, "chunks": config.chunks, "quantize": config.quantize,
+        "precision": config.precision, "device": config.device_name,
+        "shards": [[s.index, s.lo, s.hi] for s in shards],
+    }  # fmt: skip
+
+
+def _reuse(parts: Path, job: dict[str, Any]) -> set[int]:
+    """The shards in `parts` that an earlier run of the same `job` finished; anything else
+    there is removed, and `parts` is left holding this job's description."""
+    described = parts / "job.json"
+    try:
+        same = json.loads(described.read_text()) == job
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        shutil.rmtree(parts, ignore_errors=True)
+        parts.mkdir(parents=True)
+        described.write_text(json.dumps(job))
+        return set()
+    for tmp in parts.glob("*.tmp"):  # a shard cut short
+        tmp.unlink()
+    return {s[0] for s in job["shards"] if figures_path(parts, s[0]).is_file()}
 
 
 def _cut(count: int, groups: int) -> list[Shard]:
@@ -193,14 +245,19 @@ def _threads_after(threads: int) -> None:
 
 
 def _launched(
-    config: InferConfig, shards: list[Shard], parts: Path, bar: Any, retried: list[int]
+    config: InferConfig,
+    todo: list[Shard],
+    shards: list[Shard],
+    parts: Path,
+    bar: Any,
+    retried: list[int],
 ) -> None:
     """Launch the workers for `shards`; again for the unfinished ones while retries last."""
     from plait.infer.progress import EventStream
     from plait.launch import launch
 
     group = config.pp * config.tp
-    todo, attempt = list(shards), 0
+    attempt = 0
     while True:
         # a retry runs fewer shards, so fewer workers: the shard count is the group count
         settings = {**config.to_dict(), "workers": len(todo) * group}
@@ -244,7 +301,8 @@ def _failure(
     done = [s for s in shards if s not in missing]
     written = ", ".join(f"{s.lo}..{s.hi - 1}" for s in done) or "nothing"
     # a killed worker may live if run again; one that raised would raise again
-    hint = ("run again with --retry 1 to give a dead worker's shard to a new one" if killed
+    hint = ("the same command again predicts only the unfinished shards (--retry 1 reruns a "
+            "dead worker's shard within the job)" if killed
             else "the workers' errors are above")  # fmt: skip
     return (
         f"{len(missing)} of {len(shards)} shards were not predicted: " + "; ".join(lines)
