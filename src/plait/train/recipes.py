@@ -72,49 +72,17 @@ TEXT = {"sgd": Rates(0.3, 0.0), "adamw": Rates(4e-3, 0.01), "lars": Rates(2.0, 0
         "lamb": Rates(2e-2, 0.01)}  # fmt: skip
 
 RECIPES = {
-    "mlp": Recipe(
-        data="digits",
-        steps=600,
-        batch_size=64,
-        base_batch=64,
-        warmup_steps=0,
-        optimizer="sgd",
-        rates=IMAGES,
-        grad_clip=0.0,
-    ),
-    "cnn": Recipe(
-        data="digits",
-        steps=600,
-        batch_size=64,
-        base_batch=64,
-        warmup_steps=0,
-        optimizer="sgd",
-        rates=IMAGES,
-        grad_clip=0.0,
-    ),
-    "gpt": Recipe(
-        data="code",
-        steps=360,
-        batch_size=32,
-        base_batch=32,
-        warmup_steps=40,
-        optimizer="adamw",
-        rates=TEXT,
-        grad_clip=1.0,
-    ),
-    "wide": Recipe(
-        data="digits",
-        steps=150,
-        batch_size=64,
-        base_batch=64,
-        warmup_steps=0,
-        optimizer="sgd",
-        rates=IMAGES,
-        grad_clip=0.0,
-    ),
-}
+    "mlp": Recipe(data="digits", steps=600, batch_size=64, base_batch=64, warmup_steps=0,
+                  optimizer="sgd", rates=IMAGES, grad_clip=0.0),
+    "cnn": Recipe(data="digits", steps=600, batch_size=64, base_batch=64, warmup_steps=0,
+                  optimizer="sgd", rates=IMAGES, grad_clip=0.0),
+    "gpt": Recipe(data="code", steps=360, batch_size=32, base_batch=32, warmup_steps=40,
+                  optimizer="adamw", rates=TEXT, grad_clip=1.0),
+    "wide": Recipe(data="digits", steps=150, batch_size=64, base_batch=64, warmup_steps=0,
+                   optimizer="sgd", rates=IMAGES, grad_clip=0.0),
+}  # fmt: skip
 # gpt-small: a distillation student of gpt (docs/distillation.md), trained as gpt is
-RECIPES["gpt-small"] = RECIPES["gpt"]  # fmt: skip
+RECIPES["gpt-small"] = RECIPES["gpt"]
 # --workload: plain SGD with momentum, no decay or clipping (set --steps, --lr, ... to taste)
 CUSTOM = Recipe(steps=100, batch_size=64, base_batch=64, warmup_steps=0, optimizer="sgd",
                 rates={**IMAGES, "sgd": Rates(0.05, 0.0)}, grad_clip=0.0)  # fmt: skip
