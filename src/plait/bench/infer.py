@@ -19,6 +19,7 @@ import torch
 
 from plait.bench.configs.inference import TASKS, VARIANTS
 from plait.infer import model_bytes, predict, prepare
+from plait.infer.job import quantile
 from plait.infer.load import Trained
 from plait.train.evaluate import evaluate_alone
 
@@ -45,12 +46,6 @@ def in_turns(
             if r >= warmup:
                 took[name].append(clock() - start)
     return took
-
-
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) of `values`, nearest rank (as InferResult.latency_ms)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def measure(trained: Trained, variants: tuple[str, ...], calls: int, repeats: int,

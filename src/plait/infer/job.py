@@ -35,6 +35,12 @@ from plait.infer.worker import Shard, ShardFigures, figures_path, lines_path
 __all__ = ["InferError", "InferResult", "predict", "run"]
 
 
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of `values`, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
 class InferError(PlaitError):
     """Workers died and their shards were not predicted (the message says which)."""
 
@@ -69,9 +75,8 @@ class InferResult:
         return (self.predicted or self.examples) / max(self.predict_s, 1e-9)
 
     def latency_ms(self, q: float) -> float:
-        """The q-quantile (0..1) of the per-batch latency, nearest rank."""
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+        """The q-quantile (0..1) of the per-batch latency."""
+        return quantile(self.latencies_ms, q)
 
     def figures(self) -> dict[str, Any]:
         fig = {k: v for k, v in asdict(self).items() if k != "latencies_ms"}
@@ -144,7 +149,7 @@ def run(config: InferConfig, *, workload: Any = None, stream: TextIO | None = No
     retried: list[int] = []
     try:
         if todo and config.workers == 1:
-            _in_process(config, trained, inputs, todo[0], parts, bar)
+            _in_process(config, trained, prepared, inputs, todo[0], parts, bar)
         elif todo:
             _launched(config, todo, shards, parts, bar, retried)
     finally:
@@ -218,14 +223,20 @@ def _cut(count: int, groups: int) -> list[Shard]:
 
 
 def _in_process(
-    config: InferConfig, trained: Any, inputs: Any, shard: Shard, parts: Path, bar: Any
+    config: InferConfig,
+    trained: Any,
+    prepared: Any,
+    inputs: Any,
+    shard: Shard,
+    parts: Path,
+    bar: Any,
 ) -> None:
     from plait.infer import worker
 
     threads = _threads_before()
     try:
         worker.set_threads(config)
-        forward = worker.local_forward(trained, config, worker.local_device(config, 0, 1))
+        forward = worker.local_forward(prepared, worker.local_device(config, 0, 1))
         worker.predict_shard(forward, inputs, shard, config, trained, parts,
                              progress=lambda done: bar.update(shard.index, done))  # fmt: skip
     finally:

@@ -37,6 +37,7 @@ from plait.errors import ConfigError
 from plait.pipeline import build
 from plait.pipeline.p2p import recv_tensor, send_tensor
 from plait.pipeline.pipe import Pipeline
+from plait.pipeline.schedule import Action
 from plait.tensor_parallel import parallelize
 from plait.trace.recorder import Recorder
 from plait.train.workload import stages
@@ -90,6 +91,7 @@ class MeshForward:
         # one writer per output: the last stage's tp ranks all hold it whole
         self.writes: bool = self.last and mesh.coords["tp"] == 0
         self.batches = 0  # batches run: their parity keeps consecutive batches' tags apart
+        self._actions: dict[int, list[Action]] = {}
 
     def __call__(self, x: torch.Tensor | None, size: int) -> torch.Tensor | None:
         """The model's output for a batch of `size` samples (every rank of the dp group knows
@@ -109,7 +111,11 @@ class MeshForward:
         self.batches += 1
         # n pieces, never fewer (torch.chunk(x, 3) of 4 samples gives 2)
         pieces = list(torch.tensor_split(x.to(self.device), n)) if x is not None else []
-        actions = [a for a in build("gpipe", self.stages, n)[self.rank] if a.kind == "F"]
+        if n not in self._actions:  # this stage's forwards of an n-micro-batch schedule
+            self._actions[n] = [
+                a for a in build("gpipe", self.stages, n)[self.rank] if a.kind == "F"
+            ]
+        actions = self._actions[n]
         rec: Recorder | None = getattr(self.pipe.comm, "recorder", None)
         outs: list[torch.Tensor] = []
         pending: list[Request] = []

@@ -141,10 +141,10 @@ def set_threads(config: InferConfig) -> None:
     torch.set_num_threads(config.threads or max(1, (cores or 1) // config.workers))
 
 
-def local_forward(trained: Trained, config: InferConfig, device: torch.device) -> Forward:
-    """The whole model in this process on `device`, prepared (int8, bf16) as the config
-    says; the output stays on the device (rows.lines copies it to the host)."""
-    model = prepare(trained.model, config.quantize, config.precision).to(device)
+def local_forward(prepared: torch.nn.Module, device: torch.device) -> Forward:
+    """The whole (prepared: int8, bf16) model in this process on `device`; the output
+    stays on the device (rows.lines copies it to the host)."""
+    model = prepared.to(device)
 
     def forward(x: torch.Tensor | None, size: int) -> torch.Tensor:
         assert x is not None, "one process reads its own inputs"
@@ -179,7 +179,8 @@ def run(spec: dict[str, Any]) -> int:
     if group == 1:
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        forward = local_forward(trained, config, local_device(config, local_rank, local_size))
+        prepared = prepare(trained.model, config.quantize, config.precision)
+        forward = local_forward(prepared, local_device(config, local_rank, local_size))
         writes, reads, shard = True, True, shards[rank]
     else:
         from plait import devices, init, shutdown
