@@ -105,6 +105,14 @@ VARIABLES: tuple[Var, ...] = (
         "else the interface that routes to MASTER_ADDR)", "communication"),
     Var("PLAIT_NODE_ID", "text", None,
         "what makes two ranks 'on the same host' (default: the hostname)", "communication"),
+    Var("PLAIT_JOB_SECRET", "text", None,
+        "the job's secret (32 characters or more; never printed): every connection plait "
+        "accepts and every value it reads from the store proves knowledge of it. `plait run` "
+        "makes one per job when unset; a multi-host job needs it (or PLAIT_JOB_SECRET_FILE)",
+        "communication"),
+    Var("PLAIT_JOB_SECRET_FILE", "path", None,
+        "a file (mode 0600) holding the job's secret, read when PLAIT_JOB_SECRET is unset "
+        "(`plait run --secret-file` sets it)", "communication"),
     Var("PLAIT_CALIBRATION", "path", None,
         "the alpha-beta calibration file of `auto` (default: "
         "$XDG_CACHE_HOME/plait/calibration.json, XDG_CACHE_HOME defaulting to ~/.cache)",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from plait import env
+from plait.comm import secret
 from plait.errors import PlaitError
 
 _HELLO = struct.Struct("<8sQQQ")  # magic, job token, rank, world size
@@ -77,6 +78,29 @@ def world_from_env() -> WorldEnv:
     )
 
 
+def one_host(world: WorldEnv) -> bool:
+    """Whether every rank of the job runs on this host: LOCAL_WORLD_SIZE == WORLD_SIZE where
+    the launcher says, else a loopback MASTER_ADDR."""
+    if world.size == 1:
+        return True
+    if world.local_size is not None:
+        return world.local_size == world.size
+    return _is_loopback(world.master_addr)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def job_key(world: WorldEnv) -> bytes:
+    """The job's HMAC key (secret.py): the configured secret, else, for a one-host job, the
+    user's host secret."""
+    return secret.job_key(one_host(world))
+
+
 def listen_host(master_addr: str) -> str:
     """The local address peers can reach us on: the interface that routes to the master.
 
@@ -85,11 +109,8 @@ def listen_host(master_addr: str) -> str:
     address: str | None = env.get("PLAIT_IFADDR")
     if address:
         return address
-    try:
-        if ipaddress.ip_address(socket.gethostbyname(master_addr)).is_loopback:
-            return "127.0.0.1"
-    except (OSError, ValueError):
-        pass
+    if _is_loopback(master_addr):
+        return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((master_addr, 9))  # UDP connect sends nothing; it only picks a route
         host: str = probe.getsockname()[0]
