@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -75,6 +76,7 @@ class Hosts:
     def __init__(self, count: int, rate: str | None) -> None:
         self.count = count
         self.rate = rate
+        self.secret = secrets.token_hex(32)  # one job secret every host's ranks share
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def addr(self, i: int) -> str:
@@ -95,10 +97,10 @@ class Hosts:
     ) -> subprocess.Popen[bytes]:
         """Start `argv` on host i (in its own session); `popen` goes to subprocess.Popen.
 
-        The environment is this process's, plus `env`, plus PLAIT_NODE_ID=h{i} (unless
-        `env` sets it).
+        The environment is this process's, plus `env`, plus PLAIT_NODE_ID=h{i} and the
+        job secret the hosts share (unless `env` sets them).
         """
-        full = {**os.environ, "PLAIT_NODE_ID": f"h{i}"}
+        full = {**os.environ, "PLAIT_NODE_ID": f"h{i}", "PLAIT_JOB_SECRET": self.secret}
         full.pop("GLOO_SOCKET_IFNAME", None)
         full.update(env or {})
         proc: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]

@@ -20,15 +20,17 @@ TESTS = Path(__file__).parent
 
 
 def plait_run(
-    *args: str, cwd: Path | None = None, timeout: float = 30
+    *args: str, cwd: Path | None = None, timeout: float = 30, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m plait run ARGS...` and capture its output."""
+    """Run `python -m plait run ARGS...` (in environment `env`, this one's when None) and
+    capture its output."""
     return subprocess.run(
         [sys.executable, "-m", "plait", "run", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
+        env=env,
     )
 
 

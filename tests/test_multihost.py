@@ -230,7 +230,8 @@ def test_rank_env_numbers_ranks_node_by_node() -> None:
 def test_plait_run_node_rank_1_gets_the_upper_ranks() -> None:
     # node 1 alone: print_env.py needs no peers, so its ranks exit without node 0
     res = plait_run("-n", "2", "--nnodes", "3", "--node-rank", "1", "--master-addr", "10.9.9.9",
-                    "--master-port", "29511", str(SCRIPTS / "print_env.py"))  # fmt: skip
+                    "--master-port", "29511", str(SCRIPTS / "print_env.py"),
+                    env={**os.environ, "PLAIT_JOB_SECRET": "s" * 40})  # fmt: skip
     assert res.returncode == 0, res.stderr
     for local in range(2):
         rank = 2 + local
@@ -258,6 +259,8 @@ def test_plait_run_multinode_bad_input_exits_2() -> None:
         (("--nnodes", "2", "--master-addr", "h", "--master-port", "1", "--servers", "1"),
          "export PLAIT_SERVERS=S on every host"),
         (("--node-rank", "1",), "--node-rank must be in 0..0 (--nnodes 1), got 1"),
+        (("--nnodes", "2", "--master-addr", "h", "--master-port", "1"),
+         "this job spans several hosts and no job secret is set"),
     ]  # fmt: skip
     for flags, message in cases:
         res = plait_run("-n", "2", *flags, script)

@@ -12,20 +12,18 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
-import select
 import socket
 import struct
 import time
 from dataclasses import dataclass
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from plait import env
-from plait.comm import secret
+from plait.comm import handshake, secret
 from plait.errors import PlaitError
 
-_HELLO = struct.Struct("<8sQQQ")  # magic, job token, rank, world size
-_MAGIC = b"plait\x00\x01\x00"
+if TYPE_CHECKING:
+    from plait.comm.store import JobStore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +118,6 @@ def listen_host(master_addr: str) -> str:
 def interface_of(address: str) -> str | None:
     """The name of the local network interface holding IPv4 `address` (None if none)."""
     import fcntl
-    import struct
 
     siocgifaddr = 0x8915  # Linux: an interface's IPv4 address
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -137,16 +134,15 @@ def interface_of(address: str) -> str | None:
 def gloo_interface(master_addr: str) -> str | None:
     """The interface gloo should use: the one plait's engine listens on, unless loopback.
 
-    Left alone, gloo binds to whatever the hostname resolves to, which on many machines
-    (and in every network namespace of scripts/netns.sh) is 127.0.0.1: unreachable from
-    other hosts. None when GLOO_SOCKET_IFNAME is set already or the job is local.
+    Left alone, gloo binds to whatever the hostname resolves to: on many machines (and in
+    every network namespace of scripts/netns.sh) 127.0.0.1, unreachable from other hosts;
+    on others an address every host on the network can reach, although the job is local.
+    So a local job's gloo listens on loopback ("lo"), a multi-host one's on the interface
+    that routes to the master. None when GLOO_SOCKET_IFNAME is set already.
     """
     if os.environ.get("GLOO_SOCKET_IFNAME"):
         return None
-    host = listen_host(master_addr)
-    if ipaddress.ip_address(host).is_loopback:
-        return None
-    return interface_of(host)
+    return interface_of(listen_host(master_addr))
 
 
 def node_id() -> str:
@@ -170,13 +166,15 @@ def _unix_name(token: int, rank: int) -> str:
 
 
 def connect_mesh(
-    store: dist.Store, rank: int, size: int, master_addr: str, timeout: float
+    store: JobStore, rank: int, size: int, master_addr: str, timeout: float
 ) -> dict[int, socket.socket]:
-    """One connection to every other rank. Publishes this rank's addresses in `store`.
+    """One connection to every other rank, each admitted by a challenge-response over the
+    job's key (handshake.py). Publishes this rank's addresses in `store` (signed).
 
     Ranks on the same kernel talk over Unix sockets, others over TCP. A Unix socket skips
     the TCP stack: here it cut the cost of sending a small message by about half
-    (PLAIT_UNIX_SOCKETS=0 turns it off).
+    (PLAIT_UNIX_SOCKETS=0 turns it off). The listeners close once every peer is in: after
+    init, nothing of the engine's listens.
     """
     if size == 1:
         return {}
@@ -205,22 +203,15 @@ def connect_mesh(
             else:
                 peer_host, port = address.rsplit(":", 1)
                 sock = socket.create_connection((peer_host, int(port)), timeout=timeout)
-            sock.sendall(_HELLO.pack(_MAGIC, token, rank, size))
             socks[peer] = sock
-        while len(socks) < size - 1:  # ...and accept from above, on either listener
-            ready, _, _ = select.select(listeners, [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                missing = sorted(set(range(rank + 1, size)) - set(socks))
-                raise PlaitError(
-                    f"rank {rank}: ranks {missing} did not connect within {timeout:.0f} s"
-                )
-            for listener in ready:
-                sock, _ = listener.accept()
-                hello = _check_hello(sock, token, rank, size, socks)
-                if hello is None:
-                    sock.close()  # a stranger, or a stale job: not one of ours
-                    continue
-                socks[hello] = sock
+            handshake.introduce(sock, store.key, token, rank, peer, size)
+            sock.settimeout(None)
+        # ...and admit from above, on either listener
+        door = handshake.Door(listeners, store.key, token, rank, size)
+        socks.update(door.collect(set(range(rank + 1, size)), deadline))
+        missing = sorted(set(range(rank + 1, size)) - set(socks))
+        if missing:
+            raise PlaitError(f"rank {rank}: ranks {missing} did not connect within {timeout:.0f} s")
     except BaseException:
         for s in socks.values():
             s.close()
@@ -229,25 +220,3 @@ def connect_mesh(
         for listener in listeners:
             listener.close()
     return socks
-
-
-def _check_hello(
-    sock: socket.socket, token: int, rank: int, size: int, have: dict[int, socket.socket]
-) -> int | None:
-    sock.settimeout(10.0)
-    data = b""
-    try:
-        while len(data) < _HELLO.size:
-            chunk = sock.recv(_HELLO.size - len(data))
-            if not chunk:
-                return None
-            data += chunk
-    except OSError:
-        return None
-    magic, their_token, peer, their_size = _HELLO.unpack(data)
-    if magic != _MAGIC or their_token != token or their_size != size:
-        return None
-    if not rank < peer < size or peer in have:
-        return None
-    sock.settimeout(None)
-    return int(peer)

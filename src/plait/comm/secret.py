@@ -22,6 +22,7 @@ more works (`secrets.token_hex(32)` gives 64).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -32,7 +33,7 @@ import tempfile
 import time
 
 from plait import env
-from plait.errors import PlaitError
+from plait.errors import ConfigError
 
 MIN_CHARS = 32  # shorter texts are refused: a secret must not be guessable
 NONCE_BYTES = 16
@@ -41,7 +42,7 @@ MAKE_ONE = "python -c 'import secrets; print(secrets.token_hex(32))'"
 _HOST_FILE = "host-secret"
 
 
-class SecretError(PlaitError):
+class SecretError(ConfigError):
     """No usable job secret: none is set for a multi-host job, or the one given is unsafe."""
 
 
@@ -71,10 +72,14 @@ def job_key(one_host: bool) -> bytes:
             is too short, its file is missing or readable by other users. The message
             says what to do; it never contains the secret.
     """
-    text = env.get("PLAIT_JOB_SECRET")
+    return key_from(env.get("PLAIT_JOB_SECRET"), env.get("PLAIT_JOB_SECRET_FILE"), one_host)
+
+
+def key_from(text: str | None, path: str | None, one_host: bool) -> bytes:
+    """`job_key` from the given PLAIT_JOB_SECRET and PLAIT_JOB_SECRET_FILE values (a launcher
+    checks its ranks' environment with it before starting them)."""
     if text:
         return _key(text, "PLAIT_JOB_SECRET")
-    path = env.get("PLAIT_JOB_SECRET_FILE")
     if path:
         return _key(_read_private(path, "PLAIT_JOB_SECRET_FILE"), f"the file {path}")
     if not one_host:
@@ -138,10 +143,8 @@ def host_dir() -> str:
         path = os.path.join(runtime, "plait")
     else:
         path = os.path.join(tempfile.gettempdir(), f"plait-{os.getuid()}")
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
     info = os.lstat(path)
     if (
         not stat.S_ISDIR(info.st_mode)

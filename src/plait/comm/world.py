@@ -14,13 +14,14 @@ from plait import devices, env
 from plait.comm import cuda, rendezvous
 from plait.comm.communicator import Communicator
 from plait.comm.engine import Engine
-from plait.comm.store import make_store
+from plait.comm.store import JobStore, make_store
 from plait.errors import PlaitError
 
 _default: Communicator | None = None
 _lock = threading.Lock()
 _owns_torch_group = False
 _failed = False  # a peer failed in this process: the exit hook must not wait on gloo
+_store: JobStore | None = None  # the job's store: shutdown() frees rank 0's port
 
 
 def init() -> Communicator:
@@ -34,7 +35,7 @@ def init() -> Communicator:
     The rank's device (`plait.device()`) comes from PLAIT_DEVICE (auto: cuda:LOCAL_RANK where
     a GPU is visible, made the current CUDA device); see devices.py.
     """
-    global _default, _owns_torch_group
+    global _default, _owns_torch_group, _store
     with _lock:
         if _default is not None:
             return _default
@@ -49,7 +50,12 @@ def init() -> Communicator:
                     f"{dist.get_world_size()}, but the environment says rank {world.rank} of "
                     f"{world.size}"
                 )
-            store = dist.distributed_c10d._get_default_store()
+            store = JobStore(
+                dist.distributed_c10d._get_default_store(),
+                rendezvous.job_key(world),
+                timeout_s=init_timeout,
+                rank=world.rank,
+            )
         else:
             store = make_store(world, init_timeout)
             ifname = rendezvous.gloo_interface(world.master_addr)
@@ -57,7 +63,7 @@ def init() -> Communicator:
                 os.environ["GLOO_SOCKET_IFNAME"] = ifname
             dist.init_process_group(
                 "gloo",
-                store=dist.PrefixStore("gloo", store),
+                store=dist.PrefixStore("gloo", store.raw),
                 rank=world.rank,
                 world_size=world.size,
                 timeout=timedelta(seconds=timeout),
@@ -82,6 +88,7 @@ def init() -> Communicator:
             engine.close()  # the peers see this rank leave, not a silence
             raise
         _default = Communicator(engine, list(range(world.size)), nodes, 1, dist.group.WORLD)
+        _store = store
         atexit.register(_at_exit)
         from plait import trace  # PLAIT_TRACE=PATH: record until shutdown() writes PATH
 
@@ -89,7 +96,7 @@ def init() -> Communicator:
         return _default
 
 
-def _take_device(store: dist.Store, rank: int, size: int, local_rank: int, local: int) -> None:
+def _take_device(store: JobStore, rank: int, size: int, local_rank: int, local: int) -> None:
     """Select this rank's device (cuda:LOCAL_RANK where GPUs are), then agree with every rank
     on how CUDA tensors travel (cuda.agree): each says what it can, through the store, even
     when it failed, so nobody waits on a rank that is leaving.
@@ -127,7 +134,7 @@ def default() -> Communicator:
 
 def shutdown() -> None:
     """Leave the job: say goodbye to the peers and release sockets. Safe to call twice."""
-    global _default, _owns_torch_group, _failed
+    global _default, _owns_torch_group, _failed, _store
     with _lock:
         comm, _default = _default, None
         if comm is None:
@@ -142,6 +149,9 @@ def shutdown() -> None:
         if _owns_torch_group and not _failed:
             dist.destroy_process_group()
             _owns_torch_group = False
+        store, _store = _store, None
+        if store is not None:
+            store.close()  # torch may keep its store alive: free the port ourselves
 
 
 def _write_trace(comm: Communicator) -> None:

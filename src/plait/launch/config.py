@@ -63,6 +63,16 @@ class RunConfig:
             default_text="a free port on this machine with --nnodes 1; needed otherwise",
         ),
     )
+    secret_file: str | None = field(
+        default=None,
+        metadata=option(
+            "a file (mode 0600) holding the job's secret, the same on every host; given to "
+            "the ranks as PLAIT_JOB_SECRET_FILE",
+            metavar="FILE",
+            default_text="PLAIT_JOB_SECRET if set, else a fresh secret per job; a job across "
+            "hosts needs one or the other",
+        ),
+    )
     script: str = field(metadata=option("the Python script (or module, with -m)", cli=False))
     script_args: list[str] = field(default_factory=list, metadata=option(
         "arguments passed to the script unchanged", cli=False))  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from plait.comm import secret
+
 
 def rank_env(
     rank: int,
@@ -94,4 +96,26 @@ def rank_env(
         )
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def with_secret(base: Mapping[str, str] | None, nnodes: int) -> dict[str, str]:
+    """`base` (`os.environ` when None) with the job's secret for its ranks (comm/secret.py).
+
+    A secret the user set (PLAIT_JOB_SECRET, or PLAIT_JOB_SECRET_FILE) is kept and checked
+    here, before any rank starts; otherwise a one-host job gets a fresh one, which lives only
+    in its ranks' environments (readable by the user alone) and dies with the job.
+
+    Raises:
+        SecretError: `nnodes` > 1 and no secret is set (every host's launcher must hand its
+            ranks the same one), or the one set is too short or in a file others can read.
+    """
+    env = dict(os.environ if base is None else base)
+    text, path = env.get("PLAIT_JOB_SECRET"), env.get("PLAIT_JOB_SECRET_FILE")
+    if text or path:
+        secret.key_from(text, path, one_host=False)  # check it as the ranks will read it
+        return env
+    if nnodes > 1:
+        secret.key_from(None, None, one_host=False)  # raises: says how to make and share one
+    env["PLAIT_JOB_SECRET"] = secret.generate()
     return env

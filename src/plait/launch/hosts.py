@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from plait.comm import secret
 from plait.errors import PlaitError
 
 SCRIPT = Path(__file__).with_name("netns.sh")
@@ -66,12 +67,14 @@ def run_on_hosts(
     """`launch_on_hosts` on hosts already up (`simulated_hosts`), so that several jobs can
     share them; the launchers' output goes to `stdout` (None: this process's)."""
     procs = []
+    # one secret for the job's hosts: the user's, else a fresh one (never printed)
+    job_secret = os.environ.get("PLAIT_JOB_SECRET") or secret.generate()
     for i in range(len(addrs)):
         argv = ["ip", "netns", "exec", f"plait-h{i}", sys.executable, "-m", "plait", "run",
                 "-n", str(nproc), "--nnodes", str(len(addrs)), "--node-rank", str(i),
                 "--master-addr", addrs[0], "--master-port", str(PORT),
                 "-m", *module_args]  # fmt: skip
-        env = {**os.environ, "PLAIT_NODE_ID": f"h{i}"}
+        env = {**os.environ, "PLAIT_NODE_ID": f"h{i}", "PLAIT_JOB_SECRET": job_secret}
         err = None if stdout is None else subprocess.STDOUT
         procs.append(subprocess.Popen(argv, env=env, stdout=stdout, stderr=err))
     codes = [p.wait() for p in procs]

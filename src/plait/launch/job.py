@@ -39,9 +39,14 @@ def run(config: RunConfig) -> int:
     Raises:
         ConfigError: the script is not there (see `command`).
     """
+    env = None
+    if config.secret_file is not None:
+        env = dict(os.environ, PLAIT_JOB_SECRET_FILE=os.path.abspath(config.secret_file))
+        env.pop("PLAIT_JOB_SECRET", None)  # the file named on the command line wins
     return launch(
         command(config),
         config.nproc,
+        env=env,
         master_addr="127.0.0.1" if config.master_addr is None else config.master_addr,
         master_port=config.master_port,
         servers=config.servers,

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from plait.launch.env import rank_env
+from plait.launch.env import rank_env, with_secret
 from plait.launch.output import LinePump, write_line
 from plait.launch.ports import free_port
 
@@ -157,6 +157,7 @@ def launch(
             f"survivable ranks {bad} are not worker ranks 0..{nproc - 1}: only workers may "
             "fail without stopping the job"
         )
+    env = with_secret(env, nnodes)  # one secret for every rank; never printed
     local_world = nproc + servers  # one node: servers come after the workers
     first = node_rank * nproc  # the global rank of this node's local rank 0
     out = sys.stdout if stdout is None else stdout
