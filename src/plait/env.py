@@ -151,6 +151,9 @@ VARIABLES: tuple[Var, ...] = (
         "tests check them; read when a communicator is made", "test hooks"),
     Var("PLAIT_TRAIN_STOP_AFTER", "int", None,
         "end `plait train` after step K as if it were killed there", "test hooks"),
+    Var("PLAIT_TEST_MESH_DELAY", "text", None,
+        "RANK:SECONDS: that rank waits before joining the engine's mesh, so the others' "
+        "listeners stay open (tests of strangers at the door)", "test hooks"),
     Var("PLAIT_INFER_DIE", "text", None,
         "RANK:BATCHES: a `plait infer` worker kills itself (SIGKILL) after that many batches, "
         "in the job's first attempt only", "test hooks"),

@@ -178,6 +178,9 @@ def connect_mesh(
     """
     if size == 1:
         return {}
+    delay = env.get("PLAIT_TEST_MESH_DELAY")
+    if delay and int(delay.split(":")[0]) == rank:
+        time.sleep(float(delay.split(":")[1]))
     if rank == 0:
         store.set("plait/token", str(secrets.randbits(63)))
     token = int(store.get("plait/token"))

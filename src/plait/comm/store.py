@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import socket
 import sys
 import time
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 POLL_S = 0.02  # between looks at the counter: far below a step, far above a store round trip
 _SIG_HEX = 2 * secret.MAC_BYTES  # a signed value: the MAC in hex, a space, the value
+_GENERATION = "plait/generation"  # rank 0's fresh token for each store it hosts
+_generation: bytes | None = None  # the generation of this process's last store
 
 
 class ForgedValueError(PlaitError):
@@ -146,6 +149,7 @@ def make_store(world: WorldEnv, timeout: float) -> JobStore:
         SecretError: no job secret for a job across hosts (secret.py says how to set one).
         PlaitError: rank 0 cannot listen on the rendezvous address and port.
     """
+    global _generation
     key = rendezvous.job_key(world)
     if world.size == 1:
         return JobStore(dist.HashStore(), key, timeout_s=timeout)
@@ -153,22 +157,40 @@ def make_store(world: WorldEnv, timeout: float) -> JobStore:
     listener = (
         _listen(rendezvous.listen_host(world.master_addr), world.master_port) if host else None
     )
+    deadline = time.monotonic() + timeout
     try:
-        raw = dist.TCPStore(
-            world.master_addr,
-            world.master_port,
-            world.size,
-            is_master=host,
-            timeout=timedelta(seconds=timeout),
-            wait_for_workers=False,
-            # torch takes ownership of the copy; ours stays to stop listening at close()
-            master_listen_fd=os.dup(listener.fileno()) if listener is not None else None,
-        )
+        while True:
+            raw = dist.TCPStore(
+                world.master_addr,
+                world.master_port,
+                world.size,
+                is_master=host,
+                timeout=timedelta(seconds=timeout),
+                wait_for_workers=False,
+                # torch takes ownership of the copy; ours stays to stop listening at close()
+                master_listen_fd=os.dup(listener.fileno()) if listener is not None else None,
+            )
+            store = JobStore(raw, key, timeout_s=timeout, listener=listener, rank=world.rank)
+            if host:
+                store.set(_GENERATION, secrets.token_hex(8))
+            # After shutdown() and init() again, rank 0's last store may still be listening
+            # (it stops in rank 0's own shutdown, which may come later): a store whose
+            # generation this process has seen is that one. Connect again until it is gone.
+            generation = store.get(_GENERATION)
+            if generation != _generation:
+                _generation = generation
+                return store
+            if time.monotonic() > deadline:
+                raise PlaitError(
+                    f"rank {world.rank}: the store at {world.master_addr}:{world.master_port} is "
+                    f"still the last init's after {timeout:.0f} s: rank 0 did not shut down"
+                )
+            del store, raw
+            time.sleep(POLL_S * 5)
     except BaseException:
         if listener is not None:
             listener.close()
         raise
-    return JobStore(raw, key, timeout_s=timeout, listener=listener, rank=world.rank)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -35,7 +35,7 @@ def init() -> Communicator:
     The rank's device (`plait.device()`) comes from PLAIT_DEVICE (auto: cuda:LOCAL_RANK where
     a GPU is visible, made the current CUDA device); see devices.py.
     """
-    global _default, _owns_torch_group, _store
+    global _default, _store
     with _lock:
         if _default is not None:
             return _default
@@ -58,42 +58,58 @@ def init() -> Communicator:
             )
         else:
             store = make_store(world, init_timeout)
-            ifname = rendezvous.gloo_interface(world.master_addr)
-            if ifname is not None:  # read by gloo when it makes a group, now and later
-                os.environ["GLOO_SOCKET_IFNAME"] = ifname
-            dist.init_process_group(
-                "gloo",
-                store=dist.PrefixStore("gloo", store.raw),
-                rank=world.rank,
-                world_size=world.size,
-                timeout=timedelta(seconds=timeout),
-            )
-            _owns_torch_group = True
-        socks = rendezvous.connect_mesh(
-            store, world.rank, world.size, world.master_addr, init_timeout
-        )
-        engine = Engine(
-            world.rank,
-            socks,
-            timeout=timeout,
-            heartbeat_interval=min(1.0, hb_timeout / 4),
-            heartbeat_timeout=hb_timeout,
-        )
-        store.set(f"plait/node/{world.rank}", rendezvous.node_id())
-        nodes = [store.get(f"plait/node/{r}").decode() for r in range(world.size)]
-        here = [r for r, n in enumerate(nodes) if n == nodes[world.rank]]
         try:
-            _take_device(store, world.rank, world.size, here.index(world.rank), len(here))
-        except devices.DeviceError:
-            engine.close()  # the peers see this rank leave, not a silence
+            _default = _join(world, store, timeout, hb_timeout, init_timeout)
+        except BaseException:
+            store.close()  # rank 0: the port is free for the next try
             raise
-        _default = Communicator(engine, list(range(world.size)), nodes, 1, dist.group.WORLD)
         _store = store
         atexit.register(_at_exit)
         from plait import trace  # PLAIT_TRACE=PATH: record until shutdown() writes PATH
 
         trace.from_env(_default)
         return _default
+
+
+def _join(
+    world: rendezvous.WorldEnv,
+    store: JobStore,
+    timeout: float,
+    hb_timeout: float,
+    init_timeout: float,
+) -> Communicator:
+    """init()'s work once the store is there: gloo (unless torch.distributed is set up
+    already), the engine's mesh, the ranks' hosts and devices."""
+    global _owns_torch_group
+    if not dist.is_initialized():
+        ifname = rendezvous.gloo_interface(world.master_addr)
+        if ifname is not None:  # read by gloo when it makes a group, now and later
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore("gloo", store.raw),
+            rank=world.rank,
+            world_size=world.size,
+            timeout=timedelta(seconds=timeout),
+        )
+        _owns_torch_group = True
+    socks = rendezvous.connect_mesh(store, world.rank, world.size, world.master_addr, init_timeout)
+    engine = Engine(
+        world.rank,
+        socks,
+        timeout=timeout,
+        heartbeat_interval=min(1.0, hb_timeout / 4),
+        heartbeat_timeout=hb_timeout,
+    )
+    store.set(f"plait/node/{world.rank}", rendezvous.node_id())
+    nodes = [store.get(f"plait/node/{r}").decode() for r in range(world.size)]
+    here = [r for r, n in enumerate(nodes) if n == nodes[world.rank]]
+    try:
+        _take_device(store, world.rank, world.size, here.index(world.rank), len(here))
+    except devices.DeviceError:
+        engine.close()  # the peers see this rank leave, not a silence
+        raise
+    return Communicator(engine, list(range(world.size)), nodes, 1, dist.group.WORLD)
 
 
 def _take_device(store: JobStore, rank: int, size: int, local_rank: int, local: int) -> None:
