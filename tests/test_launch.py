@@ -111,7 +111,9 @@ def test_killed_rank_stops_the_others() -> None:
     res = plait_run("-n", "3", str(SCRIPTS / "fail_one.py"), "kill", "2")
     assert time.monotonic() - start < 15
     assert res.returncode == 128 + signal.SIGKILL
-    _check_failure_output(res.stderr, 2, "killed by SIGKILL", "about to fail")
+    # it raised nothing: the headline says how it ended, and no traceback follows
+    summary = res.stderr.split("=" * 72, 1)[1]
+    assert summary.strip() == "plait run: rank 2 was killed by SIGKILL"
 
 
 @pytest.mark.timeout(60)
@@ -177,39 +179,3 @@ def test_bad_input_exits_2() -> None:
     assert "-n/--nproc must be at least 1, got 0" in res.stderr
     with pytest.raises(ValueError, match="nproc must be >= 1"):
         launch([sys.executable, "-c", "pass"], 0)
-
-
-class _FakeLines:
-    def __init__(self, lines):
-        self._lines = lines
-
-    def lines(self):
-        return self._lines
-
-
-class _FakeRank:
-    def __init__(self, rank, code, lines):
-        self.rank = rank
-        self.proc = type("P", (), {"returncode": code})()
-        self.err = _FakeLines(lines)
-
-
-def test_root_cause_blames_the_raiser_not_the_rank_reporting_it():
-    from plait.launch.local import _root_cause
-
-    raiser = _FakeRank(1, 1, ["Traceback (most recent call last):\n", "RuntimeError: boom\n"])
-    victim = _FakeRank(
-        2,
-        1,
-        [
-            "Traceback (most recent call last):\n",
-            "plait.errors.PeerFailureError: rank 1 failed: ...\n",
-        ],
-    )
-    stopped = _FakeRank(0, -15, [])
-    ranks = [stopped, raiser, victim]
-    assert _root_cause(victim, ranks) is raiser
-    assert _root_cause(raiser, ranks) is raiser
-    # a peer killed outright leaves no traceback: the report naming it is what there is
-    killed = _FakeRank(1, -9, [])
-    assert _root_cause(victim, [stopped, killed, victim]) is victim

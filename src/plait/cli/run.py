@@ -4,7 +4,8 @@ Each rank runs `python script.py args...` (or `python -m module args...` with `-
 torchrun environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
 `MASTER_PORT`, ...), so `plait.init()` and `torch.distributed.init_process_group()` work
 unchanged. Every output line is prefixed `[rank R]`. If a rank fails, the others are stopped
-and its traceback is printed last; Ctrl-C stops every rank.
+and a summary names it and how it failed (killed, exited, raised, or frozen), then prints
+the traceback of each rank that raised its own error; Ctrl-C stops every rank.
 
 Parameter-server jobs: `plait run -n W --servers S script.py` starts W workers (ranks
 0..W-1, prefixed `[rank R]`) and S servers (ranks W..W+S-1, prefixed `[server i]`), with

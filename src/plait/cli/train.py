@@ -49,4 +49,4 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as e:
             print(f"plait train: error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
-    return job.run(options)
+    return job.run(options, argv=sys.argv[1:])  # for the command that resumes a failed run

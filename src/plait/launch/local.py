@@ -5,7 +5,8 @@ when the launcher gets SIGINT/SIGTERM (every rank is stopped). "Stopped" means: 
 each rank's process group (each rank starts its own session, so whatever it spawned goes
 too), a grace period, then SIGKILL to the groups that are left. Ranks listed as survivable
 (the workers of an asynchronous parameter-server job) are the exception: when one fails,
-the launcher says so and the job goes on without it.
+the launcher says so and the job goes on without it. Once a failed job is gone, report.py
+says which rank caused it: the first to exit is often only reporting another's failure.
 
 Roles: with `servers=S`, the job has `nproc` worker ranks [0, nproc) followed by S server
 ranks [nproc, nproc + S); WORLD_SIZE is nproc + S and every rank gets PLAIT_SERVERS=S
@@ -36,6 +37,9 @@ from typing import TextIO
 from plait.launch.env import rank_env, with_secret
 from plait.launch.output import LinePump, write_line
 from plait.launch.ports import free_port
+from plait.launch.report import RankFacts, describe_exit, exit_status, explain
+
+__all__ = ["describe_exit", "exit_status", "launch"]
 
 _POLL_S = 0.05  # how often ranks are polled; exits are seen within this delay
 _PUMP_JOIN_S = 2.0  # how long to wait for output still in the pipes after the ranks are gone
@@ -64,22 +68,6 @@ class _Signals:
             self.first = signum
         self.count += 1
         self.wake.set()
-
-
-def exit_status(returncode: int) -> int:
-    """Map a `Popen.returncode` to a shell exit status: `-N` (killed by signal N) -> 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def describe_exit(returncode: int) -> str:
-    """Say how a process ended, e.g. "exit code 1" or "killed by SIGKILL"."""
-    if returncode >= 0:
-        return f"exit code {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = f"signal {-returncode}"
-    return f"killed by {name}"
 
 
 def launch(
@@ -124,8 +112,11 @@ def launch(
     Returns:
         0 if every rank exited 0 (or failed but was survivable); else the first failing
         rank's exit code (128 + N if it was killed by signal N), or 128 + N if the launcher
-        was stopped by signal N (130 for Ctrl-C). A failed rank's last stderr lines are
-        printed again after everything else.
+        was stopped by signal N (130 for Ctrl-C). The first failing rank is the culprit,
+        not a rank that only reported its failure (`report.explain`); a frozen culprit has
+        no code of its own, so the first reporter's is used. After everything else the
+        launcher says which rank failed and how, who reported it, and prints again the
+        stderr tail of each rank that raised its own error.
 
     Raises:
         ValueError: `nproc` < 1, `servers` < 0, `cmd` is empty, a survivable rank is not
@@ -167,6 +158,8 @@ def launch(
     sigs = _Signals()
     ranks: list[_Rank] = []
     failed: _Rank | None = None
+    exits: dict[int, float] = {}  # rank -> time.monotonic() its exit was first seen
+    stopped: set[int] = set()  # ranks still running when the launcher stopped the job
     with _catch_signals(sigs):
         try:
             preexec = _die_with_parent()
@@ -208,14 +201,16 @@ def launch(
                 rk.out.start()
                 rk.err.start()
             if sigs.first is None:
-                failed = _wait(ranks, sigs, set(survivable), err)
+                failed = _wait(ranks, sigs, set(survivable), err, exits)
             if failed is not None:
-                others = sum(rk.proc.poll() is None for rk in ranks)
+                _see_exits(ranks, exits)
+                stopped = {rk.rank for rk in ranks if rk.rank not in exits}
+                # not "failed": the first rank to exit is often one reporting another's failure
                 write_line(
                     err,
-                    f"plait run: {failed.name} failed "
+                    f"plait run: {failed.name} exited first "
                     f"({describe_exit(failed.proc.returncode)}); "
-                    f"stopping the other {others} rank(s)\n",
+                    f"stopping the other {len(stopped)} rank(s)\n",
                 )
         finally:
             _stop(ranks, sigs, grace_s)
@@ -226,13 +221,23 @@ def launch(
                 statuses[rk.rank] = rk.proc.returncode
 
     if failed is not None:
-        failed = _root_cause(failed, [rk for rk in ranks if rk.rank not in survivable])
-        code = failed.proc.returncode
-        if code < 0 and any("Traceback" in ln for ln in failed.err.lines()):
-            # it raised, and our stop signal cut its exit (its goodbye to the peers) short
-            code = 1
-        _show_traceback(failed, code, out, err)
-        return exit_status(code)
+        t0 = exits[failed.rank]
+        facts = [
+            RankFacts(
+                rk.rank,
+                rk.name,
+                rk.proc.returncode,
+                exits[rk.rank] - t0 if rk.rank in exits else None,
+                rk.rank in stopped,
+                tuple(rk.err.lines()),
+            )
+            for rk in ranks
+            if rk.rank not in survivable  # their failures were reported as they happened
+        ]
+        report = explain(facts)
+        out.flush()
+        write_line(err, report.text)
+        return report.status
     if sigs.first is not None:
         name = signal.Signals(sigs.first).name
         write_line(err, f"plait run: got {name}; stopped all {len(ranks)} rank(s)\n")
@@ -249,16 +254,21 @@ def _names(rank: int, workers: int, servers: int) -> tuple[str, str]:
     return f"[server {rank - workers}] ", f"rank {rank} (server {rank - workers})"
 
 
-def _wait(ranks: list[_Rank], sigs: _Signals, survivable: set[int], err: TextIO) -> _Rank | None:
+def _wait(
+    ranks: list[_Rank], sigs: _Signals, survivable: set[int], err: TextIO, exits: dict[int, float]
+) -> _Rank | None:
     """Block until every rank is done (None), a rank fails (that rank) or a signal comes.
 
-    A survivable rank's failure is reported on `err`, once, and the wait goes on.
+    A survivable rank's failure is reported on `err`, once, and the wait goes on. `exits`
+    gets the time each exit was first seen: the order in which ranks ended is evidence of
+    which one caused a failure.
     """
     forgiven: set[int] = set()
     while sigs.first is None:
         running = False
+        _see_exits(ranks, exits)
         for rk in ranks:  # lowest rank first, so among same-tick failures the lowest wins
-            code = rk.proc.poll()
+            code = rk.proc.returncode
             if code is None:
                 running = True
             elif code != 0 and rk.rank in survivable:
@@ -277,27 +287,12 @@ def _wait(ranks: list[_Rank], sigs: _Signals, survivable: set[int], err: TextIO)
     return None
 
 
-def _root_cause(failed: _Rank, ranks: list[_Rank]) -> _Rank:
-    """The rank to blame: the first to fail, unless it only reported another's failure.
-
-    A rank that raises takes a moment to exit (it says goodbye to its peers first), and a
-    peer waiting on it may exit sooner with plait's PeerFailureError. Blame the rank whose
-    traceback is its own error, not a report of someone else's.
-    """
-
-    def victim(rk: _Rank) -> bool:
-        return any("PeerFailureError" in line for line in rk.err.lines()[-5:])
-
-    if not victim(failed):
-        return failed
+def _see_exits(ranks: list[_Rank], exits: dict[int, float]) -> None:
+    """Record in `exits` the ranks found exited now that were not before."""
+    now = time.monotonic()
     for rk in ranks:
-        # its exit code may be our SIGTERM: it was still saying goodbye when we stopped it
-        raised = rk.proc.returncode not in (0, None) and any(
-            "Traceback" in ln for ln in rk.err.lines()
-        )
-        if rk is not failed and raised and not victim(rk):
-            return rk
-    return failed
+        if rk.rank not in exits and rk.proc.poll() is not None:
+            exits[rk.rank] = now
 
 
 def _stop(ranks: list[_Rank], sigs: _Signals, grace_s: float) -> None:
@@ -321,14 +316,6 @@ def _stop(ranks: list[_Rank], sigs: _Signals, grace_s: float) -> None:
         _killpg(rk.proc.pid, signal.SIGKILL)
     for rk in ranks:
         rk.proc.wait()
-
-
-def _show_traceback(failed: _Rank, code: int, out: TextIO, err: TextIO) -> None:
-    """Print the failed rank's stderr tail last, under a banner, once the job is gone."""
-    out.flush()
-    lines = failed.err.lines() or [f"(rank {failed.rank} wrote nothing on stderr)\n"]
-    banner = f"plait run: {failed.name} failed ({describe_exit(code)}); its traceback:\n"
-    write_line(err, "=" * 72 + "\n" + banner + "".join(lines))
 
 
 def _killpg(pgid: int, sig: int) -> None:

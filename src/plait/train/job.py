@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO, cast
 
 from plait import env
@@ -157,8 +158,17 @@ def _check_workload(config: TrainConfig) -> None:
         stages(model)
 
 
-def run(options: dict[str, Any], *, stdout: TextIO | None = None) -> int:
-    """Run `plait train` with the given options; return the exit status (2: bad input)."""
+def run(
+    options: dict[str, Any],
+    *,
+    stdout: TextIO | None = None,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Run `plait train` with the given options; return the exit status (2: bad input).
+
+    `argv` is the user's command line after the program name (`train --out x ...`): when a
+    run with --out fails, the command that resumes it is printed, built from it.
+    """
     t0 = time.time()
     out = sys.stdout if stdout is None else stdout
     try:
@@ -202,4 +212,8 @@ def run(options: dict[str, Any], *, stdout: TextIO | None = None) -> int:
         out.flush()
         print(f"plait train: error: {stream.error['message']}", file=sys.stderr)
         return int(stream.error["code"])
+    if code != 0 and config.checkpoint.out is not None:  # a crash or a stop: it can go on
+        out.flush()
+        hint = outdir.resume_hint(config.checkpoint.out, config.zero > 0, argv)
+        print(hint, file=sys.stderr)
     return code

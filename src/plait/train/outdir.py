@@ -6,7 +6,9 @@ No torch here: the command line checks both before it starts any worker.
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from plait.train.errors import CheckpointError
@@ -59,3 +61,28 @@ def check_file_writable(target: str | os.PathLike[str], what: str = "--json") ->
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise CheckpointError(f"cannot write {what} {str(target)!r}: {reason}") from None
+
+
+RESUME_FLAG = "--resume"  # CheckpointConfig.resume's option; it needs --out DIR, as given
+
+
+def resume_hint(out: str, sharded: bool, argv: Sequence[str] | None) -> str:
+    """What to tell the user after a run with --out `out` failed: the command that resumes it.
+
+    Args:
+        out: the run's --out directory.
+        sharded: the run writes sharded checkpoints (--zero): its manifest is what resumes.
+        argv: the user's command line after the program name (`train --out x ...`), or
+            None when the run was not started from the command line.
+    """
+    try:
+        check_resumable(out, sharded=sharded)
+    except CheckpointError:
+        return f"plait train: no checkpoint was written to {out} yet: there is nothing to resume"
+    if argv is None:
+        return (f"plait train: to resume from the last checkpoint in {out}, run the same "
+                f"command with {RESUME_FLAG}")  # fmt: skip
+    args = list(argv)
+    if not any(a == RESUME_FLAG or a.startswith(RESUME_FLAG + "=") for a in args):
+        args.append(RESUME_FLAG)
+    return f"plait train: to resume from the last checkpoint in {out}: plait {shlex.join(args)}"
