@@ -322,3 +322,14 @@ def test_strangers_are_refused_logged_once_and_change_nothing(
     for text in logs.values():
         for word in (SECRET, key.hex(), "5e5e5e5e"):
             assert word not in text
+
+
+def test_the_benchmark_measures_both_in_one_run() -> None:
+    from plait.bench.ps_auth import measure
+
+    out = measure(repeats=1)
+    for name in ("setup_s", "small_rtt_s", "push_pull_4mb_s"):
+        row = out[name]
+        assert row["auth"] > 0 and row["plain"] > 0
+        assert row["ratio"] == pytest.approx(row["auth"] / row["plain"])
+    assert 0 < out["tag_s"] < 1e-3 and out["header_bytes"] < 1024

@@ -153,6 +153,8 @@ class Gate:
     def closed(self, fd: int) -> bool:
         """A connection closed: whether a whole message came on it; if none did, it was cut
         off (ZMQ_MAXMSGSIZE) or silent, and the caller logs it."""
+        if self.key is None:  # no authentication, no judgement: nothing is recorded
+            return True
         if fd in self.heard:
             self.heard.discard(fd)  # the number will be reused by a later connection
             return True
@@ -249,8 +251,8 @@ class Handshake:
             # sent before any session (ordering on the connection guarantees that no stale
             # one follows a challenge): the server lost ours, e.g. it was restarted
             return ("send", self.hello(fresh=True)) if self.ready else ("drop", [])
-        if msg is not None and msg.op == "challenge" and not self.ready:
-            return self._challenge(msg)
+        if msg is not None and msg.op == "challenge":  # once ready: a resent hello's echo
+            return ("drop", []) if self.ready else self._challenge(msg)
         if not self.complained:
             self.complained = True
             print(
