@@ -16,11 +16,12 @@ import torch
 import zmq
 
 import plait.ps as ps
+from plait.comm.rendezvous import job_key, world_from_env
 from plait.errors import PeerFailureError
 from plait.ps.config import store_server_key
 from plait.ps.wire import Message, decode, encode
 from plait.train.data.sampler import GlobalBatchSampler
-from test_ps_harness import run_ps_world
+from test_ps_harness import authenticate, run_ps_world
 
 pytestmark = pytest.mark.timeout(120)
 GLOBAL_BATCH, STEPS = 8, 6
@@ -155,9 +156,13 @@ def _bad_messages_job(role: ps.Role) -> list[str]:
     model = _model(torch.float32)
     client = ps.Client(model.named_parameters(), ps.PSConfig(mode="async"), role)
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect("tcp://" + role.store.get(store_server_key(0)).decode())
+    endpoint = "tcp://" + role.store.get(store_server_key(0)).decode()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(2)]
+    sessions = []
+    for sock, worker in zip(socks, (0, 99), strict=True):  # an authenticated peer's mistakes
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sessions.append(authenticate(sock, job_key(world_from_env()), worker))
     key = client.plan.keys[0]
     good = torch.zeros(key.numel)
     bad: list[list[Any]] = [
@@ -170,13 +175,16 @@ def _bad_messages_job(role: ps.Role) -> list[str]:
         encode(Message("pull", 10**6, 99)),  # a worker that does not exist
     ]
     reasons = []
-    for parts in bad:
-        sock.send_multipart(parts)
+    for i, parts in enumerate(bad):
+        sock, session = (socks[1], sessions[1]) if i == len(bad) - 1 else (socks[0], sessions[0])
+        sock.send_multipart(session.seal(parts))
         assert sock.poll(5000), "no error reply"
-        reply = decode(sock.recv_multipart())
-        assert reply.op == "error", reply
+        what, frames = session.open(sock.recv_multipart())
+        reply = decode(frames)
+        assert what == "message" and reply.op == "error", reply
         reasons.append(str(reply.meta["reason"]))
-    sock.close()
+    for sock in socks:
+        sock.close()
     ctx.term()
     client.push_pull([torch.zeros_like(p) for p in model.parameters()])  # still serving
     client.close()

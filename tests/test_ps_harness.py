@@ -24,6 +24,11 @@ def _child(rank: int, env: dict[str, str], fn: Any, args: tuple[Any, ...], out: 
     os.environ.clear()
     os.environ.update(env)
     os.environ["RANK"] = str(rank)
+    logs = env.get("PLAIT_TEST_LOGS")  # a directory: each rank's stdout and stderr to a file
+    if logs:
+        fd = os.open(os.path.join(logs, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
     import torch
 
     import plait.ps as ps
@@ -134,3 +139,19 @@ def run_ps_world(
         raise AssertionError("\n".join(f"--- rank {r}:\n{tb}" for r, tb in errors.items()))
     assert not [r for r in stuck if r not in tolerate], f"servers {stuck} did not exit"
     return [results[r][1] if r in results and r not in tolerate else None for r in range(workers)]
+
+
+def authenticate(sock: Any, key: bytes, worker: int, server: int = 0) -> Any:
+    """Do a worker's handshake on a connected DEALER `sock` (auth.py) by hand; return the
+    auth.Handshake whose `seal` tags what the test sends and `open` checks what comes."""
+    from plait.ps.auth import Handshake
+
+    h = Handshake(key, worker, server, "a test's socket")
+    sock.send_multipart(h.hello(fresh=True))
+    while True:
+        assert sock.poll(5000), "no challenge"
+        what, frames = h.open(sock.recv_multipart())
+        assert what in ("ready", "drop"), (what, h.failure)
+        if what == "ready":
+            sock.send_multipart(frames)
+            return h

@@ -99,7 +99,7 @@ def test_transport_sends_queued_requests_most_urgent_first_and_takes_parts() -> 
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    t = Transport(0, [f"127.0.0.1:{port}"], heartbeat_s=30.0, server_timeout_s=30.0)
+    t = Transport(0, [f"127.0.0.1:{port}"], heartbeat_s=30.0, server_timeout_s=30.0, key=None)
     try:
         handle = ServerRequest(1, t, None)
         msgs = [Message("pull", keys=[k]) for k in (5, 1, 3)]
@@ -107,7 +107,8 @@ def test_transport_sends_queued_requests_most_urgent_first_and_takes_parts() -> 
         seen = []
         while len(seen) < 3:
             assert router.poll(10_000), "the transport sent nothing"
-            ident, *frames = router.recv_multipart()
+            ident, tag, *frames = router.recv_multipart()  # no key: an empty tag
+            assert tag == b""
             msg = decode(frames)
             if msg.op == "pull":
                 seen.append(msg.rid)
@@ -116,7 +117,7 @@ def test_transport_sends_queued_requests_most_urgent_first_and_takes_parts() -> 
         for part in (0, 0, 1):
             reply = Message("ok", rids[1], -1, [part], [torch.zeros(1)], [0],
                             meta={"part": part, "parts": 2})  # fmt: skip
-            router.send_multipart([ident, *encode(reply)])
+            router.send_multipart([ident, b"", *encode(reply)])
         deadline = time.monotonic() + 10.0
         while not handle.done() and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -13,8 +13,9 @@ import sys
 import time
 
 from plait import env
-from plait.comm.rendezvous import world_from_env
+from plait.comm.rendezvous import job_key, world_from_env
 from plait.comm.store import make_store
+from plait.ps.auth import frame_limit
 from plait.ps.config import STORE_CONFIG, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.loop import Router, serve
 from plait.ps.roles import num_servers_from
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     if not cfg.checkpoint_dir:
         parser.error("the job has no checkpoint_dir: pass --checkpoint-dir DIR")
     params_json = store.get(STORE_PARAMS)
-    router = Router(host, int(port))
+    limit = frame_limit(cfg.slice_bytes)
+    router = Router(host, int(port), key=job_key(world), index=index, max_frame_bytes=limit)
     server = Server(index, workers, servers, lambda: (cfg, params_json), address=router.endpoint)
     server.configure(cfg, params_json, time.monotonic())
     if not server.restore(fresh_workers=False):

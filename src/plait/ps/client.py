@@ -30,8 +30,10 @@ from typing import Any
 import torch
 
 from plait import env, trace
+from plait.comm.rendezvous import job_key, world_from_env
 from plait.comm.request import Request
 from plait.comm.store import barrier
+from plait.ps.auth import frame_limit
 from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.errors import PSError
 from plait.ps.request import ServerRequest
@@ -111,6 +113,8 @@ class Client:
             endpoints,
             heartbeat_s=min(1.0, cfg.worker_timeout_s / 4),
             server_timeout_s=cfg.server_timeout_s,
+            key=job_key(world_from_env()),
+            max_frame_bytes=frame_limit(cfg.slice_bytes),
         )
         if role.rank == 0:
             with torch.no_grad():

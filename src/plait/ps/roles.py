@@ -1,10 +1,12 @@
 """ps.init(): which ranks are workers and which are servers, and starting the servers.
 
 With S servers in a world of N ranks (torchrun's RANK/WORLD_SIZE), ranks [0, W) are workers
-and [W, N) servers, W = N - S. A server binds to the rendezvous interface (loopback for a
-local job, never every interface), publishes "host:port" in the store, serves until every
-worker is done or dead, and exits the process. The PS does not join plait's full-mesh
-engine: there, one dead rank stops every rank, and a PS must outlive a dead async worker.
+and [W, N) servers, W = N - S. A server waits for worker 0's config (its slice size bounds
+the frames the server accepts: auth.frame_limit), binds to the rendezvous interface
+(loopback for a local job, never every interface), publishes "host:port" in the store,
+serves until every worker is done or dead, and exits the process. The PS does not join
+plait's full-mesh engine: there, one dead rank stops every rank, and a PS must outlive a
+dead async worker.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any
 import torch.distributed as dist
 
 from plait import env
-from plait.comm.rendezvous import listen_host, world_from_env
+from plait.comm.rendezvous import job_key, listen_host, world_from_env
 from plait.comm.store import make_store
+from plait.ps.auth import frame_limit
 from plait.ps.config import STORE_CONFIG, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.errors import PSError
 from plait.ps.loop import Router, serve
@@ -75,6 +78,7 @@ def init(servers: int | None = None, trace: bool = False) -> Role:
         PSError: S is not set, or leaves no worker.
     """
     world = world_from_env()
+    key = job_key(world)  # before the store: a job without a usable secret stops here
     num_servers = num_servers_from(servers, world.size)
     num_workers = world.size - num_servers
     store = make_store(world, timeout=env.get("PLAIT_INIT_TIMEOUT"))
@@ -86,7 +90,11 @@ def init(servers: int | None = None, trace: bool = False) -> Role:
     def job() -> tuple[PSConfig, bytes]:  # written by worker 0 before its init
         return PSConfig.from_json(store.get(STORE_CONFIG)), store.get(STORE_PARAMS)
 
-    router = Router(listen_host(world.master_addr))
+    # worker 0 writes its config first thing in ps.Client, before any worker needs the
+    # servers: waiting for it here lets the socket refuse oversized frames from the start
+    # (ZMQ_MAXMSGSIZE is copied to a listener when it binds, so it must be known by then)
+    limit = frame_limit(PSConfig.from_json(store.get(STORE_CONFIG)).slice_bytes)
+    router = Router(listen_host(world.master_addr), key=key, index=index, max_frame_bytes=limit)
     server = Server(index, num_workers, num_servers, job, address=router.endpoint)
     store.set(store_server_key(index), router.endpoint)
     serve(server, router, tracing)

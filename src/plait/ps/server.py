@@ -305,7 +305,8 @@ class Server:
             raise BadRequest(f"unknown keys {unknown[:20]}; this server holds {mine[:20]}")
         if with_tensors and list(msg.keys) != mine:
             raise BadRequest(f"expected keys {mine[:20]} (this server's); got {msg.keys[:20]}")
-        for k, t in zip(msg.keys, msg.tensors, strict=True):
+        # a pull names keys and carries no tensor (strict zip would raise, killing the loop)
+        for k, t in zip(msg.keys, msg.tensors, strict=with_tensors):
             spec = self.keys[k]
             if t.dtype != spec.dtype or list(t.shape) != [spec.numel]:
                 raise BadRequest(

@@ -10,7 +10,10 @@ server can tell a worker busy computing from a dead one), and resends:
 
 Resending is safe: the server applies a push only if its request id is above the last it
 applied for this worker (ids persist in its checkpoints) and re-answers it otherwise; a pull
-has no effect to repeat. A server silent (no reply, not even to heartbeats) for
+has no effect to repeat. Authentication (auth.py): each socket says hello when it starts
+and again when a server answers `auth_first` (a restarted server knows no session); the
+requests for a server wait, unsent, until its session is up, then all go at once. A server
+silent (no reply, not even to heartbeats) for
 server_timeout_s fails the requests waiting on it with PSError.
 
 Priority (PSConfig(priority=True); ps-lite's van keeps its send queue the same way, and P3,
@@ -38,6 +41,7 @@ from typing import Any
 
 import zmq
 
+from plait.ps.auth import Handshake, routing_id
 from plait.ps.errors import PSError
 from plait.ps.wire import MAX_FRAMES, Message, WireError, decode, encode
 
@@ -88,7 +92,12 @@ class Transport:
         *,
         heartbeat_s: float,
         server_timeout_s: float,
+        key: bytes | None,
+        max_frame_bytes: int = -1,
     ) -> None:
+        """`key`: the job's key (rendezvous.job_key); None turns authentication off, for
+        the benchmark's baseline only. `max_frame_bytes`: the largest frame a server may
+        send (auth.frame_limit; -1: no limit)."""
         self.worker = worker
         self.endpoints = endpoints
         self.heartbeat_s = heartbeat_s
@@ -108,6 +117,8 @@ class Transport:
         self.incarnation: list[int | None] = [None] * len(endpoints)
         self.lost: list[int] = [0] * len(endpoints)
         self.failure: BaseException | None = None
+        self.auth = [Handshake(key, worker, i, e) for i, e in enumerate(endpoints)]
+        self.max_frame_bytes = max_frame_bytes
         self._thread = threading.Thread(target=self._run, name="plait-ps-io", daemon=True)
         self._thread.start()
 
@@ -170,6 +181,8 @@ class Transport:
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.RECONNECT_IVL, 100)
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            s.setsockopt(zmq.ROUTING_ID, routing_id())  # unguessable: a stranger cannot
+            s.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)  # take our id over
             s.connect(f"tcp://{endpoint}")
             poller.register(s, zmq.POLLIN)
             socks.append(s)
@@ -178,6 +191,7 @@ class Transport:
         now = time.monotonic()
         last_heard = [now] * len(socks)
         next_hb = now
+        next_hello = [now] * len(socks)  # the handshakes start at once
         while not self._stop.is_set():
             events = dict(poller.poll(50))
             now = time.monotonic()
@@ -192,18 +206,27 @@ class Transport:
                 pending[o.rid] = _Pending(
                     o.server, o.frames, o.callback, now + FIRST_RESEND_S, FIRST_RESEND_S
                 )
-                self._send(socks[o.server], o.frames)
+                self._send(o.server, socks[o.server], o.frames)
             for s in socks:
                 if s in events:
                     self._receive(index[s], s, pending, last_heard)
             now = time.monotonic()
+            for i, a in enumerate(self.auth):  # hello again until the challenge comes
+                if not a.ready and a.failure is None and now >= next_hello[i]:
+                    next_hello[i] = now + FIRST_RESEND_S
+                    with contextlib.suppress(zmq.Again):
+                        socks[i].send_multipart(a.hello(fresh=False), zmq.NOBLOCK)
             if now >= next_hb:
                 next_hb = now + self.heartbeat_s
                 hb = encode(Message("hb", 0, self.worker, clock=self.sent_clock))
-                for s in socks:
-                    self._send(s, hb)
+                for i, s in enumerate(socks):
+                    self._send(i, s, hb)
             for rid, p in list(pending.items()):
-                if now - last_heard[p.server] > self.server_timeout_s:
+                failure = self.auth[p.server].failure
+                if failure is not None:
+                    del pending[rid]
+                    p.callback(p.server, PSError(failure))
+                elif now - last_heard[p.server] > self.server_timeout_s:
                     del pending[rid]
                     p.callback(
                         p.server,
@@ -216,12 +239,16 @@ class Transport:
                 elif now >= p.next_resend:
                     p.backoff = min(MAX_RESEND_S, p.backoff * 2)
                     p.next_resend = now + p.backoff
-                    self._send(socks[p.server], p.parts)
+                    self._send(p.server, socks[p.server], p.parts)
 
-    def _send(self, sock: zmq.Socket[Any], parts: list[Any]) -> None:
+    def _send(self, server: int, sock: zmq.Socket[Any], parts: list[Any]) -> None:
+        # tagged as it leaves (a resend after a new handshake carries the new session's
+        # tag); no session yet: it waits, and goes when the handshake completes
+        if not self.auth[server].ready:
+            return
         # not connected right now: the resend timer tries again
         with contextlib.suppress(zmq.Again):
-            sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
+            sock.send_multipart(self.auth[server].seal(parts), zmq.NOBLOCK, copy=False)
 
     def _receive(
         self,
@@ -237,8 +264,22 @@ class Transport:
                 return
             now = time.monotonic()
             last_heard[server] = now
+            what, frames = self.auth[server].open(parts)
+            if what in ("send", "ready"):
+                with contextlib.suppress(zmq.Again):
+                    sock.send_multipart(frames, zmq.NOBLOCK)
+            if what == "ready":  # the session is up: what waited (or was lost) goes now
+                # a new session means a new incarnation (or the first): the resend the
+                # incarnation change would trigger below is done here, once
+                self.incarnation[server] = None
+                for p in pending.values():
+                    if p.server == server:
+                        self._send(server, sock, p.parts)
+                        p.next_resend, p.backoff = now + FIRST_RESEND_S, FIRST_RESEND_S
+            if what != "message":
+                continue
             try:
-                msg = decode(parts)
+                msg = decode(frames)
             except WireError as e:
                 print(
                     f"[plait.ps worker {self.worker}] bad reply from server {server}: {e.reason}",
@@ -250,7 +291,7 @@ class Transport:
                 if self.incarnation[server] not in (None, inc):  # restarted: resend all
                     for rid, p in pending.items():
                         if p.server == server and rid != msg.rid:
-                            self._send(sock, p.parts)
+                            self._send(server, sock, p.parts)
                             p.next_resend, p.backoff = now + FIRST_RESEND_S, FIRST_RESEND_S
                 self.incarnation[server] = inc
             lost = msg.meta.get("lost")

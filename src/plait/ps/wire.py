@@ -1,5 +1,8 @@
 """The message format: one msgpack header frame, then one raw frame per tensor.
 
+On the socket a message goes behind one more frame, its tag (auth.py): the MAC of the
+header under the session's key, empty for the handshake. `encode`/`decode` see no tag.
+
     frame 0   msgpack map (string keys, schema below), at most MAX_HEADER_BYTES
     frame i   the bytes of tensor i-1 (C-contiguous, little-endian as the host), sent with
               send_multipart(copy=False) and read back with torch.frombuffer: no copy either way
@@ -36,7 +39,7 @@ import torch
 from plait.comm.dtypes import FLOATS, NAMES
 from plait.errors import PlaitError
 
-VERSION = 1
+VERSION = 2  # 2: a tag frame leads every message on the socket (auth.py)
 MAX_HEADER_BYTES = 1 << 20
 MAX_FRAMES = 1 << 14
 MAX_FRAME_BYTES = 1 << 31
@@ -45,7 +48,8 @@ MAX_STR = 4096
 MAX_INT = 1 << 62
 REQUESTS = ("init", "push", "pull", "push_pull", "hb", "stats", "bye")
 REPLIES = ("ok", "error")
-OPS = REQUESTS + REPLIES
+HANDSHAKE = ("hello", "challenge", "auth", "auth_first")  # auth.py's, never a Server's
+OPS = REQUESTS + REPLIES + HANDSHAKE
 # the floating-point rows of plait's dtype table: servers apply optimizers to what they hold
 DTYPE_NAMES = {d: NAMES[d] for d in FLOATS}
 DTYPES: dict[str, torch.dtype] = {n: d for d, n in DTYPE_NAMES.items()}
