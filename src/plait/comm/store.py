@@ -171,6 +171,8 @@ def make_store(world: WorldEnv, timeout: float) -> JobStore:
                 master_listen_fd=os.dup(listener.fileno()) if listener is not None else None,
             )
             store = JobStore(raw, key, timeout_s=timeout, listener=listener, rank=world.rank)
+            if world.agent_store:  # torchrun's agent keeps one store for the job's life
+                return store
             if host:
                 store.set(_GENERATION, secrets.token_hex(8))
             # After shutdown() and init() again, rank 0's last store may still be listening

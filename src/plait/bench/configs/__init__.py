@@ -12,6 +12,7 @@ from plait.bench.configs.collectives import CollectivesConfig, P2PConfig
 from plait.bench.configs.fields import DEVICES, SIZES
 from plait.bench.configs.inference import InferBenchConfig
 from plait.bench.configs.planning import PlanBenchConfig
+from plait.bench.configs.security import AuthBenchConfig
 from plait.bench.configs.training import (
     PS_BARS,
     PS_BASELINE,
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, type] = {
     "comm": CommBenchConfig,
     "plan": PlanBenchConfig,
     "infer": InferBenchConfig,
+    "auth": AuthBenchConfig,
 }
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "PS_BASELINE",
     "PS_CONFIGS",
     "SIZES",
+    "AuthBenchConfig",
     "CollectivesConfig",
     "CommBenchConfig",
     "InferBenchConfig",
