@@ -189,7 +189,7 @@ def test_no_listener_on_every_interface(flags: list[str], tmp_path: Path) -> Non
     job_secret = secrets.token_hex(32)
     proc = subprocess.Popen(
         [sys.executable, "-m", "plait", "train", "--model", "mlp", "--steps", "6",
-         "--batch-size", "16", *flags],
+         "--batch-size", "16", "--json", "run.json", *flags],
         env={**os.environ, "PLAIT_JOB_SECRET": job_secret, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
     )  # fmt: skip
@@ -205,6 +205,8 @@ def test_no_listener_on_every_interface(flags: list[str], tmp_path: Path) -> Non
     assert not wild, f"listening on every interface: {wild}"
     assert {listener.address for listener in seen} <= {"127.0.0.1", "::1"}, seen
     assert job_secret not in out
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written and not [p for p in written if job_secret.encode() in p.read_bytes()]
 
 
 # -- shutdown, then init again in the same processes ----------------------------------------
