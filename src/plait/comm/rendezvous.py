@@ -4,7 +4,8 @@ The environment is torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, M
 MASTER_PORT), so a script started by `plait run` or by `torchrun` (one node or many) finds
 its peers the same way. The store (store.py) is torch.distributed's TCPStore, hosted by rank 0
 (or by torchrun's agent). Through it every rank publishes the address its engine listens on and
-the host it runs on; then every rank connects to each lower rank, which gives a full mesh.
+the host it runs on (signed with the job's key); then every rank connects to each lower rank,
+each pair proving the key to each other (handshake.py), which gives a full mesh.
 """
 
 from __future__ import annotations
