@@ -47,13 +47,14 @@ def every(p: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> list
 
 
 def reduced(xs: list[torch.Tensor], op: str) -> torch.Tensor:
-    """The single-process reference of a reduction over ranks; avg of ints rounds down."""
+    """The single-process reference of a reduction over ranks; avg of ints rounds toward
+    zero (Horovod's rule)."""
     x = torch.stack(xs)
     if op in ("sum", "avg"):
         out = x.sum(0, dtype=x.dtype)
         if op == "avg":
-            floor = None if out.is_floating_point() else "floor"
-            out = out.div(len(xs), rounding_mode=floor)
+            trunc = None if out.is_floating_point() else "trunc"
+            out = out.div(len(xs), rounding_mode=trunc)
         return out
     if op == "prod":
         return x.prod(0, dtype=x.dtype)

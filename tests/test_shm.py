@@ -73,7 +73,7 @@ def _reference(size: int, key: str) -> torch.Tensor:
         return xs.min(0).values.to(dtype)
     total = xs.sum(0)
     if op == "avg":
-        total = total / size if dtype.is_floating_point else torch.floor(total / size)
+        total = total / size if dtype.is_floating_point else torch.trunc(total / size)
     return total.to(dtype)
 
 

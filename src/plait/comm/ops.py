@@ -33,9 +33,10 @@ def reduce_into(acc: torch.Tensor, x: torch.Tensor, op: str) -> None:
 def finish_avg(t: torch.Tensor, count: int) -> None:
     """Turn a sum of `count` contributions into their mean, in place.
 
-    Integer tensors are divided with floor rounding, as Python's // does.
+    Integer tensors are divided rounding toward zero (-75 / 2 -> -37), as C's integer
+    division and so Horovod's Average do; not Python's // (floor: -38).
     """
     if t.is_floating_point():
         t.div_(count)
     else:
-        t.div_(count, rounding_mode="floor")
+        t.div_(count, rounding_mode="trunc")
