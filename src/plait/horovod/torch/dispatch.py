@@ -205,6 +205,7 @@ def apply(fn: Any, *args: Any) -> Any:
 class _Pending:
     handle: Request[list[Any]]
     finish: Callable[[list[Any]], Any]
+    name: str | None = None  # the op's name= (Horovod's tensor name), when given
 
 
 _handles: dict[int, _Pending] = {}
@@ -212,12 +213,36 @@ _ids = itertools.count(1)
 _handles_lock = threading.Lock()
 
 
-def register(handle: Request[list[Any]], finish: Callable[[list[Any]], Any]) -> int:
-    """A new Horovod handle (an int) for `handle`; synchronize returns finish(results)."""
+def register(
+    handle: Request[list[Any]], finish: Callable[[list[Any]], Any], name: str | None = None
+) -> int:
+    """A new Horovod handle (an int) for `handle`; synchronize returns finish(results).
+    `name`: the op's name, held (see `claim`) until the op has finished."""
     with _handles_lock:
         hid = next(_ids)
-        _handles[hid] = _Pending(handle, finish)
+        _handles[hid] = _Pending(handle, finish, name)
     return hid
+
+
+def claim(name: str | None, what: str) -> None:
+    """Refuse an op named `name` while another op of that name is in progress, as Horovod
+    does (its ops are matched by name; a second one would be an error on some other rank,
+    later). Checked before the op is submitted, so nothing starts. A name is free again
+    once its op has finished, synchronized or not.
+
+    Raises:
+        ValueError: an op named `name` is still in progress.
+    """
+    if name is None:  # Horovod makes up a unique name for each unnamed op
+        return
+    with _handles_lock:
+        busy = any(p.name == name and not p.handle.done() for p in _handles.values())
+    if busy:
+        raise ValueError(
+            f"cannot {what} a tensor named {name!r}: another operation with that name is "
+            "still in progress (Horovod refuses this too); give each operation in flight its "
+            "own name, or synchronize the first one before"
+        )
 
 
 def clear_handles() -> None:

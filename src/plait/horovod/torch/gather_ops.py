@@ -15,7 +15,7 @@ import torch
 from plait.horovod.torch import timeline
 from plait.horovod.torch.basics import ProcessSet, dispatcher, state
 from plait.horovod.torch.basics import global_process_set as _global
-from plait.horovod.torch.dispatch import Op, apply, register
+from plait.horovod.torch.dispatch import Op, apply, claim, register
 from plait.horovod.torch.reduce_ops import allreduce
 
 Tensor = torch.Tensor
@@ -47,8 +47,9 @@ def allgather_async(
     tensor: Tensor, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start concatenating every rank's `tensor` along dim 0 (which may differ); a handle."""
+    claim(name, "allgather")
     handle = dispatcher(process_set).submit(_traced("allgather", name, [tensor], process_set))
-    return register(handle, lambda results: results[0])
+    return register(handle, lambda results: results[0], name=name)
 
 
 def _traced(prefix: str, name: str | None, tensors: Sequence[Tensor], ps: ProcessSet) -> Any:
@@ -85,10 +86,11 @@ def grouped_allgather_async(
     tensors: Sequence[Tensor], name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start an allgather of each tensor; synchronize returns the list of results."""
+    claim(name, "allgather")
     handle = dispatcher(process_set).submit(
         _traced("grouped_allgather", name, tensors, process_set)
     )
-    return register(handle, lambda results: list(results))
+    return register(handle, lambda results: list(results), name=name)
 
 
 def grouped_allgather(
@@ -136,20 +138,22 @@ def broadcast_async(
     tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start broadcasting the root's `tensor` into a new tensor; returns a handle."""
+    claim(name, "broadcast")
     ready = timeline.now() if timeline.current() else -1
     out = tensor.detach().clone(memory_format=torch.contiguous_format)
     root = check_root(root_rank, process_set)
     handle = dispatcher(process_set).submit(_broadcast_ops(out, root, name, process_set, ready))
-    return register(handle, lambda _: out)
+    return register(handle, lambda _: out, name=name)
 
 
 def broadcast_async_(
     tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start overwriting `tensor` with the root's, in place; returns a handle."""
+    claim(name, "broadcast")
     root = check_root(root_rank, process_set)
     ops = _broadcast_ops(tensor, root, name, process_set)
-    return register(dispatcher(process_set).submit(ops), lambda _: tensor)
+    return register(dispatcher(process_set).submit(ops), lambda _: tensor, name=name)
 
 
 def broadcast_(
@@ -191,6 +195,12 @@ def broadcast(
 # ------------------------------------------------------------------------- alltoall
 def _splits(splits: Any, tensor: Tensor, n: int) -> list[int] | None:
     if splits is None:
+        if tensor.dim() > 0 and tensor.shape[0] % n:
+            raise ValueError(  # Horovod's rule: without splits, dim 0 is cut in n equal parts
+                f"alltoall without splits sends dim 0 in {n} equal parts (one per rank), but "
+                f"dim 0 is {tensor.shape[0]}, not a multiple of {n}: pass splits= (rows for "
+                "each rank)"
+            )
         return None
     values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
     if (
@@ -231,9 +241,12 @@ def alltoall_async(
     tensor: Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start an alltoall; synchronize returns (output, received splits)."""
+    claim(name, "alltoall")
     d = dispatcher(process_set)
     _splits(splits, tensor, d.comm.size)  # bad splits raise here, not in the worker
-    return register(d.submit([_alltoall_op(tensor, splits, True)]), lambda results: results[0])
+    return register(
+        d.submit([_alltoall_op(tensor, splits, True)]), lambda results: results[0], name=name
+    )
 
 
 class _Alltoall(torch.autograd.Function):

@@ -20,7 +20,7 @@ from plait.horovod.torch import timeline
 from plait.horovod.torch.basics import Average, ProcessSet, Sum, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.compression import Compression, Compressor
-from plait.horovod.torch.dispatch import Dispatcher, Op, apply, register
+from plait.horovod.torch.dispatch import Dispatcher, Op, apply, claim, register
 
 Tensor = torch.Tensor
 
@@ -90,6 +90,7 @@ def allreduce_async(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing `tensor` over all ranks into a new tensor; returns a handle."""
+    claim(name, "allreduce")
     tl = timeline.current()
     ready = timeline.now() if tl else 0
     rop = comm_op(reduction(op, average))
@@ -98,7 +99,7 @@ def allreduce_async(
     ops = allreduce_ops(buf, rop, prescale_factor, postscale_factor)
     if tl:
         ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
-    return register(d.submit(ops), lambda _: buf)
+    return register(d.submit(ops), lambda _: buf, name=name)
 
 
 def allreduce_async_(
@@ -111,13 +112,14 @@ def allreduce_async_(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing `tensor` in place; don't touch it before synchronize(handle)."""
+    claim(name, "allreduce")
     tl = timeline.current()
     ready = timeline.now() if tl else 0
     d = dispatcher(process_set)
     ops = _inplace_ops(tensor, comm_op(reduction(op, average)), prescale_factor, postscale_factor)
     if tl:
         ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
-    return register(d.submit(ops), lambda _: tensor)
+    return register(d.submit(ops), lambda _: tensor, name=name)
 
 
 def allreduce_(
@@ -272,10 +274,11 @@ def grouped_allreduce_async(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing a list of tensors into new tensors (one collective per dtype)."""
+    claim(name, "allreduce")
     rop = comm_op(reduction(op, average))
     d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
     handle = d.submit(_traced(rec, ops))
-    return register(handle, lambda _: _unpacked(packs, len(tensors)))
+    return register(handle, lambda _: _unpacked(packs, len(tensors)), name=name)
 
 
 def grouped_allreduce_async_(
@@ -288,10 +291,11 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing a list of tensors in place."""
+    claim(name, "allreduce")
     rop = comm_op(reduction(op, average))
     d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
     ops.append(local(lambda: _copy_back(packs, tensors)))
-    return register(d.submit(_traced(rec, ops)), lambda _: tuple(tensors))
+    return register(d.submit(_traced(rec, ops)), lambda _: tuple(tensors), name=name)
 
 
 def grouped_allreduce_(

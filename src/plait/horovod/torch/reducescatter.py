@@ -14,7 +14,7 @@ import torch
 from plait.horovod.torch.basics import Average, ProcessSet, Sum, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.compression import Compression, Compressor
-from plait.horovod.torch.dispatch import Op, apply, register
+from plait.horovod.torch.dispatch import Op, apply, claim, register
 from plait.horovod.torch.gather_ops import allgather
 from plait.horovod.torch.reduce_ops import scale
 
@@ -48,9 +48,10 @@ def reducescatter_async(
 ) -> int:
     """Start a reducescatter: reduce over ranks, keep this rank's rows of dim 0 (lower ranks get
     one more row when dim 0 does not divide evenly); returns a handle."""
+    claim(name, "reducescatter")
     d = dispatcher(process_set)
     handle = d.submit([_reducescatter_op(tensor, op, prescale_factor, postscale_factor)])
-    return register(handle, lambda results: results[0])
+    return register(handle, lambda results: results[0], name=name)
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -101,9 +102,10 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Start a reducescatter of each tensor; synchronize returns the list of results."""
+    claim(name, "reducescatter")
     d = dispatcher(process_set)
     ops = [_reducescatter_op(t, op, prescale_factor, postscale_factor) for t in tensors]
-    return register(d.submit(ops), lambda results: list(results))
+    return register(d.submit(ops), lambda results: list(results), name=name)
 
 
 def grouped_reducescatter(
