@@ -43,7 +43,7 @@ def test_each_way_counts_what_its_ranks_hold(tmp_path: Path) -> None:
     assert set(rows) == {"dp", "stage3", "ddp", "fsdp2"}
     for impl, row in rows.items():  # all run here; stage 3 may only be missing, not failing
         missing = impl == "stage3" and "not built yet" in row.get("not_run", "")
-        assert "not_run" not in row or missing, row
+        assert "not_run" not in row or missing, (row, proc.stderr[-4000:])  # the ranks' output
     psi = parameters(2, 32, 2, 8)
     # fp32 AdamW on full replicas: 4 B parameter, 4 B gradient, 8 B of moments per parameter
     for run in data["runs"]:
