@@ -240,4 +240,5 @@ def test_a_silent_stranger_delays_no_peer(capsys: pytest.CaptureFixture[str]) ->
     for s in (*got.values(), silent, garbage, listener):
         s.close()
     err = capsys.readouterr().err
-    assert err.count("refused a connection") == 1 and "not a plait hello" in err
+    # the garbage is refused once (the silent one may be logged too, when it hangs up)
+    assert err.count("not a plait hello") == 1
