@@ -30,7 +30,7 @@ from plait.comm.request import Request
 from plait.comm.worker import Worker
 from plait.errors import CollectiveMismatchError, PlaitError
 from plait.horovod.torch import join as joining
-from plait.horovod.torch.exceptions import as_horovod
+from plait.horovod.torch.exceptions import HorovodInternalError, as_horovod
 
 T = TypeVar("T")
 
@@ -137,7 +137,9 @@ class Dispatcher:
             else:
                 self._rounds += 1
                 return out
-        joining.agree(self.comm, joining.describe(op, self._rounds))
+        plan = joining.agree(self.comm, joining.describe(op, self._rounds))
+        if plan.refused:  # the joined ranks skip this call and stay joined
+            raise HorovodInternalError(plan.refused)
         out = op.run(self.comm, True)
         self._rounds += 1
         return out
@@ -155,6 +157,8 @@ class Dispatcher:
                 self._join_mode = False
                 return plan.last
             self._join_mode = True
+            if plan.refused:  # the others raise; nothing ran, so no round is counted
+                continue
             joining.serve(self.comm, plan, device)
             self._rounds += 1
 

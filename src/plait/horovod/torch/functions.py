@@ -12,6 +12,7 @@ from plait.horovod.torch.basics import ProcessSet, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.dispatch import Op
 from plait.horovod.torch.gather_ops import check_root
+from plait.horovod.torch.optimizer import _DistributedOptimizer
 from plait.horovod.torch.reduce_ops import pack
 
 Tensor = torch.Tensor
@@ -83,17 +84,22 @@ def broadcast_optimizer_state(
 ) -> None:
     """Make every rank's optimizer state (per-parameter state and options such as lr) the root's.
 
-    Unlike Horovod, ranks need no state of their own first (Horovod takes a zero-gradient step
-    to create it, which moves parameters under weight decay): the root sends the layout of its
-    state (names, shapes, dtypes, device types, scalars, options) as an object, every rank
-    allocates what it lacks, then the tensors travel in one broadcast per dtype and device.
-    State the root keeps on a GPU (Adam's moments beside CUDA parameters) is allocated on the
-    GPU of the parameter it belongs to; state it keeps on the CPU (Adam's `step`) on the CPU.
+    As in Horovod, a rank whose optimizer has no state yet first creates it with one local
+    step on zero gradients (so every parameter that requires grad has a zero `p.grad`
+    afterwards, and weight decay moves the parameters as that step would); an optimizer
+    that is still stateless after it (SGD without momentum) has nothing to broadcast. Then
+    the root sends the layout of its state (names, shapes, dtypes, device types, scalars,
+    options) as an object, every rank allocates what it lacks, and the tensors travel in one
+    broadcast per dtype and device. State the root keeps on a GPU (Adam's moments beside
+    CUDA parameters) is allocated on the GPU of the parameter it belongs to; state it keeps
+    on the CPU (Adam's `step`) on the CPU.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     root = check_root(root_rank, process_set)
     me = dispatcher(process_set).comm.rank
+    if not optimizer.state_dict()["state"]:
+        _zero_gradient_step(optimizer)
     sd = optimizer.state_dict()
     layout = None
     if me == root:
@@ -109,7 +115,9 @@ def broadcast_optimizer_state(
                 for pid, entries in sd["state"].items()
             },
         }
-    layout = broadcast_object(layout, root, process_set=process_set)
+    layout = broadcast_object(layout, root_rank, process_set=process_set)
+    if not layout["state"]:  # stateless even after a step: nothing to broadcast (Horovod)
+        return
     if len(layout["groups"]) != len(sd["param_groups"]):
         raise ValueError(
             f"rank {root} has {len(layout['groups'])} parameter groups, rank {me} has "
@@ -141,6 +149,21 @@ def broadcast_optimizer_state(
     pairs = zip(layout["groups"], sd["param_groups"], strict=True)
     groups = [{**opts, "params": g["params"]} for opts, g in pairs]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _zero_gradient_step(optimizer: torch.optim.Optimizer) -> None:
+    """Horovod's way to create an optimizer's state: zero gradients, then one local step (a
+    DistributedOptimizer's step without its allreduce, which every rank would have to join)."""
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                zero = torch.zeros_like(p, memory_format=torch.preserve_format)
+                p.grad = zero.to_sparse() if sparse else zero
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()  # the wrapped class's own step
+    else:
+        optimizer.step()
 
 
 def _parameters_by_id(optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> dict[Any, Tensor]:

@@ -101,13 +101,23 @@ def grouped_allgather(
 
 
 # ------------------------------------------------------------------------ broadcast
-def check_root(root_rank: object, ps: ProcessSet) -> int:
-    n = dispatcher(ps).comm.size
-    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or not 0 <= root_rank < n:
-        raise ValueError(
-            f"root_rank must be a rank in [0, {n}) (the job has {n}); got {root_rank!r}"
+def check_root(root_rank: object, ps: ProcessSet | None) -> int:
+    """The position in `ps` of `root_rank`, a rank of the whole job: Horovod's meaning, inside
+    a process set too (a broadcast from global rank 1 in the set [1, 3] has root_rank=1).
+
+    Raises:
+        ValueError: `root_rank` is not an int, or not a rank of the set.
+    """
+    dispatcher(ps)  # a set this rank may use
+    ranks = (ps or _global).ranks
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or root_rank not in ranks:
+        where = (
+            f"a rank in [0, {len(ranks)})"
+            if ps is None or ps is _global
+            else f"one of the process set's ranks {ranks} (ranks of the whole job)"
         )
-    return root_rank
+        raise ValueError(f"root_rank must be {where}; got {root_rank!r}")
+    return ranks.index(root_rank)
 
 
 def _broadcast_ops(

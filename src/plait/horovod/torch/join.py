@@ -11,8 +11,11 @@ make; joined ranks say "joined"), then all make the call, joined ranks with stan
 
     allreduce   zeros for sum/avg (Horovod: avg still divides by the full size),
                 the identity for min/max/prod
-    allgather   zero rows          broadcast   a scratch buffer (the root must not have joined)
-    barrier     a barrier          anything else: an error on every rank, never a hang
+    barrier     a barrier
+    anything else (allgather, broadcast, alltoall, reducescatter, object collectives...):
+                refused, as Horovod refuses them ("... is not supported with Join"): the
+                ranks that made the call raise HorovodInternalError, the joined ranks stay
+                joined and serve the next call. Never a hang.
 
 Stand-ins are made on the kind of device the others' tensors are on (the row says which):
 the communicator routes a call by its tensor's device, so a CPU stand-in would not meet
@@ -55,7 +58,7 @@ _KINDS = (
     "add_process_set",
     "other",
 )
-_SERVED = ("allreduce", "allgather", "broadcast", "barrier")
+_SERVED = ("allreduce", "barrier")  # what Horovod serves while a rank has joined
 _OPS = ("-", "sum", "avg", "min", "max", "prod")
 _DEVICES = ("cpu", "cuda")  # the device types the communicator carries; cpu's code is 0
 _SAME = (0, 1, 2, 3, 4, 5, 7)  # the fields every rank that has not joined must agree on
@@ -89,6 +92,21 @@ class Plan:
     root: int = -1
     numel: int = 0
     device: str = "cpu"
+    refused: str = ""  # why the call is refused (the ranks that made it raise this)
+
+
+def _refusal(kind: str, joined: list[int]) -> str:
+    """Horovod's refusal of a call joined ranks cannot serve, with what to do instead."""
+    what = {"allgather": "Allgather", "broadcast": "Broadcast", "alltoall": "Alltoall"}
+    text = f"{what.get(kind, kind)} is not supported with Join at this time"
+    hint = {
+        "allgather": "; DistributedOptimizer: sparse_as_dense=True reduces sparse gradients "
+        "with allreduce, which join serves",
+    }
+    return (
+        f"{text} (ranks {joined} have called hvd.join(); while a rank has joined, only "
+        f"allreduce and barrier are served){hint.get(kind, '')}"
+    )
 
 
 def _crc(shape: tuple[int, ...]) -> int:
@@ -112,7 +130,7 @@ def _text(row: list[int]) -> str:
     kind = _KINDS[row[0]]
     if kind == "joined":
         return "joined (hvd.join)"
-    if kind not in _SERVED or kind == "barrier":
+    if kind not in ("allreduce", "allgather", "broadcast"):
         return kind
     dtype = NAMES[DTYPES[row[1] - 1]] if row[1] else "-"
     extra = {"allreduce": f", op={_OPS[row[2]]}", "broadcast": f", root_rank={row[3]}"}
@@ -137,16 +155,7 @@ def agree(comm: Communicator, mine: torch.Tensor) -> Plan:
     row = rows[active[0]]
     kind = _KINDS[row[0]]
     if kind not in _SERVED:
-        raise NotImplementedError(
-            f"ranks {joined} have joined (hvd.join) and ranks {active} called {kind}, which "
-            f"joined ranks cannot take part in; plait.horovod's join serves "
-            f"{', '.join(_SERVED)}. Call hvd.join() after the last of the others."
-        )
-    if kind == "broadcast" and row[3] in joined:
-        raise ValueError(
-            f"broadcast from root_rank {row[3]}, which has joined (hvd.join); "
-            "a joined rank cannot be the root"
-        )
+        return Plan(False, -1, kind, refused=_refusal(kind, joined))
     dtype = DTYPES[row[1] - 1] if row[1] else torch.float32
     return Plan(False, -1, kind, dtype, _OPS[row[2]], row[3], row[4], _DEVICES[row[7]])
 
@@ -180,9 +189,5 @@ def serve(comm: Communicator, plan: Plan, gpu: torch.device | None = None) -> No
     where = _stand_in_device(plan, gpu)
     if plan.kind == "allreduce":
         comm.allreduce_(_identity(plan, where), plan.op)
-    elif plan.kind == "allgather":
-        comm.allgather(torch.empty((0, plan.numel), dtype=plan.dtype, device=where))
-    elif plan.kind == "broadcast":
-        comm.broadcast_(torch.empty(plan.numel, dtype=plan.dtype, device=where), plan.root)
     else:
         comm.barrier()
