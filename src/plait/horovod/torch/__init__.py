@@ -5,8 +5,9 @@ Covered: init/shutdown and topology queries, every collective of horovod.torch (
 grouped allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join; blocking,
 in place and async with poll/synchronize; differentiable like Horovod's),
 DistributedOptimizer, broadcast_parameters / broadcast_optimizer_state / object helpers,
-Compression.none/fp16 (and plait's own bf16), process sets, Horovod's timeline.
-Differences (Adasum, the timeline's, SyncBatchNorm, elastic, join's scope) are listed in
+Compression.none/fp16 (and plait's own bf16), process sets, Horovod's timeline,
+SyncBatchNorm (on CPU tensors too, where Horovod's needs CUDA).
+Differences (Adasum, the timeline's, elastic, join's scope) are listed in
 docs/horovod.md.
 """
 
@@ -84,6 +85,7 @@ from plait.horovod.torch.reducescatter import (
     reducescatter,
     reducescatter_async,
 )
+from plait.horovod.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
@@ -98,6 +100,7 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNorm",
     "add_process_set",
     "allgather",
     "allgather_async",
