@@ -84,6 +84,7 @@ from plait.horovod.torch.reducescatter import (
     reducescatter,
     reducescatter_async,
 )
+from plait.horovod.torch.sparse import sparse_allreduce_async
 
 __all__ = [
     "Adasum",
@@ -150,6 +151,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",
