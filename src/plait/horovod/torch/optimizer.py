@@ -6,7 +6,7 @@ first, go first; about 25 MB each like torch DDP, or HOROVOD_FUSION_THRESHOLD by
 Horovod's `groups`). A bucket's allreduce starts once it and every earlier bucket are
 ready: plait's Communicator matches calls by order, and a fixed bucket order is the same on
 every rank whatever order the hooks fire in. step() waits for them and writes the averages
-back into `.grad`.
+back into `.grad`. Sparse gradients are allgathered unless sparse_as_dense (see sparse.py).
 """
 
 from __future__ import annotations
@@ -52,13 +52,9 @@ def _split_list(items: list[Any], parts: int) -> list[list[Any]]:
 
 
 class _InFlight:
-    """One launched bucket: its handle and how to write the results back.
-
-    `params` are those reduced by allreduce (their `pieces`, packed in `packs`); `sparse_dims`
-    gives, for each, None for a dense gradient or the sparse dims of a sparse gradient sent
-    dense (sparse_as_dense). `sparse` are the parameters whose sparse gradients are
-    allgathered: each with the index of its first op's result in the handle's results.
-    """
+    """One launched bucket: its handle and how to write the results back. `params`: those
+    allreduced (`pieces`, in `packs`), each with None in `sparse_dims` or, for a sparse grad
+    sent dense, its sparse dims; `sparse`: (param, index of its first result, its gather)."""
 
     def __init__(
         self,
@@ -244,9 +240,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     continue
                 params.append(p)
                 sparse_dims.append(grad.sparse_dim() if grad.is_sparse else None)
-                pieces.append(
-                    self._compression.compress(grad.to_dense() if grad.is_sparse else grad)
-                )
+                dense = grad.to_dense() if grad.is_sparse else grad  # sparse_as_dense
+                pieces.append(self._compression.compress(dense))
             packs = pack([t for t, _ in pieces])
         ops = [
             o for pk in packs for o in allreduce_ops(pk.flat, self._comm_op, self._pre, self._post)
