@@ -93,6 +93,11 @@ def _collectives(comm: Any, folder: str) -> dict[str, Any]:
             hvd.sparse_allreduce_async(_sparse(r, 2), "x", hvd.Sum)
     first()
     hvd.synchronize(hvd.sparse_allreduce_async(_sparse(r, 2), "x", hvd.Sum))
+    # under join: the ranks that have joined add no entries; Average still divides by n
+    if r == 0:
+        got = hvd.sparse_allreduce_async(_sparse(1, 4), "j", hvd.Average)()
+        torch.testing.assert_close(got.to_dense(), _sparse(1, 4).to_dense() / n)
+    assert hvd.join() == 0
     # in Horovod's timeline: each sparse reduction as allgathers of indices and values,
     # the optimizer's named after the parameter, beside its bucket's allreduce
     hvd.start_timeline(f"{folder}/timeline.json")
