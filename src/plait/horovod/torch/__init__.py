@@ -85,6 +85,7 @@ from plait.horovod.torch.reducescatter import (
     reducescatter,
     reducescatter_async,
 )
+from plait.horovod.torch.sparse import sparse_allreduce_async
 from plait.horovod.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
@@ -153,6 +154,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

@@ -51,6 +51,7 @@ from plait.horovod.torch.reducescatter import (
     reducescatter,
     reducescatter_async,
 )
+from plait.horovod.torch.sparse import sparse_allreduce_async
 
 __all__ = [
     "Adasum",
@@ -96,5 +97,6 @@ __all__ = [
     "remove_process_set",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "synchronize",
 ]

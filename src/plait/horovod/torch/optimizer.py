@@ -6,7 +6,7 @@ first, go first; about 25 MB each like torch DDP, or HOROVOD_FUSION_THRESHOLD by
 Horovod's `groups`). A bucket's allreduce starts once it and every earlier bucket are
 ready: plait's Communicator matches calls by order, and a fixed bucket order is the same on
 every rank whatever order the hooks fire in. step() waits for them and writes the averages
-back into `.grad`.
+back into `.grad`. Sparse gradients are allgathered unless sparse_as_dense (see sparse.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from plait.horovod.torch.compression import Compression, Compressor
 from plait.horovod.torch.dispatch import Dispatcher
 from plait.horovod.torch.exceptions import as_horovod
 from plait.horovod.torch.reduce_ops import Packed, allreduce_ops, pack
+from plait.horovod.torch.sparse import SparseGather
 
 Tensor = torch.Tensor
 _BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb: big enough to amortise a call
@@ -51,7 +52,9 @@ def _split_list(items: list[Any], parts: int) -> list[list[Any]]:
 
 
 class _InFlight:
-    """One launched bucket: its handle and how to write the results back."""
+    """One launched bucket: its handle and how to write the results back. `params`: those
+    allreduced (`pieces`, in `packs`), each with None in `sparse_dims` or, for a sparse grad
+    sent dense, its sparse dims; `sparse`: (param, index of its first result, its gather)."""
 
     def __init__(
         self,
@@ -59,9 +62,12 @@ class _InFlight:
         params: list[Tensor],
         pieces: list[tuple[Tensor, Any]],
         packs: list[Packed],
+        sparse_dims: list[int | None],
+        sparse: list[tuple[Tensor, int, SparseGather]],
         record: timeline.Record | None,
     ) -> None:
         self.handle, self.params, self.pieces, self.packs = handle, params, pieces, packs
+        self.sparse_dims, self.sparse = sparse_dims, sparse
         self.record = record  # its timeline entry, while a timeline records
 
 
@@ -215,30 +221,47 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _launch(self, b: int) -> None:
         assert self._dispatcher is not None and b == self._next
+        d = self._dispatcher
         tl = timeline.current()
         ready = timeline.now() if tl else 0
-        pieces = []
+        params: list[Tensor] = []  # reduced by allreduce, dense or densified
+        pieces, sparse_dims = [], []
+        gathers: list[tuple[Tensor, SparseGather]] = []  # sparse gradients, allgathered
         with torch.no_grad():
             for p in self._buckets[b]:
                 if p.grad is None:  # not computed here, maybe elsewhere: contribute zeros
                     p.grad = torch.zeros_like(p)
-                elif p.grad.is_sparse:
-                    p.grad = p.grad.to_dense()
-                pieces.append(self._compression.compress(p.grad))
+                grad = p.grad
+                if grad.is_sparse and not self._sparse_as_dense:
+                    # Horovod's sparse path: entries allgathered, uncompressed (Compression
+                    # applies to dense gradients); every rank must have a sparse gradient for
+                    # this parameter too, or the calls would not match
+                    gathers.append((p, SparseGather(grad, self._op, d.comm.size)))
+                    continue
+                params.append(p)
+                sparse_dims.append(grad.sparse_dim() if grad.is_sparse else None)
+                dense = grad.to_dense() if grad.is_sparse else grad  # sparse_as_dense
+                pieces.append(self._compression.compress(dense))
             packs = pack([t for t, _ in pieces])
         ops = [
             o for pk in packs for o in allreduce_ops(pk.flat, self._comm_op, self._pre, self._post)
         ]
         rec = None
-        if tl:  # Horovod names each gradient allreduce.<parameter name>
-            params = self._buckets[b]
+        if tl and pieces:  # Horovod names each gradient allreduce.<parameter name>
             names = [f"allreduce.{self._parameter_names.get(p, '')}" for p in params]
             grads = [t for t, _ in pieces]
-            rec = tl.record(self._dispatcher, "allreduce", None, grads, ready, None, names)
+            rec = tl.record(d, "allreduce", None, grads, ready, None, names)
             rec.copy_in = (ready, timeline.now())  # compression and packing: into the buffer
             ops = rec.wrap(ops, tl.cycles if tl.mark_cycles else None)
-        handle = self._dispatcher.submit(ops)
-        self._inflight.append(_InFlight(handle, self._buckets[b], pieces, packs, rec))
+        # the sparse allgathers follow the bucket's allreduces in the same submission, so the
+        # order of collectives is the bucket order on every rank
+        sparse = []
+        for p, g in gathers:
+            sparse.append((p, len(ops), g))
+            name = self._parameter_names.get(p, "")
+            ops = [*ops, *(g.traced(tl, d, name, ready) if tl else g.ops)]
+        handle = d.submit(ops)
+        self._inflight.append(_InFlight(handle, params, pieces, packs, sparse_dims, sparse, rec))
         self._next += 1
 
     def synchronize(self) -> None:
@@ -253,7 +276,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._reset()
         for f in inflight:
             try:
-                f.handle.wait()
+                results = f.handle.wait()
             except PlaitError as e:
                 raise as_horovod(e) from None
             t0 = timeline.now() if f.record else 0
@@ -261,9 +284,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for pk in f.packs:
                 pk.unpack(out)
             with torch.no_grad():
-                for p, (_, ctx), reduced in zip(f.params, f.pieces, out, strict=True):
+                for p, (_, ctx), reduced, sd in zip(
+                    f.params, f.pieces, out, f.sparse_dims, strict=True
+                ):
                     assert p.grad is not None and reduced is not None
-                    p.grad.copy_(self._compression.decompress(reduced, ctx))
+                    grad = self._compression.decompress(reduced, ctx)
+                    if sd is None:
+                        p.grad.copy_(grad)
+                    else:  # sparse_as_dense: sparse again for the update, as Horovod does
+                        p.grad = grad.to_sparse(sd)
+                for p, at, g in f.sparse:  # replaced, not copied: the result is sparse
+                    p.grad = g.finish(results[at : at + len(g.ops)])
             if f.record:  # out of the bucket's buffer into each .grad
                 f.record.copy_out = (t0, timeline.now())
         self._synchronized = True
