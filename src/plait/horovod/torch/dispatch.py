@@ -60,7 +60,7 @@ class Dispatcher:
         self._joinable = joinable
         self._worker = Worker(f"plait-hvd-{id(self):x}")
         self._order = threading.RLock()  # taken to submit, and while running inline
-        self._rounds = 0  # ops completed; equal on every rank (joined ranks count served ops)
+        self._rounds = 0  # ops completed or refused; equal on every rank (joined ranks count too)
         self._join_mode = False  # some rank has joined and every op starts with join.agree
 
     def run(self, ops: Sequence[Op[Any]]) -> list[Any]:
@@ -139,6 +139,7 @@ class Dispatcher:
                 return out
         plan = joining.agree(self.comm, joining.describe(op, self._rounds))
         if plan.refused:  # the joined ranks skip this call and stay joined
+            self._rounds += 1  # a call made after they joined: ours is the later join
             raise HorovodInternalError(plan.refused)
         out = op.run(self.comm, True)
         self._rounds += 1
@@ -157,7 +158,8 @@ class Dispatcher:
                 self._join_mode = False
                 return plan.last
             self._join_mode = True
-            if plan.refused:  # the others raise; nothing ran, so no round is counted
+            if plan.refused:  # the others raise; the round counts, as on their side
+                self._rounds += 1
                 continue
             joining.serve(self.comm, plan, device)
             self._rounds += 1
