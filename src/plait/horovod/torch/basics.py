@@ -21,10 +21,12 @@ NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
 
 def comm_op(op: object) -> str:
-    """The plait reduction name of a Horovod op; Adasum is refused."""
+    """The Communicator's reduction name of a Horovod op; Adasum is not one (reduce_ops.py
+    runs it itself: hvd.allreduce and its forms, and DistributedOptimizer)."""
     if op == Adasum:
         raise NotImplementedError(
-            "hvd.Adasum is not supported by plait.horovod; use op=hvd.Average (or hvd.Sum)"
+            "hvd.Adasum is supported by hvd.allreduce (all its forms) and "
+            "hvd.DistributedOptimizer only; here use op=hvd.Average (or hvd.Sum)"
         )
     if isinstance(op, bool) or op not in _OP_NAMES:
         raise ValueError(

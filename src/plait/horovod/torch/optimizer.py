@@ -368,8 +368,6 @@ def DistributedOptimizer(
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == Adasum:
-        comm_op(op)  # raises NotImplementedError with the alternatives
     if num_groups != 0:
         warnings.warn(
             "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
@@ -382,6 +380,12 @@ def DistributedOptimizer(
         raise ValueError(
             f"backward_passes_per_step must be an int >= 1; got {backward_passes_per_step!r}"
         )
+    if op == Adasum:  # Horovod's delta optimizer: a class of its own (adasum_optimizer.py)
+        if process_set is not _global:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        from plait.horovod.torch.adasum_optimizer import adasum_optimizer  # it imports us
+
+        return adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step)
     base = type(optimizer)
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
     return cast(

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from plait.horovod.torch import timeline
-from plait.horovod.torch.basics import Average, ProcessSet, Sum, comm_op, dispatcher
+from plait.horovod.torch import adasum, timeline
+from plait.horovod.torch.basics import Adasum, Average, ProcessSet, Sum, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.compression import Compression, Compressor
 from plait.horovod.torch.dispatch import Dispatcher, Op, apply, claim, register
@@ -32,7 +32,7 @@ def reduction(op: int | None, average: bool | None) -> int:
             raise ValueError(
                 "The op parameter supersedes average. Please provide only one of them."
             )
-        comm_op(op)
+        reduce_name(op)
         return op
     if average is not None:
         warnings.warn(
@@ -42,6 +42,20 @@ def reduction(op: int | None, average: bool | None) -> int:
         )
         return Average if average else Sum
     return Average
+
+
+def reduce_name(op: int) -> str:
+    """The reduction's name in an op list: the Communicator's for its own reductions;
+    Adasum is not one of them, and runs here (adasum.py)."""
+    return adasum.ADASUM if op == Adasum else comm_op(op)
+
+
+def dispatcher_for(ps: ProcessSet, rop: str) -> Dispatcher:
+    """`ps`'s dispatcher; Adasum's size is checked here, in the caller, as Horovod does."""
+    d = dispatcher(ps)
+    if rop == adasum.ADASUM:
+        adasum.check_size(d.comm.size)
+    return d
 
 
 def scale(t: Tensor, factor: float) -> None:
@@ -59,19 +73,29 @@ def local(fn: Any) -> Op[None]:
     return Op("local", lambda comm, flat: fn())
 
 
-def allreduce_ops(buf: Tensor, op: str, pre: float, post: float) -> list[Op[Any]]:
-    """Reduce the contiguous tensor `buf` (ours to overwrite) in place, scaled."""
+def allreduce_ops(
+    buf: Tensor, op: str, pre: float, post: float, sizes: Sequence[int] | None = None
+) -> list[Op[Any]]:
+    """Reduce the contiguous tensor `buf` (ours to overwrite) in place, scaled. `sizes`:
+    the numel of each tensor packed in `buf` (Adasum treats each on its own)."""
     ops: list[Op[Any]] = []
+    if op == adasum.ADASUM:
+        adasum.check_dtype(buf.dtype)  # in the caller, before anything is queued
     if pre != 1.0:
         ops.append(local(lambda: scale(buf, pre)))  # once, even if the call is retried (join)
 
     def run(comm: Any, flat: bool) -> Tensor:
-        comm.allreduce_(buf.view(-1) if flat else buf, op)
+        if op == adasum.ADASUM:
+            adasum.allreduce_(comm, buf, sizes)
+        else:
+            comm.allreduce_(buf.view(-1) if flat else buf, op)
         scale(buf, post)
         return buf
 
+    # Adasum is a kind of its own: joined ranks cannot stand in for it (join.py: all raise)
+    kind, rop = (op, "-") if op == adasum.ADASUM else ("allreduce", op)
     shape, device = tuple(buf.shape), buf.device.type
-    ops.append(Op("allreduce", run, buf.dtype, buf.numel(), op, shape=shape, device=device))
+    ops.append(Op(kind, run, buf.dtype, buf.numel(), rop, shape=shape, device=device))
     return ops
 
 
@@ -93,8 +117,8 @@ def allreduce_async(
     claim(name, "allreduce")
     tl = timeline.current()
     ready = timeline.now() if tl else 0
-    rop = comm_op(reduction(op, average))
-    d = dispatcher(process_set)
+    rop = reduce_name(reduction(op, average))
+    d = dispatcher_for(process_set, rop)
     buf = _copy(tensor)
     ops = allreduce_ops(buf, rop, prescale_factor, postscale_factor)
     if tl:
@@ -115,8 +139,9 @@ def allreduce_async_(
     claim(name, "allreduce")
     tl = timeline.current()
     ready = timeline.now() if tl else 0
-    d = dispatcher(process_set)
-    ops = _inplace_ops(tensor, comm_op(reduction(op, average)), prescale_factor, postscale_factor)
+    rop = reduce_name(reduction(op, average))
+    d = dispatcher_for(process_set, rop)
+    ops = _inplace_ops(tensor, rop, prescale_factor, postscale_factor)
     if tl:
         ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
     return register(d.submit(ops), lambda _: tensor, name=name)
@@ -134,8 +159,9 @@ def allreduce_(
     """Reduce `tensor` over all ranks in place; return it."""
     tl = timeline.current()
     ready = timeline.now() if tl else 0
-    d = dispatcher(process_set)
-    ops = _inplace_ops(tensor, comm_op(reduction(op, average)), prescale_factor, postscale_factor)
+    rop = reduce_name(reduction(op, average))
+    d = dispatcher_for(process_set, rop)
+    ops = _inplace_ops(tensor, rop, prescale_factor, postscale_factor)
     if tl:
         ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
     d.run(ops)
@@ -161,8 +187,9 @@ class _Allreduce(torch.autograd.Function):
         tl = timeline.current()
         ready = timeline.now() if tl else 0
         ctx.hvd = (op, pre, post, ps)
-        d, buf = dispatcher(ps), _copy(tensor)
-        ops = allreduce_ops(buf, comm_op(op), pre, post)
+        rop = reduce_name(op)
+        d, buf = dispatcher_for(ps, rop), _copy(tensor)
+        ops = allreduce_ops(buf, rop, pre, post)
         if tl:
             ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
         d.run(ops)
@@ -187,7 +214,7 @@ def allreduce(
 ) -> Tensor:
     """Reduce `tensor` over all ranks into a new tensor (differentiable; Average by default)."""
     rop = reduction(op, average)
-    comm_op(rop)
+    reduce_name(rop)
     sent, ctx = compression.compress(tensor)
     out = apply(_Allreduce, sent, rop, prescale_factor, postscale_factor, process_set, name)
     return compression.decompress(out, ctx)
@@ -227,7 +254,11 @@ def pack(tensors: Sequence[Tensor]) -> list[Packed]:
 
 
 def _grouped_ops(packs: list[Packed], op: str, pre: float, post: float) -> list[Op[Any]]:
-    return [o for p in packs for o in allreduce_ops(p.flat, op, pre, post)]
+    return [
+        o
+        for p in packs
+        for o in allreduce_ops(p.flat, op, pre, post, sizes=[n for _, _, n, _ in p.members])
+    ]
 
 
 def _packed(
@@ -237,7 +268,7 @@ def _packed(
     record whose MEMCPY_IN_FUSION_BUFFER is the packing (timed here, on the caller)."""
     tl = timeline.current()
     ready = timeline.now() if tl else 0
-    d, packs = dispatcher(ps), pack(tensors)
+    d, packs = dispatcher_for(ps, op), pack(tensors)
     ops = _grouped_ops(packs, op, pre, post)
     if not tl:
         return d, packs, ops, None
@@ -275,7 +306,7 @@ def grouped_allreduce_async(
 ) -> int:
     """Start reducing a list of tensors into new tensors (one collective per dtype)."""
     claim(name, "allreduce")
-    rop = comm_op(reduction(op, average))
+    rop = reduce_name(reduction(op, average))
     d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
     handle = d.submit(_traced(rec, ops))
     return register(handle, lambda _: _unpacked(packs, len(tensors)), name=name)
@@ -292,7 +323,7 @@ def grouped_allreduce_async_(
 ) -> int:
     """Start reducing a list of tensors in place."""
     claim(name, "allreduce")
-    rop = comm_op(reduction(op, average))
+    rop = reduce_name(reduction(op, average))
     d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
     ops.append(local(lambda: _copy_back(packs, tensors)))
     return register(d.submit(_traced(rec, ops)), lambda _: tuple(tensors), name=name)
@@ -308,7 +339,7 @@ def grouped_allreduce_(
     process_set: ProcessSet = _global,
 ) -> tuple[Tensor, ...]:
     """Reduce a list of tensors in place; return them."""
-    rop = comm_op(reduction(op, average))
+    rop = reduce_name(reduction(op, average))
     d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
     d.run(_traced(rec, [*ops, local(lambda: _copy_back(packs, tensors))]))
     return tuple(tensors)
@@ -322,7 +353,7 @@ class _GroupedAllreduce(torch.autograd.Function):
         ctx: Any, op: int, pre: float, post: float, ps: ProcessSet, name: Any, *tensors: Tensor
     ) -> Any:
         ctx.hvd = (op, pre, post, ps)
-        d, packs, ops, rec = _packed(tensors, ps, name, comm_op(op), pre, post)
+        d, packs, ops, rec = _packed(tensors, ps, name, reduce_name(op), pre, post)
         d.run(_traced(rec, ops))
         t0 = timeline.now() if rec else 0
         # separate tensors, not views of one buffer: autograd outputs may be modified in place
@@ -352,7 +383,7 @@ def grouped_allreduce(
 ) -> list[Tensor]:
     """Reduce a list of tensors into new tensors (differentiable; one collective per dtype)."""
     rop = reduction(op, average)
-    comm_op(rop)
+    reduce_name(rop)
     if not tensors:
         return []
     sent = [compression.compress(t) for t in tensors]
