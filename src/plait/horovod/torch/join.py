@@ -57,6 +57,7 @@ _KINDS = (
     "allgather_object",
     "add_process_set",
     "other",
+    "adasum",
 )
 _SERVED = ("allreduce", "barrier")  # what Horovod serves while a rank has joined
 _OPS = ("-", "sum", "avg", "min", "max", "prod")
@@ -97,8 +98,14 @@ class Plan:
 
 def _refusal(kind: str, joined: list[int]) -> str:
     """Horovod's refusal of a call joined ranks cannot serve, with what to do instead."""
-    what = {"allgather": "Allgather", "broadcast": "Broadcast", "alltoall": "Alltoall"}
-    text = f"{what.get(kind, kind)} is not supported with Join at this time"
+    what = {
+        "allgather": "Allgather",
+        "broadcast": "Broadcast",
+        "alltoall": "Alltoall",
+        "adasum": "Adasum allreduce",
+        "other": "This call",
+    }
+    text = f"{what.get(kind, kind.capitalize())} is not supported with Join at this time"
     hint = {
         "allgather": "; DistributedOptimizer: sparse_as_dense=True reduces sparse gradients "
         "with allreduce, which join serves",
