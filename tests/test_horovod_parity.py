@@ -80,6 +80,8 @@ def check_process_sets(hvd: Any, ck: Checks, comm: Any) -> None:
     n, r = comm.size, comm.rank
     ck.equal("global set ranks", hvd.global_process_set.ranks, list(range(n)))
     ck.equal("global set rank", hvd.global_process_set.rank(), r)
+    hvd.init(process_sets="dynamic")  # Horovod's flag for sets added later: accepted
+    ck.raises("process_sets='static'", ValueError, lambda: hvd.init(process_sets="static"))
     tail = hvd.add_process_set(list(range(1, n)))
     ck.equal("set rank", tail.rank(), r - 1 if r else -1)
     root = n - 1

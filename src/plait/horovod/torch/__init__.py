@@ -3,12 +3,11 @@
 
 Covered: init/shutdown and topology queries, every collective of horovod.torch (allreduce,
 grouped allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join; blocking,
-in place and async with poll/synchronize; differentiable like Horovod's),
-DistributedOptimizer, broadcast_parameters / broadcast_optimizer_state / object helpers,
-Compression.none/fp16 (and plait's own bf16), process sets, Horovod's timeline,
-SyncBatchNorm (on CPU tensors too, where Horovod's needs CUDA).
-Differences (Adasum, the timeline's, elastic, join's scope) are listed in
-docs/horovod.md.
+in place and async with poll/synchronize; differentiable like Horovod's), Adasum,
+DistributedOptimizer (sparse gradients and Adasum included), sparse_allreduce_async,
+broadcast_parameters / broadcast_optimizer_state / object helpers, Compression.none/fp16
+(and plait's own bf16), process sets, SyncBatchNorm (on CPU tensors too, where Horovod's
+needs CUDA), Horovod's timeline. docs/horovod.md lists every feature with what differs.
 """
 
 from plait.horovod.torch.basics import (

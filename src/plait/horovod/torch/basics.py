@@ -111,9 +111,14 @@ def dispatcher(process_set: ProcessSet | None) -> Dispatcher:
 
 
 def init(
-    comm: Sequence[int] | None = None, process_sets: Sequence[ProcessSet] | None = None
+    comm: Sequence[int] | None = None,
+    process_sets: Sequence[ProcessSet] | str | None = None,
 ) -> None:
-    """Join the job (plait.init(): plait run / torchrun environment); idempotent like Horovod's."""
+    """Join the job (plait.init(): plait run / torchrun environment); idempotent like Horovod's.
+
+    process_sets: sets to register now, or Horovod's "dynamic" (sets added later with
+        add_process_set, which plait always allows).
+    """
     global _state
     if comm is not None:
         ranks = list(comm) if isinstance(comm, Iterable) else None
@@ -143,6 +148,12 @@ def init(
             process_sets={0: global_process_set},
         )
         _timeline_from_env()
+    if isinstance(process_sets, str):
+        if process_sets != "dynamic":
+            raise ValueError(
+                f'process_sets must be a list of hvd.ProcessSet or "dynamic"; got {process_sets!r}'
+            )
+        process_sets = None
     for ps in process_sets or ():
         if ps is not global_process_set and ps.process_set_id is None:
             add_process_set(ps)
