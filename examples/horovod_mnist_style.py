@@ -6,6 +6,7 @@ The only plait-specific line is the import of `plait.horovod.torch as hvd`; with
 a fixed random pattern and an image is its class's pattern plus noise, so the loss falls.
 
     plait run -n 2 examples/horovod_mnist_style.py --epochs 1
+    plait run -n 2 examples/horovod_mnist_style.py --epochs 1 --use-adasum
 """
 
 import argparse
@@ -28,6 +29,7 @@ parser.add_argument("--seed", type=int, default=42, help="random seed")
 parser.add_argument("--log-interval", type=int, default=5, help="batches between log lines")
 parser.add_argument("--fp16-allreduce", action="store_true", help="fp16 gradient compression")
 parser.add_argument("--gradient-predivide-factor", type=float, default=1.0)
+parser.add_argument("--use-adasum", action="store_true", help="combine updates with hvd.Adasum")
 parser.add_argument("--train-size", type=int, default=3072, help="synthetic training images")
 parser.add_argument("--test-size", type=int, default=1000, help="synthetic test images")
 
@@ -121,8 +123,10 @@ if __name__ == "__main__":
     )
 
     model = Net()
-    # linear learning-rate scaling: the global batch is size() times the per-rank batch
-    optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
+    # linear learning-rate scaling: the global batch is size() times the per-rank batch;
+    # Adasum adapts the combined step itself and needs no scaling (Horovod's advice)
+    lr_scaler = 1 if args.use_adasum else hvd.size()
+    optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
 
     # start every rank from rank 0's weights and optimizer state
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -133,7 +137,7 @@ if __name__ == "__main__":
         optimizer,
         named_parameters=model.named_parameters(),
         compression=compression,
-        op=hvd.Average,
+        op=hvd.Adasum if args.use_adasum else hvd.Average,
         gradient_predivide_factor=args.gradient_predivide_factor,
     )
 
