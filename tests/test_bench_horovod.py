@@ -24,7 +24,8 @@ CASES = ["allreduce 4K", "grouped 4K", "adasum 4K", "allreduce 64K", "grouped 64
 def test_bench_horovod_reports_every_row_beside_its_peer(tmp_path: Path) -> None:
     out = tmp_path / "horovod.json"
     res = subprocess.run(
-        [sys.executable, "-m", "plait", "bench", "horovod", *SMALL, "--json", str(out)],
+        [sys.executable, "-m", "plait", "bench", "horovod", *SMALL, "--markdown", "--json",
+         str(out)],
         capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
@@ -42,6 +43,8 @@ def test_bench_horovod_reports_every_row_beside_its_peer(tmp_path: Path) -> None
         assert r["case"] in res.stdout
     assert got["sparse_peer"] == "sparse"  # gloo reduces sparse tensors in torch 2.13
     assert len(got["load"]) == 2
+    markdown = [line for line in res.stdout.splitlines() if line.startswith("| ")]
+    assert len(markdown) == 1 + len(want)  # the header, then a line per row
     for name in ("hvd.grouped_allreduce", "op=Adasum", "hvd.SyncBatchNorm", "load average"):
         assert name in res.stdout
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plait.bench.configs.fields import at_least_1, json_field, sizes
+from plait.bench.configs.fields import at_least_1, json_field, markdown_field, sizes
 from plait.errors import ConfigError
 from plait.options import option
 
@@ -54,8 +54,9 @@ class HorovodBenchConfig:
     )
     batch: int = field(default=32, metadata=option("SyncBatchNorm: samples per rank"))
     channels: int = field(default=64, metadata=option("SyncBatchNorm: channels (8x8 images)"))
-    budget: float = field(default=1.0, metadata=option("seconds of timed calls per case"))
+    budget: float = field(default=3.0, metadata=option("seconds of timed calls per case"))
     json: str | None = json_field()
+    markdown: bool = markdown_field()
 
     def __post_init__(self) -> None:
         if self.ranks not in HOROVOD_RANKS:

@@ -26,6 +26,8 @@ def run(config: HorovodBenchConfig) -> int:
     data["load"] = load
     data["rows"] = summarize(data)
     render(data)
+    if config.markdown:
+        print(report.markdown(HEAD, (_cells(r) for r in data["rows"])))
     if config.json:
         worker_io.save(config.json, data)
     return 0
