@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from plait.bench.configs.collectives import CollectivesConfig, P2PConfig
 from plait.bench.configs.fields import DEVICES, SIZES
+from plait.bench.configs.horovod import HOROVOD_PAIRS, HOROVOD_RANKS, HorovodBenchConfig
 from plait.bench.configs.inference import InferBenchConfig
 from plait.bench.configs.planning import PlanBenchConfig
 from plait.bench.configs.security import AuthBenchConfig
@@ -41,12 +42,15 @@ BENCHMARKS: dict[str, type] = {
     "plan": PlanBenchConfig,
     "infer": InferBenchConfig,
     "auth": AuthBenchConfig,
+    "horovod": HorovodBenchConfig,
 }
 
 __all__ = [
     "BENCHMARKS",
     "COMM_WAYS",
     "DEVICES",
+    "HOROVOD_PAIRS",
+    "HOROVOD_RANKS",
     "MEMORY_EXIT_OOM",
     "MEMORY_IMPLS",
     "PS_BARS",
@@ -56,6 +60,7 @@ __all__ = [
     "AuthBenchConfig",
     "CollectivesConfig",
     "CommBenchConfig",
+    "HorovodBenchConfig",
     "InferBenchConfig",
     "MemoryBenchConfig",
     "P2PConfig",
