@@ -114,13 +114,16 @@ def pair(a: Tensor, b: Tensor, sizes: Sequence[int] | None = None) -> Tensor:
     parts = segments(a64.numel(), sizes)
     if not parts:
         return a.clone()
-    ca, cb = coefficients(a64, b64, parts)
-    counts = torch.tensor(parts, device=ca.device)
-    # (numel,) per-element coefficients: each tensor's pair repeated over its elements
-    ca_e = ca.repeat_interleave(counts, output_size=a64.numel())
-    cb_e = cb.repeat_interleave(counts, output_size=a64.numel())
-    out = torch.addcmul(a64 * ca_e, b64, cb_e)  # ca a + cb b, in float64
-    return out.to(a.dtype).view(a.shape)
+    ca, cb = coefficients(a64, b64, parts)  # (len(parts),) each
+    out = torch.empty_like(a).view(-1)
+    at = 0
+    for i, n in enumerate(parts):
+        # each tensor's slice scaled by its own 0-dim coefficients (broadcast, no host
+        # sync): per-element coefficient vectors cost more than the rest of the pair
+        x, y = a64[at : at + n], b64[at : at + n]
+        out[at : at + n] = (x * ca[i]).add_(y * cb[i])  # float64, rounded once here
+        at += n
+    return out.view(a.shape)
 
 
 def allreduce_(comm: Communicator, buf: Tensor, sizes: Sequence[int] | None = None) -> Tensor:
