@@ -189,6 +189,17 @@ def check_optimizer_state(hvd: Any, ck: Checks, comm: Any) -> None:
         ck.equal(f"{tag}: state", len(opt.state_dict()["state"]), 4)
         # each rank steps with its own lr, before the root's options arrive (as in Horovod)
         _same_params(ck, f"{tag}: the zero step moved the parameters", model, ref, tol=1e-12)
+    if comm.size == 2:  # Adasum's optimizer (a power of 2 of ranks): only the root has state
+        model = _model()
+        adam = torch.optim.Adam(model.parameters())
+        if r == 0:
+            for p in model.parameters():
+                p.grad = torch.ones_like(p)
+            adam.step()
+        opt = hvd.DistributedOptimizer(adam, op=hvd.Adasum)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)  # rank 1's zero step: no collective
+        steps = [int(e["step"]) for e in opt.state_dict()["state"].values()]
+        ck.equal("Adasum optimizer: the root's state", steps, [1] * 4)
     model = _model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1))
     hvd.broadcast_optimizer_state(sgd, root_rank=0)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from plait.horovod.torch import timeline
+from plait.horovod.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from plait.horovod.torch.basics import ProcessSet, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.dispatch import Op
@@ -160,10 +161,11 @@ def _zero_gradient_step(optimizer: torch.optim.Optimizer) -> None:
             if p.requires_grad:
                 zero = torch.zeros_like(p, memory_format=torch.preserve_format)
                 p.grad = zero.to_sparse() if sparse else zero
-    if isinstance(optimizer, _DistributedOptimizer):
-        super(_DistributedOptimizer, optimizer).step()  # the wrapped class's own step
-    else:
-        optimizer.step()
+    for wrapper in (_DistributedOptimizer, _DistributedAdasumOptimizer):
+        if isinstance(optimizer, wrapper):
+            super(wrapper, optimizer).step()  # the wrapped class's own step: no collective
+            return
+    optimizer.step()
 
 
 def _parameters_by_id(optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> dict[Any, Tensor]:
