@@ -161,11 +161,13 @@ def _zero_gradient_step(optimizer: torch.optim.Optimizer) -> None:
             if p.requires_grad:
                 zero = torch.zeros_like(p, memory_format=torch.preserve_format)
                 p.grad = zero.to_sparse() if sparse else zero
-    for wrapper in (_DistributedOptimizer, _DistributedAdasumOptimizer):
-        if isinstance(optimizer, wrapper):
-            super(wrapper, optimizer).step()  # the wrapped class's own step: no collective
-            return
-    optimizer.step()
+    # a DistributedOptimizer's own step is a collective: take the wrapped class's instead
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()
+    elif isinstance(optimizer, _DistributedAdasumOptimizer):
+        super(_DistributedAdasumOptimizer, optimizer).step()
+    else:
+        optimizer.step()
 
 
 def _parameters_by_id(optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> dict[Any, Tensor]:
