@@ -16,8 +16,6 @@ is submitted once it and every parameter before it in that order have taken thei
 from __future__ import annotations
 
 import contextlib
-import threading
-import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
@@ -29,8 +27,8 @@ from plait.horovod.torch.adasum import ADASUM
 from plait.horovod.torch.basics import global_process_set
 from plait.horovod.torch.compression import Compressor
 from plait.horovod.torch.exceptions import as_horovod
-from plait.horovod.torch.optimizer import _TOO_MANY_PASSES, _DistributedOptimizer
 from plait.horovod.torch.reduce_ops import allreduce_ops, dispatcher_for
+from plait.horovod.torch.wrapper import TOO_MANY_PASSES, Wrapper, wrap
 
 Tensor = torch.Tensor
 
@@ -42,7 +40,7 @@ class _InFlight:
         self.p, self.handle, self.buf, self.ctx = p, handle, buf, ctx
 
 
-class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+class _DistributedAdasumOptimizer(Wrapper):
     """Mixed in before the wrapped optimizer's class (see adasum_optimizer())."""
 
     def __init__(
@@ -52,36 +50,14 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         compression: type[Compressor],
         backward_passes_per_step: int,
     ) -> None:
-        try:  # the wrapped class's __init__ with its groups (hyperparameters included)
-            cast(Any, super()).__init__(optimizer.param_groups)
-        except TypeError:  # an __init__ with more required arguments: Optimizer's own
-            torch.optim.Optimizer.__init__(self, optimizer.param_groups, dict(optimizer.defaults))
-        for p, s in optimizer.state.items():
-            self.state[p] = s
-        # Horovod's name checks, the same as the averaging optimizer's
-        self._parameter_names = _DistributedOptimizer._check_names(
-            cast(Any, self), named_parameters
-        )
+        params = self._adopt(optimizer, named_parameters, backward_passes_per_step)
         self._compression = compression
-        self.backward_passes_per_step = backward_passes_per_step
-        self._lock = threading.RLock()  # hooks may fire on autograd's threads
         self._dispatcher = dispatcher_for(global_process_set, ADASUM)  # checks the size
-        params = list(
-            {id(p): p for g in self.param_groups for p in g["params"] if p.requires_grad}.values()
-        )
         self._order = params[::-1]  # the reductions' order: the same on every rank
         self._start = {p: torch.zeros_like(p, requires_grad=False) for p in params}
-        self._hooks: list[Any] = []
         self._reset()
         if self._dispatcher.comm.size > 1:
-            ref = weakref.ref(self)  # a hook must not keep a discarded optimizer alive
-
-            def hook(p: Tensor) -> None:
-                opt = ref()
-                if opt is not None:
-                    opt._grad_ready(p)
-
-            self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
+            self._hook(params)
 
     def _reset(self) -> None:
         self._delay = {p: self.backward_passes_per_step for p in self._order}
@@ -94,7 +70,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def _grad_ready(self, p: Tensor) -> None:
         with self._lock:
             if self._delay[p] <= 0:
-                raise AssertionError(_TOO_MANY_PASSES)
+                raise AssertionError(TOO_MANY_PASSES)
             self._delay[p] -= 1
             self._fired += 1
             if self._delay[p] == 0:
@@ -168,22 +144,6 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         )
         yield  # pragma: no cover  (makes this a generator, as the context manager needs)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._fired:
-            raise AssertionError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                "cause a race condition."
-            )
-        super().zero_grad(set_to_none)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Change how many backward passes accumulate locally before a parameter's step."""
-        self.backward_passes_per_step = passes
-        with self._lock:
-            for p in self._delay:
-                self._delay[p] = passes
-
 
 def adasum_optimizer(
     optimizer: torch.optim.Optimizer,
@@ -193,9 +153,13 @@ def adasum_optimizer(
 ) -> torch.optim.Optimizer:
     """`optimizer` wrapped so that step() applies the Adasum of the ranks' updates: an
     instance of a subclass of its class, with the same name."""
-    base = type(optimizer)
-    cls = type(base.__name__, (_DistributedAdasumOptimizer, base), {"__module__": base.__module__})
     return cast(
         torch.optim.Optimizer,
-        cls(optimizer, named_parameters, compression, backward_passes_per_step),
+        wrap(
+            _DistributedAdasumOptimizer,
+            optimizer,
+            named_parameters,
+            compression,
+            backward_passes_per_step,
+        ),
     )

@@ -8,13 +8,12 @@ from typing import Any
 import torch
 
 from plait.horovod.torch import timeline
-from plait.horovod.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from plait.horovod.torch.basics import ProcessSet, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.dispatch import Op
 from plait.horovod.torch.gather_ops import check_root
-from plait.horovod.torch.optimizer import _DistributedOptimizer
 from plait.horovod.torch.reduce_ops import pack
+from plait.horovod.torch.wrapper import Wrapper
 
 Tensor = torch.Tensor
 
@@ -162,10 +161,8 @@ def _zero_gradient_step(optimizer: torch.optim.Optimizer) -> None:
                 zero = torch.zeros_like(p, memory_format=torch.preserve_format)
                 p.grad = zero.to_sparse() if sparse else zero
     # a DistributedOptimizer's own step is a collective: take the wrapped class's instead
-    if isinstance(optimizer, _DistributedOptimizer):
-        super(_DistributedOptimizer, optimizer).step()
-    elif isinstance(optimizer, _DistributedAdasumOptimizer):
-        super(_DistributedAdasumOptimizer, optimizer).step()
+    if isinstance(optimizer, Wrapper):
+        super(Wrapper, optimizer).step()
     else:
         optimizer.step()
 

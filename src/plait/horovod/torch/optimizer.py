@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import warnings
-import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
@@ -24,6 +22,7 @@ import torch
 from plait.comm.request import Request
 from plait.errors import PlaitError
 from plait.horovod.torch import timeline
+from plait.horovod.torch.adasum_optimizer import adasum_optimizer
 from plait.horovod.torch.basics import Adasum, Average, ProcessSet, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.compression import Compression, Compressor
@@ -31,13 +30,10 @@ from plait.horovod.torch.dispatch import Dispatcher
 from plait.horovod.torch.exceptions import as_horovod
 from plait.horovod.torch.reduce_ops import Packed, allreduce_ops, pack
 from plait.horovod.torch.sparse import SparseGather
+from plait.horovod.torch.wrapper import TOO_MANY_PASSES, Wrapper, wrap
 
 Tensor = torch.Tensor
 _BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb: big enough to amortise a call
-_TOO_MANY_PASSES = (
-    "Gradients were computed more than backward_passes_per_step times before call to "
-    "step(). Increase backward_passes_per_step to accumulate gradients locally."
-)
 
 
 def _split_list(items: list[Any], parts: int) -> list[list[Any]]:
@@ -71,7 +67,7 @@ class _InFlight:
         self.record = record  # its timeline entry, while a timeline records
 
 
-class _DistributedOptimizer(torch.optim.Optimizer):
+class _DistributedOptimizer(Wrapper):
     """Mixed in before the wrapped optimizer's class (see DistributedOptimizer)."""
 
     def __init__(
@@ -86,77 +82,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sparse_as_dense: bool,
         process_set: ProcessSet,
     ) -> None:
-        try:  # the wrapped class's __init__ with its groups (hyperparameters included)
-            cast(Any, super()).__init__(optimizer.param_groups)
-        except TypeError:  # an __init__ with more required arguments: Optimizer's own
-            torch.optim.Optimizer.__init__(self, optimizer.param_groups, dict(optimizer.defaults))
-        for p, s in optimizer.state.items():  # keep state the optimizer may already have
-            self.state[p] = s
-        # Horovod's name checks; names label nothing here (calls match by order)
-        self._parameter_names = self._check_names(named_parameters)
+        params = self._adopt(optimizer, named_parameters, backward_passes_per_step)
         self._compression = compression
         self._op, self._comm_op = op, comm_op(op)
         # Average as Horovod splits it: 1/f before the sum, f/size after (comm avg divides)
         f = gradient_predivide_factor
         self._pre, self._post = (1.0 / f, f) if op == Average else (1.0, 1.0)
         self._sparse_as_dense = sparse_as_dense
-        self.backward_passes_per_step = backward_passes_per_step
         self._should_synchronize = True
         self._synchronized = False
-        self._lock = threading.RLock()  # hooks may fire on autograd's threads
         member = process_set is _global or bool(process_set.included())
         self._dispatcher: Dispatcher | None = dispatcher(process_set) if member else None
-        params = list(
-            {id(p): p for g in self.param_groups for p in g["params"] if p.requires_grad}.values()
-        )
         self._buckets = self._make_buckets(params, groups)
         self._bucket_of = {p: b for b, bucket in enumerate(self._buckets) for p in bucket}
-        self._hooks: list[Any] = []
         self._reset()
         if self._dispatcher is not None and self._dispatcher.comm.size > 1:
-            ref = weakref.ref(self)  # a hook must not keep a discarded optimizer alive
-
-            def hook(p: Tensor) -> None:
-                opt = ref()
-                if opt is not None:
-                    opt._grad_ready(p)
-
-            self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
+            self._hook(params)
 
     # -------------------------------------------------------------------- set-up
-    def _check_names(
-        self, named_parameters: Iterable[tuple[str, Tensor]] | None
-    ) -> dict[Tensor, str]:
-        if named_parameters is not None:
-            named = list(named_parameters)
-        else:
-            named = [
-                (f"allreduce.noname.{i}.{j}", v)
-                for i, g in enumerate(self.param_groups)
-                for j, v in enumerate(g["params"])
-            ]
-        if any(not isinstance(p, tuple) for p in named):
-            raise ValueError(
-                "named_parameters should be a sequence of tuples (name, parameter), usually "
-                "produced by model.named_parameters()."
-            )
-        names = [k for k, _ in named]
-        dups = sorted({k for k in names if names.count(k) > 1})
-        if dups:
-            raise ValueError(
-                "Parameter names in named_parameters must be unique. Found duplicates: "
-                + ", ".join(dups)
-            )
-        unnamed = {id(v) for g in self.param_groups for v in g["params"]} - {
-            id(v) for _, v in named
-        }
-        if unnamed:
-            raise ValueError(
-                "named_parameters was specified, but one or more model parameters were not "
-                "named. Python object ids: " + ", ".join(str(i) for i in sorted(unnamed))
-            )
-        return {v: k for k, v in named}
-
     def _make_buckets(self, params: list[Tensor], groups: Any) -> list[list[Tensor]]:
         position = {id(p): i for i, p in enumerate(params)}
         chunks: list[list[Tensor]] = []
@@ -209,7 +152,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _grad_ready(self, p: Tensor) -> None:
         with self._lock:
             if self._delay[p] <= 0:
-                raise AssertionError(_TOO_MANY_PASSES)
+                raise AssertionError(TOO_MANY_PASSES)
             self._delay[p] -= 1
             self._fired += 1
             if self._delay[p] == 0:
@@ -325,28 +268,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # the wrapped class's step runs torch's step hooks; ours must not run them a second time
     step.hooked = True  # type: ignore[attr-defined]
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._fired:
-            raise AssertionError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                "cause a race condition."
-            )
-        super().zero_grad(set_to_none)
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         with self._lock:
             self._reset()
             self._synchronized = False
             self._should_synchronize = True
         super().load_state_dict(state_dict)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Change how many backward passes accumulate locally before an allreduce."""
-        self.backward_passes_per_step = passes
-        with self._lock:
-            for p in self._delay:
-                self._delay[p] = passes
 
 
 def DistributedOptimizer(
@@ -383,14 +310,11 @@ def DistributedOptimizer(
     if op == Adasum:  # Horovod's delta optimizer: a class of its own (adasum_optimizer.py)
         if process_set is not _global:
             raise NotImplementedError("Adasum does not support non-global process sets yet.")
-        from plait.horovod.torch.adasum_optimizer import adasum_optimizer  # it imports us
-
         return adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step)
-    base = type(optimizer)
-    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
     return cast(
         torch.optim.Optimizer,
-        cls(
+        wrap(
+            _DistributedOptimizer,
             optimizer,
             named_parameters,
             compression,
