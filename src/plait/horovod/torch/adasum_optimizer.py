@@ -28,7 +28,7 @@ from plait.horovod.torch.basics import global_process_set
 from plait.horovod.torch.compression import Compressor
 from plait.horovod.torch.exceptions import as_horovod
 from plait.horovod.torch.reduce_ops import allreduce_ops, dispatcher_for
-from plait.horovod.torch.wrapper import TOO_MANY_PASSES, Wrapper, wrap
+from plait.horovod.torch.wrapper import Wrapper, wrap
 
 Tensor = torch.Tensor
 
@@ -67,15 +67,9 @@ class _DistributedAdasumOptimizer(Wrapper):
         self._fired = 0  # hooks fired since the last step (zero_grad's check)
 
     # ------------------------------------------------------------ local steps
-    def _grad_ready(self, p: Tensor) -> None:
-        with self._lock:
-            if self._delay[p] <= 0:
-                raise AssertionError(TOO_MANY_PASSES)
-            self._delay[p] -= 1
-            self._fired += 1
-            if self._delay[p] == 0:
-                self._local_step(p)
-                self._submit_ready()
+    def _passes_done(self, p: Tensor) -> None:
+        self._local_step(p)
+        self._submit_ready()
 
     def _local_step(self, p: Tensor) -> None:
         """The wrapped optimizer's step on `p` alone; `p` then holds its delta."""

@@ -30,7 +30,7 @@ from plait.horovod.torch.dispatch import Dispatcher
 from plait.horovod.torch.exceptions import as_horovod
 from plait.horovod.torch.reduce_ops import Packed, allreduce_ops, pack
 from plait.horovod.torch.sparse import SparseGather
-from plait.horovod.torch.wrapper import TOO_MANY_PASSES, Wrapper, wrap
+from plait.horovod.torch.wrapper import Wrapper, wrap
 
 Tensor = torch.Tensor
 _BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb: big enough to amortise a call
@@ -149,18 +149,11 @@ class _DistributedOptimizer(Wrapper):
         self._fired = 0  # hooks fired since the last synchronize (zero_grad's check)
 
     # ------------------------------------------------------------ communication
-    def _grad_ready(self, p: Tensor) -> None:
-        with self._lock:
-            if self._delay[p] <= 0:
-                raise AssertionError(TOO_MANY_PASSES)
-            self._delay[p] -= 1
-            self._fired += 1
-            if self._delay[p] == 0:
-                self._ready[self._bucket_of[p]] += 1
-                while self._next < len(self._buckets) and self._ready[self._next] == len(
-                    self._buckets[self._next]
-                ):
-                    self._launch(self._next)
+    def _passes_done(self, p: Tensor) -> None:
+        self._ready[self._bucket_of[p]] += 1
+        buckets = self._buckets
+        while self._next < len(buckets) and self._ready[self._next] == len(buckets[self._next]):
+            self._launch(self._next)
 
     def _launch(self, b: int) -> None:
         assert self._dispatcher is not None and b == self._next

@@ -27,7 +27,7 @@ TOO_MANY_PASSES = (
 class Wrapper(torch.optim.Optimizer):
     """The shared half of a Horovod optimizer wrapper. A subclass sets `_delay` (backward
     passes left per parameter) and `_fired` (hooks fired since the last step) in its
-    `_reset`, and handles `_grad_ready(p)`."""
+    `_reset`, and handles `_passes_done(p)`."""
 
     _delay: dict[Tensor, int]
     _fired: int
@@ -67,6 +67,18 @@ class Wrapper(torch.optim.Optimizer):
         self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in params]
 
     def _grad_ready(self, p: Tensor) -> None:
+        """A gradient was accumulated into `p.grad`: count the pass; the last one of the
+        step hands `p` on (`_passes_done`)."""
+        with self._lock:
+            if self._delay[p] <= 0:
+                raise AssertionError(TOO_MANY_PASSES)
+            self._delay[p] -= 1
+            self._fired += 1
+            if self._delay[p] == 0:
+                self._passes_done(p)
+
+    def _passes_done(self, p: Tensor) -> None:
+        """`p` has all of this step's backward passes (lock held)."""
         raise NotImplementedError
 
     def _check_names(
