@@ -215,6 +215,12 @@ def check_training(hvd: Any, ck: Checks, dev: torch.device) -> None:
         )
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
+        # broadcast_optimizer_state creates the state as Horovod does, with one step on zero
+        # gradients (Adam counts it: its bias correction starts at step 2); so does the
+        # reference, or Adam's first three updates would differ by ~lr/4 each
+        for p in ref.parameters():
+            p.grad = torch.zeros_like(p)
+        ref_opt.step()
         for step in range(3):
             x, y = (t.to(dev) for t in _batch(step, n, b))
             ref_opt.zero_grad()

@@ -46,12 +46,14 @@ def _plait(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
     made = {"mlp": root / "mlp", "gpt": root / "gpt"}
+    # trained on the CPU wherever the tests run: on a GPU machine `auto` would give each of
+    # the two workers a GPU, and one GPU is refused to two ranks (PLAIT_SHARE_GPU)
     done = _plait("train", "--model", "mlp", "--steps", "30", "--workers", "1",
-                  "--out", str(made["mlp"]))  # fmt: skip
+                  "--device", "cpu", "--out", str(made["mlp"]))  # fmt: skip
     assert done.returncode == 0, done.stderr
     done = _plait("train", "--model", "gpt", "--data", "synthetic", "--steps", "4",
                   "--batch-size", "8", "--workers", "2", "--zero", "1",
-                  "--out", str(made["gpt"]))  # fmt: skip
+                  "--device", "cpu", "--out", str(made["gpt"]))  # fmt: skip
     assert done.returncode == 0, done.stderr
     return made
 
