@@ -2,10 +2,19 @@
 
 The backbone: only the order of work changes, so after k steps of SGD with Nesterov
 momentum and of AdamW (float64, a learning rate changed before every step) the parameters
-equal FIFO DataParallel's. Then the structure: on a slow "network" (every slice's
-allreduce delayed) the most urgent slices overtake the rest, every rank reduces the same
-slices in the same order, and the next forward's first layer starts before the last
-slices are reduced. Also the errors, and plait train --priority against FIFO.
+equal FIFO DataParallel's bit for bit, and `plait train --priority` gives FIFO's float32
+losses bit for bit. Both on 2 ranks: there a gradient element's sum over the ranks is one
+addition, and a + b == b + a. On 3 or more ranks an allreduce sums an element in an order
+that depends on where it sits in the buffer (a block of the shared-memory or ring
+reduction starts its sum at the rank that owns the block), and FIFO's buckets (last layer
+first) and priority's slices (first layer first) put a parameter at different offsets: the
+averaged gradients may then differ in the last bit, and which of those differences reach
+a loss depends on the CPU's kernels (found on an AVX-512 machine, issue 31).
+
+Then the structure, on 3 ranks: on a slow "network" (every slice's allreduce delayed) the
+most urgent slices overtake the rest, every rank reduces the same slices in the same
+order, and the next forward's first layer starts before the last slices are reduced. Also
+the errors.
 """
 
 from __future__ import annotations
@@ -139,30 +148,38 @@ def _train(comm: Communicator, options: dict[str, Any]) -> Any:
 MLP = {"model": "mlp", "batch_size": 48, "steps": 6, "log_every": 3, "eval_every": 3}
 
 
-def battery(comm: Communicator) -> dict[str, Any]:
+def equal_battery(comm: Communicator) -> dict[str, Any]:
+    """What must equal FIFO's bit for bit: run on 2 ranks (see the module docstring)."""
     return {
         "equal": {
             o: (_train_model(comm, False, o), _train_model(comm, True, o)) for o in ("sgd", "adamw")
         },
-        "slow": _slow_network(comm),
-        "errors": _errors(comm),
         "train": (_train(comm, MLP), _train(comm, {**MLP, "priority": True, "slice_mb": 0.02})),
     }
 
 
+def structure_battery(comm: Communicator) -> dict[str, Any]:
+    return {"slow": _slow_network(comm), "errors": _errors(comm)}
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict[str, Any]]:
+    return run_world(2, equal_battery, timeout=240, env={"PLAIT_TIMEOUT": "60"})
+
+
 @pytest.fixture(scope="module")
 def three_ranks() -> list[dict[str, Any]]:
-    return run_world(3, battery, timeout=240, env={"PLAIT_TIMEOUT": "60"})
+    return run_world(3, structure_battery, timeout=240, env={"PLAIT_TIMEOUT": "60"})
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_priority_takes_the_steps_fifo_takes(three_ranks: list[Any], optimizer: str) -> None:
-    for r in three_ranks:
+def test_priority_takes_the_steps_fifo_takes(two_ranks: list[Any], optimizer: str) -> None:
+    for r in two_ranks:
         fifo, scheduled = r["equal"][optimizer]
         for a, b in zip(fifo, scheduled, strict=True):
             assert torch.equal(torch.tensor(a), torch.tensor(b))
-    assert three_ranks[0]["equal"][optimizer][1] == three_ranks[2]["equal"][optimizer][1]
+    assert two_ranks[0]["equal"][optimizer][1] == two_ranks[1]["equal"][optimizer][1]
 
 
 @pytest.mark.timeout(300)
@@ -203,8 +220,8 @@ def test_priority_errors_say_what_to_do(three_ranks: list[Any]) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_plait_train_priority_gives_fifos_losses(three_ranks: list[Any]) -> None:
-    fifo, scheduled = three_ranks[0]["train"]
+def test_plait_train_priority_gives_fifos_losses(two_ranks: list[Any]) -> None:
+    fifo, scheduled = two_ranks[0]["train"]
     assert scheduled["losses"] == fifo["losses"]
     assert scheduled["eval_value"] == fifo["eval_value"]
 
