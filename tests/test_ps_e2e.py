@@ -1,7 +1,7 @@
 """plait.ps end to end: real worker and server processes on loopback.
 
 Each world is W workers + S servers (W + S <= 5) forked from a server that has imported
-torch (tests/test_ps_harness.py), so a world costs about a second, not ten.
+torch (tests/ps_world.py), so a world costs about a second, not ten.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from plait.errors import PeerFailureError
 from plait.ps.config import store_server_key
 from plait.ps.wire import Message, decode, encode
 from plait.train.data.sampler import GlobalBatchSampler
-from test_ps_harness import authenticate, run_ps_world
+from ps_world import authenticate, run_ps_world
 
 pytestmark = pytest.mark.timeout(120)
 GLOBAL_BATCH, STEPS = 8, 6

@@ -22,8 +22,8 @@ from typing import Any
 # Each rank is a fresh process (nothing inherited from pytest), forked from a server that has
 # imported torch once: importing torch in 4 processes at once takes ~10 s on 2 cores, a
 # fork ~0.1 s. Nothing there starts a thread before the fork (plait.init() runs in the child).
-_CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["torch", "plait"])
+CONTEXT = mp.get_context("forkserver")
+CONTEXT.set_forkserver_preload(["torch", "plait"])
 
 
 def free_port() -> int:
@@ -40,6 +40,7 @@ def _child(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     out: Any,
+    ends: Any,
 ) -> None:
     # the environment of the test calling run_world, as spawn would give it (the fork
     # server's own environment is that of whichever test started it)
@@ -60,14 +61,18 @@ def _child(
     torch.set_num_threads(1)  # OMP_NUM_THREADS is read when torch loads: before the fork
     try:
         comm = plait.init()
-        result = fn(comm, *args)
         # by value: through the queue torch would pass a tensor's memory as a file
         # descriptor, which is lost if this process exits before the parent takes it
-        out.put((rank, "ok", pickle.dumps(result)))
+        out.put((rank, "ok", pickle.dumps(fn(comm, *args))))
     except BaseException:
         out.put((rank, "error", traceback.format_exc()))
-    finally:
+    out.close()
+    out.join_thread()  # the report is in the pipe before teardown, which may crash
+    try:  # after the report, so that a shutdown that hangs is named as such
         plait.shutdown()
+        ends.put((rank, None))
+    except BaseException:
+        ends.put((rank, "plait.shutdown() raised:\n" + traceback.format_exc()))
 
 
 class WorldError(AssertionError):
@@ -87,30 +92,38 @@ def run_world(
 
     Ranks in `tolerate` may die, freeze or raise (failure tests): their result is None and
     they are killed at the end. Any other rank that raises, dies or overruns `timeout`
-    fails the call, and so does one whose process is still alive `exit_within` s after the
-    last result came in (a hang at exit, e.g. on a thread stuck on a dead peer).
+    fails the call, and so does one that does not then end cleanly: whose plait.shutdown()
+    raises, whose process ends before shutdown finished (a crash in teardown), or whose
+    process is still alive `exit_within` s after the last result came in (a hang at exit,
+    e.g. on a thread stuck on a dead peer).
     """
     tolerate = set(tolerate)
     port = free_port()
     # CPU unless a test asks for a GPU: on a GPU machine `auto` would give each rank one,
     # and more ranks than GPUs is an error there (tests/test_*_cuda.py set PLAIT_DEVICE)
     world_env = {**os.environ, "OMP_NUM_THREADS": "1", "PLAIT_DEVICE": "cpu", **(env or {})}
-    out = _CTX.Queue()
+    out, ends = CONTEXT.Queue(), CONTEXT.Queue()  # each rank's report; how its shutdown went
     procs = [
-        _CTX.Process(target=_child, args=(r, size, port, world_env, fn, args, out), daemon=True)
+        CONTEXT.Process(
+            target=_child, args=(r, size, port, world_env, fn, args, out, ends), daemon=True
+        )
         for r in range(size)
     ]
     for p in procs:
         p.start()
     results: dict[int, tuple[str, Any]] = {}
+    ended: dict[int, str | None] = {}  # each rank's plait.shutdown(): None, or its error
+
+    def take(rank: int, status: str, value: Any) -> None:
+        results[rank] = (status, value)
+
     deadline = time.monotonic() + timeout
     needed = set(range(size)) - tolerate
     stuck: list[int] = []
     try:
         while not needed <= results.keys():
             try:
-                rank, status, value = out.get(timeout=0.2)
-                results[rank] = (status, value)
+                take(*out.get(timeout=0.2))
                 continue
             except Exception:
                 pass
@@ -122,15 +135,32 @@ def run_world(
             if dead or time.monotonic() > deadline:
                 time.sleep(0.5)  # let the survivors report what they saw
                 while not out.empty():
-                    rank, status, value = out.get()
-                    results[rank] = (status, value)
+                    take(*out.get())
                 missing = sorted(needed - results.keys())
                 why = "died" if dead else f"did not finish within {timeout:.0f} s"
                 raise WorldError(f"ranks {missing} {why}; reports: {_report(results)}")
+        # then every rank must shut down and exit by itself
         exit_by = time.monotonic() + exit_within
+        while not needed <= ended.keys() and time.monotonic() < exit_by:
+            try:
+                rank, error = ends.get(timeout=0.2)
+                ended[rank] = error
+            except Exception:
+                if all(not procs[r].is_alive() for r in needed - ended.keys()):
+                    while not ends.empty():
+                        rank, error = ends.get()
+                        ended[rank] = error
+                    break  # gone without a word: a crash in teardown
         for r in sorted(needed):
             procs[r].join(timeout=max(0.0, exit_by - time.monotonic()))
         stuck = [r for r in sorted(needed) if procs[r].is_alive()]
+        for r in sorted(needed):
+            if ended.get(r) is not None:
+                results[r] = ("error", ended[r])
+            elif r not in ended and r not in stuck:
+                code = procs[r].exitcode
+                why = f"ended (exit code {code}) without finishing plait.shutdown()"
+                results[r] = ("error", f"returned its result, then its process {why}")
     finally:
         for r, p in enumerate(procs):
             if r in tolerate or p.is_alive():

@@ -1,8 +1,10 @@
 """Spawn a parameter-server world (W workers + S servers) of forked processes for the
-tests/test_ps_*.py files; no tests here.
+tests/test_ps_*.py files.
 
 Ranks [0, W) run fn(role, *args) and report its result; ranks [W, W+S) run ps.init(),
-which serves and exits the process. Every world has a deadline.
+which serves and exits the process. Every world has a deadline, and a world passes only if
+every server then exits cleanly too (status 0, after writing its exit checkpoint where it
+has one): a server that crashes while shutting down fails the world.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from world import _CTX, free_port
+from world import CONTEXT, free_port
 
 # only effective if no test has started the fork server yet; harmless otherwise
-_CTX.set_forkserver_preload(["torch", "plait", "plait.ps"])
+CONTEXT.set_forkserver_preload(["torch", "plait", "plait.ps"])
 
 
 def _child(rank: int, env: dict[str, str], fn: Any, args: tuple[Any, ...], out: Any) -> None:
@@ -68,16 +70,18 @@ class PSWorld:
             "PLAIT_SERVERS": str(servers),
             **env,
         }
-        self.out = _CTX.Queue()
+        self.out = CONTEXT.Queue()
         self.procs: list[Any] = []
-        self.extra: list[Any] = []
+        self.extra: list[Any] = []  # servers restarted by restart_server
+        self.killed: set[int] = set()  # ranks killed on purpose: no clean exit expected
 
     def kill(self, rank: int) -> None:
+        self.killed.add(rank)
         self.procs[rank].kill()
         self.procs[rank].join(timeout=5)
 
     def restart_server(self, rank: int, argv: list[str]) -> None:
-        p = _CTX.Process(target=_restart_server, args=(self.env, rank, argv), daemon=True)
+        p = CONTEXT.Process(target=_restart_server, args=(self.env, rank, argv), daemon=True)
         p.start()
         self.extra.append(p)
 
@@ -97,7 +101,7 @@ def run_ps_world(
     world = PSWorld(workers, servers, env or {})
     size = workers + servers
     world.procs = [
-        _CTX.Process(target=_child, args=(r, world.env, fn, args, world.out), daemon=True)
+        CONTEXT.Process(target=_child, args=(r, world.env, fn, args, world.out), daemon=True)
         for r in range(size)
     ]
     for p in world.procs:
@@ -124,21 +128,38 @@ def run_ps_world(
                 why = f"ranks {dead} died" if dead else f"timeout {timeout:.0f} s"
                 raise AssertionError(f"{why}; reports: {results}")
         # servers exit once every worker said goodbye (or died)
-        for r in range(workers, size):
-            world.procs[r].join(timeout=15)
-        stuck = [r for r in range(workers, size) if world.procs[r].is_alive()]
-        for p in world.extra:
-            p.join(timeout=15)
+        exit_by = time.monotonic() + 15
+        for p in world.procs + world.extra:
+            p.join(timeout=max(0.0, exit_by - time.monotonic()))
+        while not world.out.empty():  # the servers' reports of their exit
+            rank, status, value = world.out.get()
+            results[rank] = (status, value)
     finally:
         for p in world.procs + world.extra:
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
-    errors = {r: v for r, (s, v) in results.items() if s == "error" and r not in tolerate}
+    exempt = tolerate | world.killed
+    errors = {r: v for r, (s, v) in results.items() if s == "error" and r not in exempt}
     if errors:
         raise AssertionError("\n".join(f"--- rank {r}:\n{tb}" for r, tb in errors.items()))
-    assert not [r for r in stuck if r not in tolerate], f"servers {stuck} did not exit"
+    unclean = [
+        f"rank {r}: {_exit(results.get(r), world.procs[r].exitcode)}"
+        for r in range(size)
+        if r not in exempt and (world.procs[r].exitcode != 0 or results.get(r, ("",))[0] == "")
+    ] + [
+        f"restarted server {i}: exit code {p.exitcode}"
+        for i, p in enumerate(world.extra)
+        if p.exitcode != 0
+    ]
+    assert not unclean, "processes that did not exit cleanly: " + "; ".join(unclean)
     return [results[r][1] if r in results and r not in tolerate else None for r in range(workers)]
+
+
+def _exit(report: tuple[str, Any] | None, code: int | None) -> str:
+    """How a process ended, for the message: its last report and its exit code."""
+    said = "no report" if report is None else f"reported {report[0]} {report[1]!r}"
+    return f"{said}, exit code {'none (still running)' if code is None else code}"
 
 
 def authenticate(sock: Any, key: bytes, worker: int, server: int = 0) -> Any:
