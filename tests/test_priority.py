@@ -29,6 +29,7 @@ from torch import nn
 from plait import Communicator, DataParallel
 from plait.data_parallel.dp import UnusedParametersError
 from plait.data_parallel.priority import Plan
+from plait.data_parallel.scheduled import ScheduledOptimizer
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.loop import train
@@ -148,13 +149,38 @@ def _train(comm: Communicator, options: dict[str, Any]) -> Any:
 MLP = {"model": "mlp", "batch_size": 48, "steps": 6, "log_every": 3, "eval_every": 3}
 
 
+def _counting_scheduled_steps(run: Any) -> tuple[Any, int]:
+    """run()'s result, and how many steps ScheduledOptimizer took meanwhile: the proof that a
+    comparison with FIFO had priority on (and FIFO off)."""
+    steps = []
+    original = ScheduledOptimizer.step
+
+    def step(self: ScheduledOptimizer, *args: Any, **kwargs: Any) -> Any:
+        steps.append(1)
+        return original(self, *args, **kwargs)
+
+    ScheduledOptimizer.step = step  # type: ignore[method-assign]
+    try:
+        return run(), len(steps)
+    finally:
+        ScheduledOptimizer.step = original  # type: ignore[method-assign]
+
+
 def equal_battery(comm: Communicator) -> dict[str, Any]:
     """What must equal FIFO's bit for bit: run on 2 ranks (see the module docstring)."""
+    prio = {**MLP, "priority": True, "slice_mb": 0.02}
     return {
         "equal": {
-            o: (_train_model(comm, False, o), _train_model(comm, True, o)) for o in ("sgd", "adamw")
+            o: (
+                _counting_scheduled_steps(lambda o=o: _train_model(comm, False, o)),
+                _counting_scheduled_steps(lambda o=o: _train_model(comm, True, o)),
+            )
+            for o in ("sgd", "adamw")
         },
-        "train": (_train(comm, MLP), _train(comm, {**MLP, "priority": True, "slice_mb": 0.02})),
+        "train": (
+            _counting_scheduled_steps(lambda: _train(comm, MLP)),
+            _counting_scheduled_steps(lambda: _train(comm, prio)),
+        ),
     }
 
 
@@ -176,7 +202,8 @@ def three_ranks() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_priority_takes_the_steps_fifo_takes(two_ranks: list[Any], optimizer: str) -> None:
     for r in two_ranks:
-        fifo, scheduled = r["equal"][optimizer]
+        (fifo, fifo_steps), (scheduled, scheduled_steps) = r["equal"][optimizer]
+        assert (fifo_steps, scheduled_steps) == (0, 4)  # priority on in one run only
         for a, b in zip(fifo, scheduled, strict=True):
             assert torch.equal(torch.tensor(a), torch.tensor(b))
     assert two_ranks[0]["equal"][optimizer][1] == two_ranks[1]["equal"][optimizer][1]
@@ -221,7 +248,8 @@ def test_priority_errors_say_what_to_do(three_ranks: list[Any]) -> None:
 
 @pytest.mark.timeout(300)
 def test_plait_train_priority_gives_fifos_losses(two_ranks: list[Any]) -> None:
-    fifo, scheduled = two_ranks[0]["train"]
+    (fifo, fifo_steps), (scheduled, scheduled_steps) = two_ranks[0]["train"]
+    assert (fifo_steps, scheduled_steps) == (0, MLP["steps"])  # priority on in one run only
     assert scheduled["losses"] == fifo["losses"]
     assert scheduled["eval_value"] == fifo["eval_value"]
 

@@ -332,4 +332,5 @@ def test_the_benchmark_measures_both_in_one_run() -> None:
         row = out[name]
         assert row["auth"] > 0 and row["plain"] > 0
         assert row["ratio"] == pytest.approx(row["auth"] / row["plain"])
-    assert 0 < out["tag_s"] < 1e-3 and out["header_bytes"] < 1024
+    # how long a tag takes is `plait bench auth`'s to judge, not a test's
+    assert out["tag_s"] > 0 and out["header_bytes"] < 1024
