@@ -3,9 +3,10 @@
 DataParallel and ShardedDataParallel (stages 1-3 at 2, 3 and 4 ranks, float64, a model
 whose units divide by none of them) end with the parameters of one process training the
 global batch, with one allreduce per optimizer step for every layer's norms; on a
-dp 2 x tp 2 mesh the per-layer norms are the whole model's (tp slices summed, replicas
-counted once); `plait train --optimizer lamb` with --zero, --tp and --pp trains as
-DataParallel does.
+dp 2 x tp 2 mesh the per-layer norms of the parameters and of the gradients are the whole
+model's (tp slices summed, replicas counted once; the gradients' show their scale, which
+the trust ratio hides from the losses); `plait train --optimizer lamb` with --zero, --tp
+and --pp trains as DataParallel does.
 """
 
 from __future__ import annotations
@@ -75,17 +76,32 @@ def sharded_gap(comm: Communicator, stage: int, name: str) -> tuple[float, list[
     return gap(sdp.state_dict(), reference(name, rows)), per_step
 
 
-def mesh_norms(comm: Communicator, zero: int) -> dict[str, float]:
-    """On dp 2 x tp 2 (ZeRO `zero` over dp), each parameter's squared norm as the map sums
-    it from this rank's parts: the whole parameter's, replicas counted once."""
+def mesh_norms(comm: Communicator, zero: int) -> dict[str, dict[str, float]]:
+    """On dp 2 x tp 2 (ZeRO `zero` over dp), each parameter's squared norm and, after one
+    step on the global batch (each replica its half), its gradient's, as the map sums them
+    from this rank's parts: the whole parameter's, replicas counted once.
+
+    LARS and LAMB are blind to a constant scale of the gradient (the trust ratio divides it
+    out), so the losses of the runs below could not show a sum where a mean belongs; the
+    gradients' norms can."""
     work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
-    model = MeshModel(work.model(), Mesh(dp=2, tp=2, comm=comm), chunks=1, schedule="1f1b",
-                      zero=zero)  # fmt: skip
+    mesh = Mesh(dp=2, tp=2, comm=comm)
+    model = MeshModel(work.model(), mesh, chunks=1, schedule="1f1b", zero=zero)
     layers = model.layers()
     held = list((model.sharded or model.module).parameters())
-    table = layers.square_sums([(p, [p.detach()]) for p in held], 1, torch.device("cpu"))
     names = {id(p): n for n, p in model.module.named_parameters()}
-    return {names[k]: float(table[i, 0]) for i, k in enumerate(layers.keys)}
+
+    def square_sums(tensors: list[torch.Tensor]) -> dict[str, float]:
+        table = layers.square_sums([(p, [t]) for p, t in zip(held, tensors, strict=True)], 1,
+                                   torch.device("cpu"))  # fmt: skip
+        return {names[k]: float(table[i, 0]) for i, k in enumerate(layers.keys)}
+
+    params = square_sums([p.detach() for p in held])
+    x, y = work.batch(0)
+    half, d = len(x) // 2, mesh.coords["dp"]
+    model.step(x[d * half : (d + 1) * half], y[d * half : (d + 1) * half], work.loss)
+    grads = square_sums([p.grad if p.grad is not None else torch.zeros_like(p) for p in held])
+    return {"params": params, "grads": grads}
 
 
 GPT = {"model": "gpt", "data": "synthetic", "steps": 5, "batch_size": 8, "eval_every": 0,
@@ -142,18 +158,25 @@ def test_sharded_steps_equal_one_process(
 
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize("zero", [0, 2, 3])
-def test_norms_on_a_tp_mesh_are_the_whole_parameters(
+def test_norms_on_a_tp_mesh_are_the_whole_parameters_and_gradients(
     four_ranks: list[dict[str, Any]], zero: int
 ) -> None:
-    model = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic").model()
+    work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
+    model = work.model()
+    x, y = work.batch(0)
+    work.loss(model(x), y).backward()  # one process, the global batch
     # the mesh's one stage names its parameters as the sequence of the model's layers does
     stage = dict(nn.Sequential(*stages(model)).named_parameters())
-    want = {n: float(p.detach().double().square().sum()) for n, p in stage.items()}
+    want = {
+        "params": {n: float(p.detach().double().square().sum()) for n, p in stage.items()},
+        "grads": {n: float(p.grad.double().square().sum()) for n, p in stage.items()},
+    }
     for r in four_ranks:
-        got = r["norms"][zero]
-        assert got.keys() == want.keys()
-        for n in want:
-            assert got[n] == pytest.approx(want[n], rel=1e-5), n
+        for what in ("params", "grads"):
+            got = r["norms"][zero][what]
+            assert got.keys() == want[what].keys()
+            for n in want[what]:
+                assert got[n] == pytest.approx(want[what][n], rel=1e-4), (what, n)
 
 
 @pytest.mark.timeout(360)
