@@ -12,6 +12,12 @@ record in scripts/parity.json.
 Losses are printed with repr(): the float64 of the reduced float32 loss, all 17 digits, so
 "identical" means bit-identical. The Horovod example prints 6 decimals itself; those are
 compared as printed. Exit status: 0 when every case matches, 1 otherwise.
+
+Bit-identical holds on one kind of CPU only: torch's kernels and MKL's matrix products take
+other paths (other summation orders) on AVX-512 than on AVX2, so the record keeps one set of
+losses per CPU kind (torch.backends.cpu.get_cpu_capability(): "AVX2", "AVX512", ...). A
+kind with no record yet is recorded with --write at a commit known to be good (before the
+refactor being checked), never after it.
 """
 
 from __future__ import annotations
@@ -84,13 +90,27 @@ def run_case(name: str) -> list[str]:
     return run_horovod() if name == HOROVOD_CASE else run_train(TRAIN_CASES[name])
 
 
+def cpu_kind() -> str:
+    """The kernels this machine's torch runs: "AVX2", "AVX512", "DEFAULT", ..."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="record instead of comparing")
     parser.add_argument("-k", default="", help="only cases whose name contains this")
     args = parser.parse_args()
     names = [n for n in [*TRAIN_CASES, HOROVOD_CASE] if args.k in n]
-    record = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    records = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    kind = cpu_kind()
+    record = records.setdefault(kind, {})
+    if not record and not args.write:
+        print(f"no losses recorded for this CPU kind ({kind}; recorded: {sorted(records)}): "
+              "record them with --write at a commit known to be good")  # fmt: skip
+        return 1
+    print(f"comparing with the losses recorded on {kind}", flush=True)
     failed = []
     for name in names:
         began = time.perf_counter()
@@ -118,8 +138,8 @@ def main() -> int:
         else:
             print(f"  recorded {len(want or [])} losses, now {len(losses)}")
     if args.write:
-        RECORD.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {RECORD.relative_to(ROOT)}")
+        RECORD.write_text(json.dumps(records, indent=1) + "\n")
+        print(f"wrote {RECORD.relative_to(ROOT)} ({kind})")
     print(f"{len(names) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 
