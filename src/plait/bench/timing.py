@@ -42,7 +42,7 @@ def slowest(
 
 def calls(budget_s: float, timings: int, probe_s: float, most: int) -> int:
     """Calls per timing so that `timings` timings of a call lasting `probe_s` seconds fill
-    `budget_s`: at least 1, at most `most` (a call under a microsecond counts as one)."""
+    `budget_s`: at least 1, at most `most` (a probe under 1 us counts as 1 us)."""
     return max(1, min(most, int(budget_s / (timings * max(probe_s, 1e-6)))))
 
 
