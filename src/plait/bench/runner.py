@@ -22,7 +22,7 @@ from plait.bench import render, workers
 from plait.bench.render import Report
 
 C = TypeVar("C")
-Doc = dict[str, Any]  # what --json writes: plain JSON types
+Doc = dict[str, Any]  # what --json writes (json.dumps of it)
 
 
 @dataclass(frozen=True)
