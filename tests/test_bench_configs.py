@@ -1,23 +1,22 @@
 """The benchmarks' configs (one source of defaults for CLI and workers), the JSON hand-off to
-the workers, and the shared report: paired ratios, sections, Markdown. No process is spawned."""
+the workers, what every benchmark shares (paired ratios, the ways' turns, the report's
+sections and Markdown), and the runner. No process is spawned."""
 
 from __future__ import annotations
 
 import sys
 
 import pytest
-from rich.table import Table
 
-from plait.bench import report, worker_io
-from plait.bench.configs import (
-    BENCHMARKS,
-    CollectivesConfig,
-    CommBenchConfig,
-    P2PConfig,
-    PipelineBenchConfig,
-    PsBenchConfig,
-    TrainBenchConfig,
-)
+from plait.bench import render, runner, stats, turns, workers
+from plait.bench.collectives.config import CollectivesConfig
+from plait.bench.comm.config import CommBenchConfig
+from plait.bench.p2p.config import P2PConfig
+from plait.bench.pipeline.config import PipelineBenchConfig
+from plait.bench.ps.config import PsBenchConfig
+from plait.bench.registry import BENCHMARKS
+from plait.bench.render import Line, Report, Table
+from plait.bench.train.config import TrainBenchConfig
 from plait.cli.main import build_parser
 from plait.errors import ConfigError
 from plait.options import from_args
@@ -77,9 +76,9 @@ def test_bad_values_show_the_failing_check(cls: type, options: dict, says: str) 
 @pytest.mark.parametrize("name", list(BENCHMARKS))
 def test_the_worker_gets_the_whole_config(name: str, tmp_path) -> None:
     config = BENCHMARKS[name](repeats=2)  # every benchmark has repeats: not a default
-    cmd = worker_io.command(f"plait.bench.{name}", config, tmp_path / "out.json", "--baseline")
-    assert cmd[:3] == [sys.executable, "-m", f"plait.bench.{name}"]
-    got, out, extra = worker_io.read(BENCHMARKS[name], cmd[3:])
+    cmd = workers.command(name, config, tmp_path / "out.json", "--baseline")
+    assert cmd[:4] == [sys.executable, "-m", "plait.bench.workers", name]
+    got, out, extra = workers.read(BENCHMARKS[name], cmd[4:])
     assert got == config and out == tmp_path / "out.json" and extra == ["--baseline"]
 
 
@@ -92,31 +91,67 @@ def test_parsed_lists() -> None:
 
 def test_paired_ratio_is_the_median_of_per_repeat_ratios() -> None:
     # per repeat 1/1, 4/2, 9/9 -> 1, 2, 1: median 1; the ratio of the medians would be 2
-    assert report.paired_ratios([1.0, 4.0, 9.0], [1.0, 2.0, 9.0]) == [1.0, 2.0, 1.0]
-    assert report.paired_ratio([1.0, 4.0, 9.0], [1.0, 2.0, 9.0]) == 1.0
+    assert stats.paired_ratios([1.0, 4.0, 9.0], [1.0, 2.0, 9.0]) == [1.0, 2.0, 1.0]
+    assert stats.paired_ratio([1.0, 4.0, 9.0], [1.0, 2.0, 9.0]) == 1.0
     with pytest.raises(ValueError):  # repeats must pair up
-        report.paired_ratio([1.0, 2.0], [1.0])
-    assert report.median_or_none([None, 3, 1, None, 2]) == 2
-    assert report.median_or_none([None]) is None
-    assert (report.ratio(1.234), report.ratio(None)) == ("1.23x", "")
+        stats.paired_ratio([1.0, 2.0], [1.0])
+    assert stats.median_or_none([None, 3, 1, None, 2]) == 2
+    assert stats.median_or_none([None]) is None
+    assert (render.ratio(1.234), render.ratio(None)) == ("1.23x", "")
 
 
 def test_sections_fall_where_the_group_changes() -> None:
-    t = Table()
-    t.add_column("a")
-    report.add_rows(t, [(1, ["x"]), (1, ["y"]), (2, ["z"]), (3, ["w"])])
+    t = render._rich(Table("", ["a"], [(1, ["x"]), (1, ["y"]), (2, ["z"]), (3, ["w"])], left="a"))
     assert [row.end_section for row in t.rows] == [False, True, True, False]
 
 
-def test_markdown_table() -> None:
-    text = report.markdown(["a", "b"], [["1", "2"], ["3", "4"]])
-    assert text == "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |"
+def test_markdown_is_each_table_then_each_line_a_blank_line_apart() -> None:
+    text = render.markdown([Table("title", ["a", "b"], [(1, ["1", "2"]), (2, ["3", "4"])], "a"),
+                            Line("after")])  # fmt: skip
+    assert text == "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n\nafter"
+
+
+def test_the_ways_take_turns_shuffled_by_round_or_rotated() -> None:
+    ran: list[tuple[str, int]] = []
+
+    def run(way: str, r: int) -> int:
+        ran.append((way, r))
+        return 10 * r + len(way)
+
+    took = turns.take_turns(["a", "bb", "ccc"], 3, run)
+    for r in range(3):  # every way once a round, in random.Random(r)'s order
+        assert ran[3 * r : 3 * r + 3] == [(w, r) for w in turns.shuffled(["a", "bb", "ccc"], r)]
+    assert took == {"a": [1, 11, 21], "bb": [2, 12, 22], "ccc": [3, 13, 23]}
+    assert turns.shuffled(["a", "b", "c", "d"], 1, seed=4) == turns.shuffled(
+        ["a", "b", "c", "d"], 5
+    )
+    ran.clear()
+    took = turns.take_turns(["a", "bb"], 2, run, order=turns.rotated, warmup=1)
+    assert ran == [("a", 0), ("bb", 0), ("bb", 1), ("a", 1), ("a", 2), ("bb", 2)]
+    assert took == {"a": [11, 21], "bb": [12, 22]}  # the warm-up round is not kept
+
+
+def test_the_runner_prints_the_report_its_markdown_then_writes_the_json(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def measure(config: P2PConfig) -> dict:
+        return {"n": config.repeats}
+
+    def report(doc: dict, config: P2PConfig) -> Report:
+        table = Table("t", ["x"], [(None, [str(doc["n"])])], "x")
+        return Report([table, Line("said", to="stderr")], markdown=[table], status=3)
+
+    config = P2PConfig(repeats=4, markdown=True, json=str(tmp_path / "out.json"))
+    assert runner.run(runner.Benchmark(measure, report), config) == 3
+    out, err = capsys.readouterr()
+    assert "│ 4 │" in out and out.endswith("| x |\n|---|\n| 4 |\n") and err == "said\n"
+    assert workers.load(tmp_path / "out.json") == {"n": 4}
 
 
 def test_the_algorithms_benchmarked_are_the_routing_tables() -> None:
-    # units.ALGORITHMS is spelled out so that the CLI parses without torch; it must name
-    # exactly the allreduce rows of the routing table (plus "auto" and the peer, "torch")
-    from plait.bench.units import ALGORITHMS
+    # the command line does not import torch (the routing table does) for the default, all
+    from plait.bench.collectives.config import algorithms
     from plait.comm import routes
 
-    assert set(ALGORITHMS) == {"torch", *routes.ACCEPTED["allreduce"]}
+    auto, *rows = routes.ACCEPTED["allreduce"]
+    assert CollectivesConfig().algorithm_list == algorithms() == ["torch", *rows, auto]

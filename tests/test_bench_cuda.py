@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from plait import devices
-from plait.bench import gpu
-from plait.bench.jobs import collectives
+from plait.bench import gpu, render
+from plait.bench.collectives import job, tables
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -58,7 +58,7 @@ def test_the_transports_merge_into_one_report_paired_within_each_launch() -> Non
         "transport": "staged",
         "results": {"4096": {"torch": [3, 3], "ring": [6, 1]}},
     }
-    data = collectives.merge({"nccl": nccl, "staged": staged})
+    data = job.merge({"nccl": nccl, "staged": staged})
     assert data["transports"] == ["nccl", "staged"]
     assert set(data["results"]["4096"]) == {
         "torch",
@@ -68,19 +68,20 @@ def test_the_transports_merge_into_one_report_paired_within_each_launch() -> Non
         "ring/staged",
     }
     assert data["auto_choice"] == {"4096": "native"} and "transport" not in data
-    rows = {r["algorithm"]: r for r in collectives.summarize(data)}
+    rows = {r["algorithm"]: r for r in tables.summarize(data)}
     assert rows["ring"]["vs_torch"] == pytest.approx((1 / 4 + 2 / 8) / 2)  # against torch
     assert rows["ring/staged"]["vs_torch"] == pytest.approx((3 / 6 + 3 / 1) / 2)  # torch/staged
     assert rows["ring/staged"]["vs_native"] is None  # the staged launch timed no native
     assert rows["ring"]["of_memcpy"] is None  # no memory-copy line on CUDA
-    text = collectives.markdown(data)
+    text = render.markdown(tables.report(data).markdown)
     assert "ring/staged (ms)" in text.splitlines()[0]
     assert gpu.describe(facts, 2) in text
     assert "2 ranks sharing them" in gpu.describe(facts, 2)
 
 
 def test_config_checks_of_device() -> None:
-    from plait.bench.configs import CollectivesConfig, TrainBenchConfig
+    from plait.bench.collectives.config import CollectivesConfig
+    from plait.bench.train.config import TrainBenchConfig
     from plait.errors import ConfigError
 
     with pytest.raises(ConfigError, match="drop --hosts"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.bench.configs import HOROVOD_PAIRS
+from plait.bench.horovod.config import PAIRS
 
 SMALL = ["--repeats", "2", "--budget", "0.05", "--sizes", "4K,64K", "--tensors", "3",
          "--table-rows", "2000", "--table-dim", "8", "--touched", "1,10", "--batch", "4",
@@ -33,7 +33,7 @@ def test_bench_horovod_reports_every_row_beside_its_peer(tmp_path: Path) -> None
     assert got["world_size"] == 2
     assert list(got["cases"]) == CASES
     want = [(case, ours, peer) for case in CASES
-            for ours, peer, _ in HOROVOD_PAIRS[case.split()[0]]]  # fmt: skip
+            for ours, peer, _ in PAIRS[case.split()[0]]]  # fmt: skip
     assert [(r["case"], r["plait"], r["peer"]) for r in got["rows"]] == want
     for r in got["rows"]:
         times = got["cases"][r["case"]]["times"]

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from plait.bench import infer_report, infer_runs
-from plait.bench.configs import InferBenchConfig
+from plait.bench.infer import runs as infer_runs
+from plait.bench.infer import tables
+from plait.bench.infer.config import InferBenchConfig
 from plait.errors import ConfigError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -74,7 +75,7 @@ def test_a_run_is_reused_only_with_a_checkpoint_and_the_same_options(tmp_path: P
 
 
 def test_in_turns_rotates_the_order_and_times_each_call() -> None:
-    from plait.bench.infer import in_turns, quantile
+    from plait.bench.infer.timings import in_turns, quantile
 
     log: list[tuple[str, int]] = []
     now = [0.0]
@@ -107,22 +108,22 @@ def test_the_bars_pass_and_miss_on_made_up_figures() -> None:
             row("cnn", "fp32", 38_282, 0.2, 0.980), row("mlp", "fp32", 9_610, 0.1, 0.960),
             row("mlp-distilled", "fp32", 9_610, 0.1, 0.975)]  # fmt: skip
     fast = {"gpt": {"examples_per_s": {1: [100.0, 110.0], 2: [180.0, 200.0]}}}
-    assert [b["status"] for b in infer_report.bars(good, fast)] == ["PASS"] * 3
-    assert "2.00x" in infer_report.bars(good, fast)[0]["figure"]
+    assert [b["status"] for b in tables.bars(good, fast)] == ["PASS"] * 3
+    assert "2.00x" in tables.bars(good, fast)[0]["figure"]
 
     bad = [dict(r) for r in good]
     bad[1]["metric"] = 1.56  # int8 loses 0.06 nats/byte: fast enough, not accurate enough
     bad[4]["metric"] = 0.955  # the student is worse than alone (and within 1 point)
     slow = {"gpt": {"examples_per_s": {1: [100.0], 2: [160.0]}}}
-    assert [b["status"] for b in infer_report.bars(bad, slow)] == ["MISS"] * 3
+    assert [b["status"] for b in tables.bars(bad, slow)] == ["MISS"] * 3
 
     big = [dict(r) for r in good]
     big[4]["parameters"] = 20_000  # more than half the teacher's
-    assert infer_report.student_bar(big)["status"] == "MISS"
+    assert tables.student_bar(big)["status"] == "MISS"
     far = [dict(r) for r in good]
     far[2]["metric"] = 0.990  # the teacher 1.5 points above the student
-    assert infer_report.student_bar(far)["status"] == "MISS"
-    assert [b["status"] for b in infer_report.bars([], {})] == ["n/a"] * 3
+    assert tables.student_bar(far)["status"] == "MISS"
+    assert [b["status"] for b in tables.bars([], {})] == ["n/a"] * 3
 
 
 def test_the_command_measures_and_writes_every_figure(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from plait.bench import report
-from plait.bench.configs import MEMORY_EXIT_OOM, MemoryBenchConfig
-from plait.bench.jobs import memory as job
+from plait.bench import render
+from plait.bench.memory import job, tables
+from plait.bench.memory.config import EXIT_OOM, MemoryBenchConfig
 from plait.errors import ConfigError
 
 TINY = ["--layers", "2", "--width", "32", "--heads", "2", "--seq", "8", "--global-batch", "2",
@@ -73,7 +73,7 @@ def test_a_rank_out_of_memory_is_named_and_the_job_ends() -> None:
     start = time.monotonic()
     got = job.attempt(replace(config, warmup=0, repeats=1), "dp", 2)
     assert time.monotonic() - start < 50
-    assert got["failed"].startswith(f"exit status {MEMORY_EXIT_OOM} "), got
+    assert got["failed"].startswith(f"exit status {EXIT_OOM} "), got
     assert got["out_of_memory"].startswith("rank ")
     assert "out of memory under RLIMIT_DATA 314572800 bytes" in got["out_of_memory"]
 
@@ -87,13 +87,14 @@ def test_a_way_that_did_not_run_is_a_row_that_says_why() -> None:
         {"impl": "stage3", "world_size": 2, "unavailable": "not built"},
         {"impl": "fsdp2", "world_size": 2, "failed": "exit status 1", "out_of_memory": None},
     ]
-    rows = job.summarize(runs)
+    rows = tables.summarize(runs)
     assert [r.get("not_run") for r in rows] == [None, "not built", "exit status 1"]
     # the slowest rank per step (3, 6), then the median over steps
     assert rows[0]["step_s"] == 4.5 and rows[0]["model_states"] == 160
-    assert job.check_bars(rows) == []  # nothing to compare stage 3 with
-    job.render(rows, [], report.console(170))
-    assert "not run: not built" in job.markdown(rows)
+    assert tables.check_bars(rows) == []  # nothing to compare stage 3 with
+    done = tables.report({"runs": runs, "summary": rows, "bars": []}, MemoryBenchConfig())
+    render.show(done)
+    assert "not run: not built" in render.markdown(done.markdown)
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,9 @@ from typing import IO, Any
 import pytest
 
 import plait
-from plait.bench import plan, plan_report
-from plait.bench.configs import PlanBenchConfig
-from plait.bench.jobs import plan as job
+from plait.bench import render
+from plait.bench.plan import job, runs, tables
+from plait.bench.plan.config import PlanBenchConfig
 from plait.cli.main import main
 
 MIB = 1 << 20
@@ -68,7 +68,7 @@ def predictions(feasible: list[bool]) -> list[FakePrediction]:
 
 def test_one_real_run_is_measured_from_train_json(tmp_path: Path) -> None:
     config = PlanBenchConfig(workers=2, steps=3, warmup=1, repeats=1)
-    step_s, peaks = plan.run_once(["--workers", "2"], config, plan.local, tmp_path / "run")
+    step_s, peaks = runs.run_once(["--workers", "2"], config, runs.local, tmp_path / "run")
     figures = json.loads((tmp_path / "run.json").read_text())
     assert [s for s, _ in figures["throughput"]] == [1, 2, 3]  # --log-every 1: every step
     assert 0 < step_s < 5
@@ -80,14 +80,14 @@ def test_one_real_run_is_measured_from_train_json(tmp_path: Path) -> None:
 
 def test_step_times_leave_out_the_warmup_and_peaks_add_model_states_and_activations() -> None:
     figures = {"global_batch": 64, "throughput": [[1, 100.0], [2, 200.0], [3, 400.0]]}
-    assert plan.step_times(figures, warmup=1) == [0.32, 0.16]
-    with pytest.raises(plan.BenchFailed, match="no step after the first 3"):
-        plan.step_times(figures, warmup=3)
+    assert runs.step_times(figures, warmup=1) == [0.32, 0.16]
+    with pytest.raises(runs.BenchFailed, match="no step after the first 3"):
+        runs.step_times(figures, warmup=3)
     row = {"model_states": 10, "activations": 5}
-    assert plan.peak_bytes({"rank_memory": [row, {**row, "activations": 7}]}) == [15, 17]
-    assert plan.peak_bytes({"memory": {"ranks": [row]}}) == [15]  # --zero's report
-    with pytest.raises(plan.BenchFailed, match="no per-rank memory"):
-        plan.peak_bytes({"strategy": "ps"})
+    assert runs.peak_bytes({"rank_memory": [row, {**row, "activations": 7}]}) == [15, 17]
+    assert runs.peak_bytes({"memory": {"ranks": [row]}}) == [15]  # --zero's report
+    with pytest.raises(runs.BenchFailed, match="no per-rank memory"):
+        runs.peak_bytes({"strategy": "ps"})
 
 
 def test_the_choice_is_the_top_feasible_then_a_seeded_sample_of_the_other_feasible() -> None:
@@ -108,34 +108,36 @@ def test_the_choice_is_the_top_feasible_then_a_seeded_sample_of_the_other_feasib
 
 def made_row(rank: int, pred: float, meas: float | None, peak: int = MIB) -> dict[str, Any]:
     p = FakePrediction(FakePlan(("--workers", "2"), f"plan{rank}"), pred, [MIB])
-    m = plan.Measured(step_s=[] if meas is None else [meas, meas], peak_bytes=[[peak]] * 2)
+    m = runs.Measured(step_s=[] if meas is None else [meas, meas], peak_bytes=[[peak]] * 2)
     if meas is None:
         m.failed = "exited 1"
-    return plan_report.make_row(rank, "top", p, m)
+    return tables.make_row(rank, "top", p, m)
 
 
 def test_errors_and_bars_on_made_up_rows() -> None:
     rows = [made_row(1, 0.011, 0.010), made_row(2, 0.009, 0.010),
             made_row(3, 0.010, 0.0125, peak=3 * MIB)]  # fmt: skip
     assert [r["step_error"] for r in rows] == pytest.approx([0.1, -0.1, -0.2])
-    mae, top, oom = plan_report.bars(rows, limit=2 * MIB)
+    mae, top, oom = tables.bars(rows, limit=2 * MIB)
     assert mae["figure"] == pytest.approx((0.1 + 0.1 + 0.2) / 3) and mae["passed"] is False
     assert top["figure"] == pytest.approx(0.0) and top["passed"] is True  # 1 ties 2: fastest
     assert oom["figure"] == 1 and oom["plans"] == ["plan3"] and oom["passed"] is False
-    assert plan_report.bars(rows, limit=None)[2]["passed"] is None  # no limit: not checked
+    assert tables.bars(rows, limit=None)[2]["passed"] is None  # no limit: not checked
     assert rows[2]["memory_error"] == pytest.approx(1 / 3 - 1)
     # the top pick 10% slower than the fastest misses; a failed top pick is not measured
-    _, top, _ = plan_report.bars([made_row(1, 0.01, 0.011), made_row(2, 0.01, 0.010)], None)
+    _, top, _ = tables.bars([made_row(1, 0.01, 0.011), made_row(2, 0.01, 0.010)], None)
     assert top["figure"] == pytest.approx(0.1) and top["passed"] is False
-    mae, top, _ = plan_report.bars([made_row(1, 0.01, None), made_row(2, 0.01, 0.010)], None)
+    mae, top, _ = tables.bars([made_row(1, 0.01, None), made_row(2, 0.01, 0.010)], None)
     assert top["passed"] is None and mae["figure"] == 0.0
-    text = plan_report.markdown(rows, plan_report.bars(rows, 2 * MIB), 2 * MIB)
+    doc = {"rows": rows, "bars": tables.bars(rows, 2 * MIB), "where": "here",
+           "note": "chosen", "load_average_1min": {"start": 1.0, "end": 2.0}}  # fmt: skip
+    text = render.markdown(tables.report(doc, PlanBenchConfig(memory_per_rank="2M")).markdown)
     assert "| 3 | plan3 | top | 10.00 | 12.50 | 0% | -20.0% |" in text
-    assert plan_report.spread([0.01, 0.02, 0.012]) == pytest.approx(0.01 / 0.012)
+    assert tables.spread([0.01, 0.02, 0.012]) == pytest.approx(0.01 / 0.012)
     assert "MISS  step time" in text and "yes / NO" in text
 
 
-def fake_train(step_s: float) -> plan.Launch:
+def fake_train(step_s: float) -> runs.Launch:
     """A launch that writes the JSON `plait train` would, each step `step_s` seconds."""
 
     def start(argv: list[str], log: IO[str]) -> int:
@@ -154,7 +156,7 @@ def fake_train(step_s: float) -> plan.Launch:
 def test_the_job_runs_the_chosen_plans_in_rounds_and_writes_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(plan, "local", fake_train(0.002))
+    monkeypatch.setattr(runs, "local", fake_train(0.002))
     seen: list[Any] = []
 
     def search(request: Any) -> list[FakePrediction]:

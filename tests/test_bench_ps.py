@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from plait.bench.jobs.ps import check_bar, markdown, summarize
+from plait.bench import render
+from plait.bench.ps.config import PsBenchConfig
+from plait.bench.ps.tables import check_bar, report, summarize
 
 
 def _fig(sps: float, acc: float, **ps: float) -> dict[str, float | str]:
@@ -40,7 +42,8 @@ def test_summary_ratios_and_bar() -> None:
     (line,) = check_bar(summarize(runs), "transient").splitlines()
     assert "ps ssp tau=4 1.35x sync (>= 1.3x), metric -0.25 points" in line
     assert line.endswith(": met")
-    table = markdown(list(rows.values())).splitlines()
+    done = report({"summary": list(rows.values())}, PsBenchConfig())
+    table = render.markdown(done.markdown).splitlines()
     assert table[0].startswith("| config | samples/s | vs ps sync |") and len(table) == 6
 
 

@@ -325,7 +325,7 @@ def test_strangers_are_refused_logged_once_and_change_nothing(
 
 
 def test_the_benchmark_measures_both_in_one_run() -> None:
-    from plait.bench.ps_auth import measure
+    from plait.bench.auth.ps import measure
 
     out = measure(repeats=1)
     for name in ("setup_s", "small_rtt_s", "push_pull_4mb_s"):

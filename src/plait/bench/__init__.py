@@ -1,10 +1,13 @@
 """`plait bench`: each benchmark measures plait against its peer in the same run.
 
-Where a benchmark NAME lives: its options in configs/ (one config dataclass, the
-defaults of CLI and workers alike), its parent side in jobs/NAME.py (launch, repeats,
-collect, tables), its measuring ranks in NAME.py (`python -m plait.bench.NAME`, which
-imports torch), the JSON hand-off between them in worker_io.py, and what every report
-shares (paired ratios, medians, tables, Markdown) in report.py. What the `--device cuda`
-runs share (the check before launching, NCCL's limits, the device facts a report names,
-timing that waits for the GPU) is in gpu.py.
+Every benchmark NAME is one package, bench/NAME/: its options (config.py, one config
+dataclass, the defaults of CLI and workers alike), its parent side (job.py: launch the
+workers or run the jobs, collect, and the package's `BENCHMARK`), its measuring ranks
+(ranks.py, which imports torch) and its report (tables.py). What they share is written once
+here: the protocol and the one runner (runner.py), the report as data and its one renderer
+(render.py), the paired-median statistics (stats.py), the ways taking turns (turns.py),
+the workers' hand-off and one entry point (workers.py), timing the slowest rank
+(timing.py), the table of ways a model is wrapped data-parallel (wrapping.py), the
+configs' shared fields (fields.py), the benchmarks by name (registry.py), and what the
+`--device cuda` runs share (gpu.py).
 """

@@ -1,7 +1,7 @@
 """What `plait bench ... --device cuda` shares: the check before launching, the workers'
 environment, whether NCCL can run here, the facts a report names, and CUDA timing.
 
-The parent side (bench/jobs/) calls `prepare` only for --device cuda, and torch is imported
+The parent side (NAME/job.py) calls `prepare` only for --device cuda, and torch is imported
 inside the functions that need it, so the CPU benchmarks' parents stay torch-free.
 """
 

@@ -1,17 +1,17 @@
 """`plait bench NAME [options]`: benchmarks against the peers measured in the same run.
 
-Every benchmark's options come from the fields of its config (plait.bench.configs); the
-work is done by its job module, plait.bench.jobs.NAME, imported only when it runs.
+Every benchmark's options come from the fields of its config (plait.bench.registry); the
+work is done by its package, plait.bench.NAME, through the one runner (bench/runner.py),
+imported only when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import sys
 
-from plait.bench.configs import BENCHMARKS
+from plait.bench.registry import BENCHMARKS
 from plait.errors import EXIT_BAD_INPUT, ConfigError
 from plait.options import add_options, from_args
 
@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from plait.bench.worker_io import BenchFailed
+    from plait.bench import runner
+    from plait.bench.workers import BenchFailed
 
     name: str = args.bench
     try:
@@ -41,9 +42,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"plait bench {name}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    job = importlib.import_module(f"plait.bench.jobs.{name}")
     try:
-        code: int = job.run(config)
+        code = runner.run(runner.benchmark(name), config)
     except ConfigError as e:  # found before launching: --device cuda without a GPU, ...
         print(f"plait bench {name}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

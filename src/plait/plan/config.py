@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plait.bench.units import parse_size
 from plait.errors import ConfigError
 from plait.options import option
 from plait.plan.plan import BUDGET, SEED, PlanRequest
+from plait.sizes import parse_size
 from plait.train.recipes import MODELS
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from plait.bench import units
+from plait import sizes
 from plait.errors import ConfigError
 
 BUDGET = 2000  # Metropolis-Hastings proposals (search.py), by default
@@ -21,13 +21,13 @@ SEED = 0  # its seed
 
 def parse_rate(text: str) -> float:
     """A link rate as tc writes it ('100mbit', '1gbit') in bytes per second (the
-    benchmarks' parser, bench/units.py, gives bits).
+    parser of plait/sizes.py gives bits).
 
     Raises:
         ConfigError: not a rate as tc writes it.
     """
     try:
-        return units.parse_rate(text) / 8
+        return sizes.parse_rate(text) / 8
     except ValueError as e:
         raise ConfigError(f"link rate {text!r} is not a rate as tc writes it: {e}") from None
 

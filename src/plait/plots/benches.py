@@ -1,6 +1,6 @@
 """Figures of `plait bench ... --json` files: the tables' numbers, as pictures.
 
-Each benchmark's own `summarize` (bench/jobs/) turns its JSON into rows, so the figures
+Each benchmark's own `summarize` (bench/NAME/tables.py) turns its JSON into rows, so the figures
 show exactly the table's numbers: collectives' raw timings are summarized here; train's
 and comm's files hold their rows already ("summary").
 """
@@ -11,8 +11,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from plait.bench.units import format_size
 from plait.plots import mpl
+from plait.sizes import format_size
 
 
 def kind(data: Any) -> str | None:
@@ -32,7 +32,7 @@ def kind(data: Any) -> str | None:
 
 def collectives(data: dict[str, Any], out: Path, stem: str) -> Path:
     """allreduce time by size per algorithm (log-log), and speed relative to torch."""
-    from plait.bench.jobs.collectives import summarize
+    from plait.bench.collectives.tables import summarize
 
     rows = summarize(data)
     by_algorithm: dict[str, list[dict[str, Any]]] = defaultdict(list)

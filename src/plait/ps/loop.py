@@ -34,7 +34,7 @@ class Router:
 
     Args:
         key: the job's key (rendezvous.job_key); None turns authentication off, for the
-            benchmark's baseline only (plait.bench.ps_auth).
+            benchmark's baseline only (plait.bench.auth.ps).
         max_frame_bytes: the largest frame a peer may send (auth.frame_limit); ZeroMQ
             disconnects a peer that sends a larger one before buffering it. -1: no limit.
     """

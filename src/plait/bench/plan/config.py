@@ -1,0 +1,105 @@
+"""`plait bench plan`: the planner's predictions checked against real runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plait.bench.fields import at_least_1, json_field, size
+from plait.errors import ConfigError
+from plait.options import option
+from plait.sizes import parse_rate
+from plait.train.recipes import MODELS
+
+#: The issue's bars (issue 17): the mean absolute error of the step time, and how far the
+#: planner's top pick may be from the fastest plan measured (both fractions)
+MAX_STEP_ERROR = 0.10
+MAX_TOP_PICK_GAP = 0.05
+
+
+@dataclass(kw_only=True)
+class PlanBenchConfig:
+    """the planner checked against real runs: predicted vs measured step time and memory.
+
+    Ask the planner (plait.plan.search) for every plan of --model on --workers ranks, then
+    train its --top plans and --sample others drawn at random (seeded) from the remaining
+    feasible ones with `plait train`, each --repeats times for --steps steps: on this
+    machine, or with --hosts 2 on simulated hosts (network namespaces, needs root) joined
+    by links limited to --link-rate. The measured step time is the median over repeats of
+    each run's median step (the first --warmup steps left out); the measured memory of a
+    rank is its model states counted from its tensors plus the activations autograd kept
+    (--json's rank_memory, or memory with --zero), the figures the planner predicts. The
+    table puts them side by side; then the bars: the mean absolute error of the step time
+    <= 10%, the top pick within 5% of the fastest plan measured, and with
+    --memory-per-rank no plan predicted to fit exceeding it (a CPU run has no memory cap:
+    exceeding the limit counts as running out of memory).
+    """
+
+    model: str = field(default="mlp", metadata=option("the model to plan", choices=MODELS))
+    workers: int = field(default=4, metadata=option("ranks in all (over all hosts)"))
+    hosts: int = field(
+        default=1, metadata=option("simulated hosts (network namespaces; 1: this machine)")
+    )
+    link_rate: str | None = field(
+        default=None,
+        metadata=option("with --hosts > 1: each host's link rate (tc tbf), e.g. 100mbit",
+                        metavar="RATE", default_text="unlimited"),
+    )  # fmt: skip
+    memory_per_rank: str | None = field(
+        default=None,
+        metadata=option("the memory limit per rank the planner plans for, e.g. 64M",
+                        metavar="BYTES", default_text="none"),
+    )  # fmt: skip
+    batch_size: int | None = field(
+        default=None, metadata=option("global batch", default_text="the model's recipe")
+    )
+    top: int = field(default=5, metadata=option("the planner's best plans to run"))
+    sample: int = field(
+        default=10, metadata=option("other feasible plans to run, drawn at random (seeded)")
+    )
+    steps: int = field(default=20, metadata=option("steps per run"))
+    warmup: int = field(default=5, metadata=option("first steps of each run left untimed"))
+    repeats: int = field(default=3, metadata=option("runs per plan (medians over them)"))
+    seed: int = field(default=0, metadata=option("the sample's seed, and every run's --seed"))
+    json: str | None = json_field()
+    markdown: str | None = field(
+        default=None, metadata=option("write the table and bars as Markdown", metavar="FILE")
+    )
+
+    def __post_init__(self) -> None:
+        at_least_1(workers=self.workers, hosts=self.hosts, top=self.top, steps=self.steps,
+                   repeats=self.repeats)  # fmt: skip
+        if self.sample < 0:
+            raise ConfigError(f"--sample must be >= 0; got {self.sample}")
+        if not 0 <= self.warmup < self.steps:
+            raise ConfigError(
+                f"--warmup {self.warmup} must be >= 0 and < --steps {self.steps}: at least "
+                "one step is timed"
+            )
+        if self.workers % self.hosts:
+            raise ConfigError(
+                f"--workers {self.workers} % --hosts {self.hosts} = "
+                f"{self.workers % self.hosts} != 0: every host runs the same number of ranks"
+            )
+        if self.link_rate is not None and self.hosts < 2:
+            raise ConfigError(f"--link-rate {self.link_rate} needs --hosts >= 2 (a link "
+                              "between hosts); got --hosts 1")  # fmt: skip
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1; got {self.batch_size}")
+        if self.link_rate is not None:  # checked now, not after the runs
+            try:
+                parse_rate(self.link_rate)
+            except ValueError as e:
+                raise ConfigError(f"--link-rate: {e}") from None
+        self.memory_bytes  # noqa: B018
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """--memory-per-rank in bytes (K, M, G: powers of 1024; None: no limit)."""
+        if self.memory_per_rank is None:
+            return None
+        return size("--memory-per-rank", self.memory_per_rank)
+
+    @property
+    def nproc(self) -> int:
+        """Ranks per host."""
+        return self.workers // self.hosts

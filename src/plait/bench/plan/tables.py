@@ -1,0 +1,166 @@
+"""`plait bench plan`'s report: a row per plan (predicted next to measured), and the bars.
+
+Rows are plain dicts (what --json writes: job.py makes them with `make_row` and `bars`).
+Errors are signed, (predicted - measured) / measured: > 0 means the planner predicted
+slower or larger than measured. A plan's memory
+is the largest rank's, predicted and measured (each plan's ranks may differ: pipeline
+stages hold different layers), so "fits" is about the rank nearest the limit.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from plait.bench.plan.config import MAX_STEP_ERROR, MAX_TOP_PICK_GAP, PlanBenchConfig
+from plait.bench.plan.runs import Measured
+from plait.bench.render import Line, Report, Table
+
+MIB = 1 << 20
+
+
+def make_row(rank: int, pick: str, prediction: Any, measured: Measured) -> dict[str, Any]:
+    """One plan's row: `prediction` is a plait.plan.Prediction, `rank` its place (1: best)."""
+    step = measured.median_step_s
+    peaks = measured.median_peak_bytes
+    pred_peak = max(prediction.peak_bytes)
+    return {
+        "rank": rank, "pick": pick, "label": prediction.plan.label(),
+        "train_args": list(prediction.plan.train_args()), "bottleneck": prediction.bottleneck,
+        "predicted_step_s": prediction.step_s, "measured_step_s": step,
+        "step_s_repeats": measured.step_s, "step_spread": spread(measured.step_s),
+        "step_error": None if step is None else error(prediction.step_s, step),
+        "predicted_peak_bytes": list(prediction.peak_bytes), "measured_peak_bytes": peaks,
+        "predicted_peak_max": pred_peak, "measured_peak_max": None if peaks is None else max(peaks),
+        "memory_error": None if peaks is None else error(pred_peak, max(peaks)),
+        "predicted_fits": bool(prediction.feasible), "failed": measured.failed,
+    }  # fmt: skip
+
+
+def spread(values: Sequence[float]) -> float | None:
+    """(max - min) / median of a plan's repeats: the noise an error should be read against."""
+    if len(values) < 2:
+        return None
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured."""
+    return (predicted - measured) / measured
+
+
+def measured_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["measured_step_s"] is not None]
+
+
+def bars(rows: Sequence[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
+    """The issue's three bars, each {name, figure, bar, passed, text}: passed is None where
+    it could not be checked. Only the plans measured count (a failed run is reported apart).
+    """
+    done = measured_rows(rows)
+    return [step_bar(done), top_pick_bar(rows, done), memory_bar(done, limit)]
+
+
+def step_bar(done: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The mean over plans of |predicted - measured| / measured step time."""
+    mae = statistics.mean(abs(r["step_error"]) for r in done) if done else None
+    bar = f"bar <= {100 * MAX_STEP_ERROR:.0f}%"
+    text = "no plan measured" if mae is None else f"{100 * mae:.1f}% over {len(done)} plans ({bar})"
+    return {"name": "step time: mean absolute error", "figure": mae, "bar": MAX_STEP_ERROR,
+            "passed": None if mae is None else mae <= MAX_STEP_ERROR, "text": text}  # fmt: skip
+
+
+def top_pick_bar(rows: Sequence[dict[str, Any]], done: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How much slower the planner's top pick (rank 1) ran than the fastest plan measured."""
+    out: dict[str, Any] = {"name": "top pick vs the fastest measured", "bar": MAX_TOP_PICK_GAP,
+                           "figure": None, "passed": None,
+                           "text": "the top pick was not measured"}  # fmt: skip
+    top = next((r for r in done if r["rank"] == 1), None)
+    if top is None:
+        return out
+    best = min(done, key=lambda r: r["measured_step_s"])
+    gap = top["measured_step_s"] / best["measured_step_s"] - 1
+    out.update(figure=gap, passed=gap <= MAX_TOP_PICK_GAP,
+               text=f"{top['label']} measured {100 * gap:.1f}% slower than the fastest, "
+               f"{best['label']} (bar <= {100 * MAX_TOP_PICK_GAP:.0f}%)")  # fmt: skip
+    return out
+
+
+def memory_bar(done: Sequence[dict[str, Any]], limit: int | None) -> dict[str, Any]:
+    """The plans predicted to fit `limit` whose largest rank measured more (CPU: no cap)."""
+    out: dict[str, Any] = {"name": "no plan predicted to fit runs out of memory", "bar": 0,
+                           "figure": None, "passed": None}  # fmt: skip
+    if limit is None or not done:
+        why = "no --memory-per-rank" if limit is None else "no plan measured"
+        return {**out, "text": f"not checked: {why}"}
+    fit = [r for r in done if r["predicted_fits"]]
+    over = [r["label"] for r in fit if r["measured_peak_max"] > limit]
+    text = (f"{len(over)} of {len(fit)} plans predicted to fit exceeded {limit / MIB:.4g} "
+            "MiB per rank" + (f": {', '.join(over)}" if over else ""))  # fmt: skip
+    return {**out, "figure": len(over), "passed": not over, "plans": over, "text": text}
+
+
+def memory_mae(rows: Sequence[dict[str, Any]]) -> float | None:
+    """Mean absolute error of the largest rank's memory (shown, not a bar)."""
+    errors = [abs(r["memory_error"]) for r in rows if r["memory_error"] is not None]
+    return statistics.mean(errors) if errors else None
+
+
+HEAD = ("#", "plan", "pick", "pred ms", "meas ms", "spread", "err", "pred MiB", "meas MiB",
+        "mem err", "fits")  # fmt: skip
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:+.1f}%"
+
+
+def _mib(value: int | None) -> str:
+    return "" if value is None else f"{value / MIB:.3g}"
+
+
+def cells(r: dict[str, Any], limit: int | None) -> list[str]:
+    meas = r["measured_step_s"]
+    fits = "-"  # without a limit nothing is checked
+    if limit is not None and r["measured_peak_max"] is not None:
+        fits = ("yes" if r["predicted_fits"] else "no") + " / " + (
+            "yes" if r["measured_peak_max"] <= limit else "NO")  # fmt: skip
+    return [
+        str(r["rank"]), r["label"], r["pick"], f"{r['predicted_step_s'] * 1e3:.2f}",
+        "failed" if meas is None else f"{meas * 1e3:.2f}",
+        "" if r["step_spread"] is None else f"{100 * r['step_spread']:.0f}%",
+        _pct(r["step_error"]),
+        _mib(r["predicted_peak_max"]), _mib(r["measured_peak_max"]), _pct(r["memory_error"]),
+        fits,
+    ]  # fmt: skip
+
+
+def bar_lines(bar_list: Sequence[dict[str, Any]]) -> list[str]:
+    word = {True: "PASS", False: "MISS", None: "n/a"}
+    return [f"{word[b['passed']]}  {b['name']}: {b['text']}" for b in bar_list]
+
+
+def report(doc: dict[str, Any], config: PlanBenchConfig) -> Report:
+    """The table, the memory error and the bars; Markdown (for docs/bench-plan.md): where
+    and how it ran, the table, then the bars as a list. Exit status 1 if a plan failed."""
+    rows, bar_list, limit = doc["rows"], doc["bars"], config.memory_bytes
+    title = (f"the planner vs real runs ({doc['where']}): step time median over repeats, spread "
+             "(max - min) / median of the repeats; err = (pred - meas) / meas; MiB: the "
+             "largest rank's model states + activations; "
+             "fits: predicted / measured under --memory-per-rank")  # fmt: skip
+    table = Table(title, HEAD, [(r["pick"], cells(r, limit)) for r in rows], left="plan")
+    mem = memory_mae(rows)
+    mem_line = (
+        [] if mem is None else [f"memory: mean absolute error {100 * mem:.1f}% (shown, not a bar)"]
+    )
+    parts: list[Table | Line] = [table, *(Line(t) for t in mem_line)]
+    parts += [Line(line, markup=False) for line in bar_lines(bar_list)]
+    failed = [r["label"] for r in rows if r["failed"]]
+    if failed:
+        parts.append(Line(f"plait bench plan: {len(failed)} plan(s) failed to run: "
+                          f"{', '.join(failed)}", to="stderr"))  # fmt: skip
+    load = doc["load_average_1min"]
+    head = (f"{doc['where']}; {doc['note']}; load average {load['start']:.1f} at the start, "
+            f"{load['end']:.1f} at the end")  # fmt: skip
+    listed = "\n".join(f"- {line}" for line in [*bar_lines(bar_list), *mem_line])
+    return Report(parts, 110, markdown=[Line(head), table, Line(listed)], status=1 if failed else 0)
