@@ -12,9 +12,9 @@ The runtime (`Pipeline`, `PipeStats`) needs torch, so it is imported on first us
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from plait.lazy import getattr_from
 from plait.pipeline.balance import balance, split_sizes
 from plait.pipeline.schedule import (
     FILL_DRAIN,
@@ -61,10 +61,4 @@ __all__ = [
     "zb_h1",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'plait.pipeline' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = getattr_from(__name__, _LAZY)

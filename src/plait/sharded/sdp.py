@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 from plait.comm.communicator import Communicator
 from plait.comm.request import Request
+from plait.comm.world import init
 from plait.data_parallel import replicas
 from plait.data_parallel.dp import UnusedParametersError
 from plait.sharded import state
@@ -98,9 +99,7 @@ class ShardedDataParallel(nn.Module):
                 "under torch.autocast (plait train --precision bf16) for low-precision compute"
             )
         if comm is None:
-            import plait
-
-            comm = plait.init()
+            comm = init()
         self.module, self.comm, self.stage = module, comm, stage
         self.prefetch, self.reshard_after_forward = prefetch, reshard_after_forward
         self.broadcast_buffers = broadcast_buffers

@@ -32,6 +32,7 @@ from typing import Any, TextIO, cast
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
+from plait.sharded.filenames import MANIFEST
 from plait.train import board, compile, device, outdir
 from plait.train import data as datasets
 from plait.train.config import TrainConfig, check_given
@@ -128,10 +129,10 @@ def _check_teacher(teacher: str) -> None:
     """--teacher DIR holds a trained run's checkpoint (plain or sharded); its data and
     outputs are checked where it is loaded (distill.load, in every worker)."""
     where = outdir.checkpoint_path(teacher)
-    if not where.is_file() and not (where.parent / outdir.MANIFEST).is_file():
+    if not where.is_file() and not (where.parent / MANIFEST).is_file():
         raise CheckpointError(
             f"--teacher {teacher!r} holds no trained run: expected {where.name} or "
-            f"{outdir.MANIFEST} there (the directory `plait train --out DIR` wrote)"
+            f"{MANIFEST} there (the directory `plait train --out DIR` wrote)"
         )
 
 

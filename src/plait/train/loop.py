@@ -42,7 +42,6 @@ from plait.train import (
     compute,
     distill,
     profile,
-    strategies,
     traced,
     workloads,
 )
@@ -50,7 +49,7 @@ from plait.train.config import TrainConfig, WorkloadConfig
 from plait.train.errors import ConfigError, NonFiniteLossError
 from plait.train.report import Emit
 from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
-from plait.train.step import Step
+from plait.train.step import Step, step_type
 from plait.train.straggler import Straggler
 from plait.train.workload import LossFn, Workload
 
@@ -107,7 +106,7 @@ def train(
             "config was made for a Workload object (WorkloadConfig(given=True)), but train() "
             "got none: pass it, train(config, workload=...)"
         )
-    kind = strategies.step_type(config.strategy, config.mesh.on_mesh, config.zero)
+    kind = step_type(config.strategy, config.mesh.on_mesh, config.zero)
     group = kind.join(config) if group is None else group
     # --trace: before the Step is built, so that its sub-communicators share the recorder
     tracing = traced.Tracing(group, config.log.trace)

@@ -271,6 +271,21 @@ class MeshConfig:
         """Whether the run needs a mesh (pipeline or tensor parallelism), not plain dp."""
         return self.pp > 1 or self.tp > 1
 
+    def check_schedule(self) -> None:
+        """interleaved's shape on a mesh: two stages or more, micro-batches in groups of
+        --pp (what runs with which other options: TrainConfig)."""
+        if self.schedule != "interleaved":
+            return
+        assert self.chunks is not None, "filled in on creation"
+        if self.pp < 2:
+            raise ConfigError(f"--schedule interleaved needs --pp 2 or more, got {self.pp}")
+        if self.chunks % self.pp:
+            raise ConfigError(
+                f"--schedule interleaved runs micro-batches in groups of --pp: --chunks "
+                f"{self.chunks} % --pp {self.pp} = {self.chunks % self.pp} != 0; try "
+                f"--chunks {self.chunks + self.pp - self.chunks % self.pp}"
+            )
+
     def filled(self, workers: int) -> MeshConfig:
         """With dp = workers / (pp * tp) when not given; checked against `workers`."""
         pp, tp = self.pp, self.tp

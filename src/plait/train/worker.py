@@ -30,17 +30,18 @@ from collections.abc import Sequence
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
-from plait.train import report, strategies
+from plait.train import report
 from plait.train.config import TrainConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError, NonFiniteLossError
 from plait.train.loop import train
+from plait.train.step import step_type
 
 EXIT_NON_FINITE = 3
 
 
 def run(config: TrainConfig) -> int:
     """Train `config` as this process's rank of the job; return the exit status."""
-    kind = strategies.step_type(config.strategy, config.mesh.on_mesh, config.zero)
+    kind = step_type(config.strategy, config.mesh.on_mesh, config.zero)
     group = kind.join(config)  # a parameter-server rank serves and exits inside
     renderer = None
     if group.rank == 0:
