@@ -3,8 +3,8 @@
 Files: schedule (schedules as action lists: gpipe, 1f1b, interleaved, zb-h1), timeline
 (simulate, validate, print, the ideal bubble), balance (per-layer costs and the split into
 stages), route (which rank and part each virtual stage talks to), p2p (tensors between
-stages), split (a backward split into B and W), stats (what a step measures), pipe (the
-runtime).
+stages), split (a backward split into B and W), stats (what a step measures), actions (what
+a stage does for each action), pipe (the runtime: the stage built, a step driven).
 
 The runtime (`Pipeline`, `PipeStats`) needs torch, so it is imported on first use:
 `plait pipeline show` stays torch-free.
