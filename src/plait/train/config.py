@@ -2,8 +2,8 @@
 
 The command line is derived from these fields (plait/options.py): TrainConfig's own
 (workers, strategy, servers, ...) and those of its components (parts.py, parts_io.py,
-compute.py, and the parameter server's `PSConfig` itself, parts_ps.py), each under its own
-name, so `plait train --steps 5 --ps-mode ssp` builds
+parts_compute.py, and the parameter server's `PSConfig` itself, parts_ps.py), each under
+its own name, so `plait train --steps 5 --ps-mode ssp` builds
 `TrainConfig(optim=OptimConfig(steps=5), ps=PSConfig(mode="ssp"))`. Fields left None take
 the workload's recipe (recipes.py).
 
@@ -21,8 +21,8 @@ from typing import Any
 from plait.options import build, flatten, group, load, option
 from plait.ps.config import PSConfig
 from plait.train import parts_ps, strategies
-from plait.train.compute import ComputeConfig
 from plait.train.errors import ConfigError
+from plait.train.lr_schedule import lr_at
 from plait.train.parts import (
     DeviceConfig,
     MeshConfig,
@@ -31,9 +31,9 @@ from plait.train.parts import (
     at_least,
     one_of,
 )
+from plait.train.parts_compute import ComputeConfig
 from plait.train.parts_io import CheckpointConfig, DistillConfig, LogConfig
 from plait.train.recipes import RECIPES, Rates, Recipe, server_optimizer
-from plait.train.schedule import lr_at
 from plait.train.strategies import STRATEGIES, Strategy
 
 TRANSFORMERS = ("gpt", "gpt-small")  # the built-in models --tp splits
@@ -217,7 +217,7 @@ class TrainConfig:
 
     # ---------------------------------------------- TrainConfig's own fields, across components
     # A check of one component's fields lives in that component (parts.py, parts_io.py,
-    # parts_ps.py, compute.py); what a strategy takes, in its row (strategies.py). Here: the
+    # parts_ps.py, parts_compute.py); what a strategy takes, in its row (strategies.py). Here: the
     # checks that need two components, or one of TrainConfig's own fields and a component.
     def _fill_ps(self) -> None:
         """Check the parameter server's options; fill in its defaults and the recipe's

@@ -39,15 +39,15 @@ from plait.train import (
     board,
     checkpoint,
     compile,
-    compute,
     distill,
+    parts_compute,
     profile,
     traced,
     workloads,
 )
 from plait.train.config import TrainConfig, WorkloadConfig
 from plait.train.errors import ConfigError, NonFiniteLossError
-from plait.train.report import Emit
+from plait.train.progress import Emit
 from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
 from plait.train.step import Step, step_type
 from plait.train.straggler import Straggler
@@ -76,7 +76,7 @@ def train(
             rank of a ps job serves and exits there).
         workload: a Workload, or the import path of a function returning one
             ("mypkg.mymod:make"); None: `config`'s (--workload, or --model on --data).
-        emit: where rank 0 sends progress records (report.py); None: silent.
+        emit: where rank 0 sends progress records (progress.py); None: silent.
         t0: the `time.time()` the job started (for wall time); now when None.
         stop_after: end the run after this step as if interrupted (after that step's
             checkpoint, if it is a checkpoint step): no final evaluation or JSON.
@@ -304,7 +304,7 @@ class _Run:
             "num_train": d.num_train, "num_val": d.num_val, "unit": self.unit,
             "workers": self.step.world_size, "global_batch": self.batch, "steps": self.steps,
             "peak_lr": c.peak_lr, "first_step": self.first, "resumed_from": resumed,
-            "device": self.step.device.type, "compute": compute.describe(c.compute),
+            "device": self.step.device.type, "compute": parts_compute.describe(c.compute),
             **self.step.describe(), **self.distilled(),
         })  # fmt: skip
 

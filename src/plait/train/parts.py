@@ -1,6 +1,7 @@
 """The components of `TrainConfig`, one per concern: what trains, how the optimizer runs,
 the mesh, the device (what the run reads and writes besides, its checkpoints, teacher and
-logs, are in parts_io.py). (The parameter server's is `plait.ps.PSConfig` itself.)
+logs, are in parts_io.py; how each rank computes in parts_compute.py). (The parameter
+server's is `plait.ps.PSConfig` itself; what plait train takes of it is parts_ps.py.)
 
 Each checks its own fields in `__post_init__`; a field left None is filled in by
 `TrainConfig`, which knows the recipe and the other components (`filled` returns the

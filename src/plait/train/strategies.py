@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plait.train.compute import PRECISIONS, ComputeConfig
 from plait.train.errors import ConfigError
+from plait.train.parts_compute import PRECISIONS, ComputeConfig
 from plait.train.recipes import OPTIMIZERS
 
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
-from plait.train import report
+from plait.train import progress
 from plait.train.config import TrainConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError, NonFiniteLossError
 from plait.train.loop import train
@@ -45,7 +45,7 @@ def run(config: TrainConfig) -> int:
     group = kind.join(config)  # a parameter-server rank serves and exits inside
     renderer = None
     if group.rank == 0:
-        renderer = report.choose(sys.stdout, events=env.get("PLAIT_TRAIN_EVENTS"))
+        renderer = progress.choose(sys.stdout, events=env.get("PLAIT_TRAIN_EVENTS"))
     emit = renderer.handle if renderer is not None else None
     try:
         train(config, group, emit=emit, t0=env.get("PLAIT_TRAIN_T0"),
@@ -55,15 +55,15 @@ def run(config: TrainConfig) -> int:
     except (CheckpointError, ConfigError, MissingExtraError) as e:
         return _explain(group.rank, renderer, e, EXIT_BAD_INPUT)
     finally:
-        if isinstance(renderer, report.Bar):
+        if isinstance(renderer, progress.Bar):
             renderer.close()  # stop drawing, whatever happened
     return 0
 
 
-def _explain(rank: int, renderer: report.Renderer | None, error: Exception, code: int) -> int:
+def _explain(rank: int, renderer: progress.Renderer | None, error: Exception, code: int) -> int:
     if rank != 0:
         return 0
-    if isinstance(renderer, report.Events):
+    if isinstance(renderer, progress.Events):
         renderer.handle("error", {"message": str(error), "code": code})
         return 0
     sys.stdout.flush()

@@ -5,9 +5,10 @@ adds to the run's header and summary.
 `--reduce-dtype bf16` is `--compression bf16` by its older name (one mechanism:
 DataParallel's fp16/bf16 compressor); `wire` is the compression a run uses either way.
 
-What the options do lives beside the Steps (steps/compute.py, on top of precision.py,
+A component of TrainConfig, named as the others are (parts.py, parts_io.py, parts_ps.py):
+what the options do lives beside the Steps (steps/compute.py, on top of precision.py,
 compile.py and plait.checkpoint_blocks); which strategies take which values is a column of
-strategies.py. This module imports no torch: the command line and the report read it.
+strategies.py. This module imports no torch: the command line and the summary read it.
 """
 
 from __future__ import annotations
