@@ -37,7 +37,9 @@ LAYERS: list[set[str]] = [
     {"plan"},
     {"infer"},
     {"train"},
-    # the strategies: none imports another, but sharded/ takes data_parallel/'s replica check
+    # the strategies: none imports another, but sharded/ takes data_parallel/'s replica check;
+    # launch/ beside them, above comm/: the ranks it starts meet through comm's bootstrap,
+    # with the job secret comm/secret.py defines once (docs/architecture.md)
     {"horovod", "ps", "pipeline", "tensor_parallel", "sharded", "launch"},
     {"data_parallel"},
     {"optim", "activations"},
