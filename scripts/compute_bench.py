@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from plait.train import workloads
-from plait.train.compute import size
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.optimizers import make_optimizer
+from plait.train.parts_compute import size
 from plait.train.steps.compute import Compute
 
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -27,12 +27,12 @@ from torch import nn
 from plait import Communicator
 from plait.comm.mesh import Mesh
 from plait.errors import CheckpointError
-from plait.infer.load import load_run
 from plait.train import checkpoint, distill, job, workloads
 from plait.train.config import DistillConfig, TrainConfig, WorkloadConfig
 from plait.train.errors import ConfigError
 from plait.train.loop import train
 from plait.train.mesh_model import MeshModel
+from plait.train.trained import load_run
 from plait.train.workload import ACCURACY, Workload
 from world import run_world
 

@@ -1,4 +1,4 @@
-"""The launcher's account of a failed job (launch/report.py): the culprit first, then who
+"""The launcher's account of a failed job (launch/failure.py): the culprit first, then who
 reported it, tracebacks only for ranks that raised their own error; and `plait train`'s
 command that resumes a failed run."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.launch.report import RULE, RankFacts, explain
+from plait.launch.failure import RULE, RankFacts, explain
 from plait.train.outdir import resume_hint
 
 SCRIPTS = Path(__file__).parent / "launch_scripts"

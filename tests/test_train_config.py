@@ -17,7 +17,7 @@ from plait.ps.config import PSConfig
 from plait.train import job
 from plait.train.config import RECIPES, OptimConfig, TrainConfig, WorkloadConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
-from plait.train.schedule import lr_at
+from plait.train.lr_schedule import lr_at
 
 
 # --------------------------------------------------------------------------- config

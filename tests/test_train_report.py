@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from plait.train import report
+from plait.train import progress
 
 START = {
     "model": "mlp", "parameters": 1234, "data": "digits", "num_train": 10, "num_val": 5,
@@ -23,7 +23,7 @@ LOG = {"step": 10, "steps": 20, "loss": 0.5, "lr": 0.01, "samples_per_s": 900.0,
 
 def test_text_lines() -> None:
     out = io.StringIO()
-    text = report.Text(out)
+    text = progress.Text(out)
     text.handle("start", START)
     text.handle("step", {"step": 1})  # nothing: only bars move per step
     text.handle("loss", LOG)  # nothing: between log points
@@ -49,18 +49,18 @@ def test_text_lines() -> None:
 
 def test_events_round_trip_through_the_launchers_stream() -> None:
     wire = io.StringIO()
-    events = report.Events(wire, min_interval=0.0)
+    events = progress.Events(wire, min_interval=0.0)
     for kind, rec in (("start", START), ("log", LOG), ("finish", FINISH)):
         events.handle(kind, rec)
     events.handle("error", {"message": "the training loss is nan at step 5", "code": 3})
     shown = io.StringIO()
-    stream = report.RankZeroStream(report.Text(shown))
+    stream = progress.RankZeroStream(progress.Text(shown))
     for line in wire.getvalue().splitlines(keepends=True):
         stream.write("[rank 0] " + line)  # as the launcher's pump writes them
     stream.write("[rank 1] a warning from rank 1\n")
     stream.write("[rank 0] a plain print from rank 0\n")
     direct = io.StringIO()
-    text = report.Text(direct)
+    text = progress.Text(direct)
     for kind, rec in (("start", START), ("log", LOG), ("finish", FINISH)):
         text.handle(kind, rec)
     expected = direct.getvalue() + "[rank 1] a warning from rank 1\na plain print from rank 0\n"
@@ -70,7 +70,7 @@ def test_events_round_trip_through_the_launchers_stream() -> None:
 
 def test_step_events_are_rate_limited() -> None:
     wire = io.StringIO()
-    events = report.Events(wire, min_interval=60.0)
+    events = progress.Events(wire, min_interval=60.0)
     for step in range(1, 100):
         events.handle("step", {"step": step})
-    assert wire.getvalue().count(report.MARK) == 1
+    assert wire.getvalue().count(progress.MARK) == 1

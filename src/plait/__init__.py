@@ -9,10 +9,10 @@ Names that need torch are imported on first use, so `plait run` starts in a blin
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from plait.errors import CollectiveMismatchError, CommTimeoutError, PeerFailureError, PlaitError
+from plait.lazy import getattr_from
 
 if TYPE_CHECKING:
     from plait.activations import checkpoint_blocks
@@ -62,10 +62,4 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'plait' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = getattr_from(__name__, _LAZY)

@@ -1,5 +1,10 @@
 """Names a package imports on first use (PEP 562), so that importing the package stays cheap:
-`plait --help` and `plait run` load no torch."""
+`plait --help` and `plait run` load no torch.
+
+The one way plait defers an import: every package that exports names needing torch (the
+`plait` root included) sets `__getattr__ = getattr_from(__name__, {name: module})`, and
+lists the same names under `if TYPE_CHECKING:` for type checkers.
+"""
 
 from __future__ import annotations
 

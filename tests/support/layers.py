@@ -37,7 +37,9 @@ LAYERS: list[set[str]] = [
     {"plan"},
     {"infer"},
     {"train"},
-    # the strategies: none imports another, but sharded/ takes data_parallel/'s replica check
+    # the strategies: none imports another, but sharded/ takes data_parallel/'s replica check;
+    # launch/ beside them, above comm/: the ranks it starts meet through comm's bootstrap,
+    # with the job secret comm/secret.py defines once (docs/architecture.md)
     {"horovod", "ps", "pipeline", "tensor_parallel", "sharded", "launch"},
     {"data_parallel"},
     {"optim", "activations"},
@@ -78,8 +80,6 @@ LAYERS: list[set[str]] = [
 #: too, so that it is taken off.
 KNOWN: set[tuple[str, str]] = {
     ("", "comm.mesh"),
-    ("", "data_parallel"),
-    ("", "sharded"),
     ("comm.agreement", "comm.cuda"),
     ("comm.algorithms.hierarchical", "comm.runner"),
     ("comm.algorithms.hierarchical", "comm.shm"),
@@ -122,32 +122,6 @@ KNOWN: set[tuple[str, str]] = {
     ("comm.shm_pipe", "comm.shm"),
     ("comm.split", "comm.communicator"),
     ("comm.store", "comm.rendezvous"),
-    ("data_parallel", "data_parallel.dp"),
-    ("data_parallel.dp", ""),
-    ("data_parallel.dp", "data_parallel.scheduled"),
-    ("data_parallel.scheduled", "data_parallel.dp"),
-    ("horovod.torch.basics", ""),
-    ("horovod.torch.dispatch", "horovod.torch.join"),
-    ("horovod.torch.join", "horovod.torch.dispatch"),
-    ("horovod.torch.timeline", "horovod.torch.timeline_format"),
-    ("horovod.torch.timeline_format", "horovod.torch.timeline"),
-    ("infer.worker", ""),
-    ("sharded", "sharded.optim"),
-    ("sharded", "sharded.sdp"),
-    ("sharded.optim", "sharded.sdp"),
-    ("sharded.sdp", ""),
-    ("sharded.sdp", "data_parallel.dp"),
-    ("sharded.sdp", "sharded.state"),
-    ("sharded.state", "sharded.sdp"),
-    ("sharded.storage", "train.outdir"),
-    ("train.compute", "train.strategies"),
-    ("train.config", "train.compute"),
-    ("train.config", "train.strategies"),
-    ("train.distill", "infer.load"),
-    ("train.step", "train.config"),
-    ("train.steps.allreduce", ""),
-    ("train.strategies", "train.compute"),
-    ("train.strategies", "train.step"),
 }
 
 

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from plait.comm.communicator import Communicator
+from plait.comm.world import init
 from plait.data_parallel import buckets as bucketing
 from plait.data_parallel import compression as compressing
 from plait.data_parallel import replicas
@@ -117,9 +118,7 @@ class DataParallel(nn.Module):
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0; got {bucket_mb}")
         if comm is None:
-            import plait
-
-            comm = plait.init()
+            comm = init()
         self.module = module
         self.comm = comm
         self.overlap = overlap

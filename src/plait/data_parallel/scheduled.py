@@ -22,14 +22,23 @@ the gain of slicing and ordering within the step remains, the gain across iterat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from plait.data_parallel.dp import DataParallel
     from plait.data_parallel.priority import PriorityReducer
+
+
+class Prioritized(Protocol):
+    """What the scheduled optimizer needs of its DataParallel (dp.py, which builds it)."""
+
+    @property
+    def module(self) -> nn.Module: ...  # the wrapped model: its modules' forward pre-hooks
+
+    @property
+    def reducer(self) -> PriorityReducer | None: ...  # None without priority=True
 
 
 class ScheduledOptimizer:
@@ -39,7 +48,7 @@ class ScheduledOptimizer:
     that reads parameters or state whole (`state_dict`) first steps what is pending.
     """
 
-    def __init__(self, dp: DataParallel, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, dp: Prioritized, optimizer: torch.optim.Optimizer) -> None:
         reducer = dp.reducer
         if reducer is None:
             raise ValueError("scheduled() needs DataParallel(..., priority=True)")

@@ -10,25 +10,21 @@ options without it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from plait.lazy import getattr_from
 
 if TYPE_CHECKING:
     from plait.infer.job import InferError, InferResult, predict
-    from plait.infer.load import Trained, load_run
     from plait.infer.quantize import model_bytes, prepare
+    from plait.train.trained import Trained, load_run
 
-_WHERE = {
+_LAZY = {
     "predict": "plait.infer.job", "InferResult": "plait.infer.job", "InferError": "plait.infer.job",
-    "load_run": "plait.infer.load", "Trained": "plait.infer.load",
+    "load_run": "plait.train.trained", "Trained": "plait.train.trained",
     "prepare": "plait.infer.quantize", "model_bytes": "plait.infer.quantize",
 }  # fmt: skip
 
 __all__ = ["InferError", "InferResult", "Trained", "load_run", "model_bytes", "predict", "prepare"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'plait.infer' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_WHERE[name]), name)
+__getattr__ = getattr_from(__name__, _LAZY)

@@ -113,8 +113,8 @@ def run(config: InferConfig, *, workload: Any = None, stream: TextIO | None = No
     """Run the job `config`; progress goes to `stream` (None: silent)."""
     from plait.infer import progress
     from plait.infer.inputs import open_inputs
-    from plait.infer.load import load_run
     from plait.infer.quantize import model_bytes, prepare
+    from plait.train.trained import load_run
 
     t0 = time.time()
     assert config.source is not None and config.out is not None

@@ -34,8 +34,8 @@ from plait import env
 from plait.infer import rows
 from plait.infer.config import InferConfig
 from plait.infer.inputs import Inputs, open_inputs
-from plait.infer.load import Trained, load_run
 from plait.infer.quantize import prepare
+from plait.train.trained import Trained, load_run
 
 MARK = "@@plait-infer@@ "
 EVERY_S = 0.1  # the least time between two progress events of one worker
@@ -183,8 +183,9 @@ def run(spec: dict[str, Any]) -> int:
         forward = local_forward(prepared, local_device(config, local_rank, local_size))
         writes, reads, shard = True, True, shards[rank]
     else:
-        from plait import devices, init, shutdown
+        from plait import devices
         from plait.comm.mesh import Mesh
+        from plait.comm.world import init, shutdown
         from plait.infer.mesh import MeshForward
 
         os.environ["PLAIT_DEVICE"] = config.device_name  # plait.init() picks the rank's device

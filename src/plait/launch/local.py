@@ -5,7 +5,7 @@ when the launcher gets SIGINT/SIGTERM (every rank is stopped). "Stopped" means: 
 each rank's process group (each rank starts its own session, so whatever it spawned goes
 too), a grace period, then SIGKILL to the groups that are left. Ranks listed as survivable
 (the workers of an asynchronous parameter-server job) are the exception: when one fails,
-the launcher says so and the job goes on without it. Once a failed job is gone, report.py
+the launcher says so and the job goes on without it. Once a failed job is gone, failure.py
 says which rank caused it: the first to exit is often only reporting another's failure.
 
 Roles: with `servers=S`, the job has `nproc` worker ranks [0, nproc) followed by S server
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from plait.launch.env import rank_env, with_secret
+from plait.launch.failure import RankFacts, describe_exit, exit_status, explain
 from plait.launch.output import LinePump, write_line
 from plait.launch.ports import free_port
-from plait.launch.report import RankFacts, describe_exit, exit_status, explain
 
 __all__ = ["describe_exit", "exit_status", "launch"]
 
@@ -113,7 +113,7 @@ def launch(
         0 if every rank exited 0 (or failed but was survivable); else the first failing
         rank's exit code (128 + N if it was killed by signal N), or 128 + N if the launcher
         was stopped by signal N (130 for Ctrl-C). The first failing rank is the culprit,
-        not a rank that only reported its failure (`report.explain`); a frozen culprit has
+        not a rank that only reported its failure (`failure.explain`); a frozen culprit has
         no code of its own, so the first reporter's is used. After everything else the
         launcher says which rank failed and how, who reported it, and prints again the
         stderr tail of each rank that raised its own error.

@@ -3,8 +3,8 @@
 Files: schedule (schedules as action lists: gpipe, 1f1b, interleaved, zb-h1), timeline
 (simulate, validate, print, the ideal bubble), balance (per-layer costs and the split into
 stages), route (which rank and part each virtual stage talks to), p2p (tensors between
-stages), split (a backward split into B and W), stats (what a step measures), pipe (the
-runtime).
+stages), split (a backward split into B and W), stats (what a step measures), actions (what
+a stage does for each action), pipe (the runtime: the stage built, a step driven).
 
 The runtime (`Pipeline`, `PipeStats`) needs torch, so it is imported on first use:
 `plait pipeline show` stays torch-free.
@@ -12,9 +12,9 @@ The runtime (`Pipeline`, `PipeStats`) needs torch, so it is imported on first us
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from plait.lazy import getattr_from
 from plait.pipeline.balance import balance, split_sizes
 from plait.pipeline.schedule import (
     FILL_DRAIN,
@@ -61,10 +61,4 @@ __all__ = [
     "zb_h1",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'plait.pipeline' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = getattr_from(__name__, _LAZY)

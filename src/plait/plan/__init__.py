@@ -16,9 +16,9 @@ parses `plait plan`'s options without it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from plait.lazy import getattr_from
 from plait.plan.plan import Plan, PlanRequest, Prediction, parse_rate
 
 if TYPE_CHECKING:
@@ -28,10 +28,4 @@ _LAZY = {"RUNNABLE_SCHEDULES": "plait.plan.search", "search": "plait.plan.search
 
 __all__ = ["RUNNABLE_SCHEDULES", "Plan", "PlanRequest", "Prediction", "parse_rate", "search"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'plait.plan' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = getattr_from(__name__, _LAZY)

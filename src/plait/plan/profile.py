@@ -209,8 +209,8 @@ def _precision_factors(
     """Per precision: the whole model's forward + backward time and saved bytes over fp32's."""
     import torch
 
-    from plait.train.compute import PRECISIONS
     from plait.train.memory import saved_bytes
+    from plait.train.parts_compute import PRECISIONS
 
     x, target = workload.data.train_batch(torch.arange(samples) % workload.data.num_train)
     figures: dict[str, tuple[float, float]] = {}

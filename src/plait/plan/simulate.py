@@ -46,8 +46,8 @@ from plait.plan.costs import Costs
 from plait.plan.graph import Graph
 from plait.plan.plan import Plan, Prediction
 from plait.plan.profile import Profile, at
-from plait.train.config import DEFAULT_SERVERS
 from plait.train.memory import OPTIMIZER_BYTES, formula
+from plait.train.parts_ps import DEFAULT_SERVERS
 
 BUCKET_BYTES = 25 * MiB  # DataParallel(bucket_mb=25)'s default
 SLICE_BYTES = 1 * MiB  # --slice-mb's default: P3's slices

@@ -43,9 +43,10 @@ from typing import Any, NamedTuple
 import torch
 
 from plait.errors import CheckpointError
-from plait.sharded import storage
+from plait.sharded import filenames, storage
+from plait.sharded.filenames import MANIFEST
 from plait.sharded.layout import Layout
-from plait.sharded.storage import FORMAT, MANIFEST, Manifest, read_manifest
+from plait.sharded.storage import FORMAT, Manifest, read_manifest
 
 __all__ = [
     "MANIFEST", "Loaded", "Manifest", "commit", "consolidate", "load", "read_manifest",
@@ -117,10 +118,10 @@ def save_rank(
     generation = storage.next_generation(folder)
     state = {"format": FORMAT, "generation": generation, "rank": rank, "world": world,
              "units": units}  # fmt: skip
-    path = folder / storage.rank_file(generation, rank, world)
+    path = folder / filenames.rank_file(generation, rank, world)
     storage.write_summed(path, state)
     if rank == 0:
-        storage.write_summed(folder / storage.common_file(generation), dict(common or {}))
+        storage.write_summed(folder / filenames.common_file(generation), dict(common or {}))
     return path
 
 
@@ -133,9 +134,9 @@ def commit(directory: str | os.PathLike[str], world: int, layout: Layout) -> Pat
     """
     folder = Path(directory)
     generation = storage.next_generation(folder)
-    names = [storage.rank_file(generation, r, world) for r in range(world)]
+    names = [filenames.rank_file(generation, r, world) for r in range(world)]
     ranks = [storage.summed(folder / n) for n in names]
-    common = storage.summed(folder / storage.common_file(generation))
+    common = storage.summed(folder / filenames.common_file(generation))
     manifest = {
         "format": FORMAT, "generation": generation, "world": world,
         "parameters": sum(u.numel for u in layout.units), "layout": layout.to_json(),

@@ -24,6 +24,11 @@ AdamW, ...) built on `sdp.parameters()`: one flat shard (S,) per unit (flat.py).
 
 Collectives are matched by issue order, and every rank issues them in the order its forward
 and backward run, which is the same on every rank for the same model.
+
+The wrapper holds the units and wires the hooks; the work is three collaborators'
+(FSDP2 keeps its parameter groups' parts apart the same way): gather_schedule.py (when each
+unit is gathered, awaited and freed), grad_queue.py (the gradients' reduce-scatters, in
+order) and accounting.py (the bytes held).
 """
 
 from __future__ import annotations
@@ -37,19 +42,18 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from plait.comm.communicator import Communicator
-from plait.comm.request import Request
+from plait.comm.world import init
 from plait.data_parallel import replicas
 from plait.data_parallel.dp import UnusedParametersError
 from plait.sharded import state
 from plait.sharded import units as unit_choice
+from plait.sharded.accounting import Accounting
 from plait.sharded.flat import FlatUnit
+from plait.sharded.gather_schedule import GatherSchedule
+from plait.sharded.grad_queue import GradQueue
 from plait.sharded.layout import Layout
-from plait.trace.recorder import waited
 
 STAGES = (1, 2, 3)
-# Stages 2-3: reductions in flight at most, each holding its unit's whole gradient buffer
-# until done; waiting for the oldest keeps ~IN_FLIGHT units' worth alive instead of 4Ψ.
-IN_FLIGHT = 2
 
 
 class ShardedDataParallel(nn.Module):
@@ -98,9 +102,7 @@ class ShardedDataParallel(nn.Module):
                 "under torch.autocast (plait train --precision bf16) for low-precision compute"
             )
         if comm is None:
-            import plait
-
-            comm = plait.init()
+            comm = init()
         self.module, self.comm, self.stage = module, comm, stage
         self.prefetch, self.reshard_after_forward = prefetch, reshard_after_forward
         self.broadcast_buffers = broadcast_buffers
@@ -124,21 +126,14 @@ class ShardedDataParallel(nn.Module):
             FlatUnit(u, m, [p for _, p in params], comm.rank, comm.size, stage, share)
             for u, (_, m, params) in zip(self.layout.units, assigned, strict=True)
         ]
-        self._root = next((i for i, u in enumerate(self.units) if u.module is None), None)
-        self._order: list[int] | None = None  # units in the order forward runs them
-        self._recording: list[int] = []
-        self._gathers: dict[int, Request[torch.Tensor]] = {}
-        self._reductions: dict[int, Request[torch.Tensor]] = {}  # in flight, launch order
-        self._launched: set[int] = set()  # this pass's units whose reduction started
-        self._launch: list[int] = []  # this pass's reduction order
-        self._next = 0
-        self._sync = True
-        self._in_backward = False
-        self._backward_seen: set[int] = set()
-        self._stale = False  # stages 1-2: a step may have changed the shards since the gather
-        self._checked_gathers = self._checked_reductions = self._checked_buffers = False
-        self.peak_gathered = 0  # the most non-root units gathered at once (stage 3)
-        self.peak_gathered_bytes = 0  # ... and their bytes, with the root's
+        # three collaborators, as FSDP2 keeps its parameter groups' parts apart: when units
+        # are gathered and freed, the queue of gradient reductions, what is held
+        root = next((i for i, u in enumerate(self.units) if u.module is None), None)
+        self._accounting = Accounting(self.units, root, stage, prefetch)
+        self._gathers = GatherSchedule(self.units, root, comm, stage, prefetch,
+                                       reshard_after_forward, self._accounting)  # fmt: skip
+        self._grads = GradQueue(self.units, comm, stage)
+        self._checked_buffers = False
         self._hooks: list[Any] = []
         for u, flat in enumerate(self.units):
             for i, p in enumerate(flat.params):
@@ -161,43 +156,35 @@ class ShardedDataParallel(nn.Module):
     def shards(self) -> list[nn.Parameter]:
         return [flat.shard for flat in self.units]
 
+    @property
+    def peak_gathered(self) -> int:
+        """Stage 3: the most units (besides the root) gathered at once so far."""
+        return self._accounting.peak_gathered
+
+    @property
+    def peak_gathered_bytes(self) -> int:
+        """Stage 3: the most bytes of full parameters gathered at once so far, the root's too."""
+        return self._accounting.peak_gathered_bytes
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.broadcast_buffers:
             self._checked_buffers |= replicas.broadcast_buffers(
                 self.comm, self.module, check=not self._checked_buffers
             )
-        if self.stage < 3 and self._stale:
-            for u in self._forward_order():  # every unit's gather, awaited unit by unit
-                self._start_gather(u)
-            self._stale = False
-        if self._root is not None:
-            self._ensure(self._root)
-        if self._order is None:
-            self._recording = []
-        elif self.stage == 3:
-            for u in self._order[: self.prefetch]:
-                self._start_gather(u)
+        self._gathers.before_forward()
         out = self.module(*args, **kwargs)
-        if self._order is None:  # units forward did not run go last, in layout order
-            ran = list(dict.fromkeys(self._recording))
-            self._order = ran + [
-                u for u in range(len(self.units)) if u not in ran and u != self._root
-            ]
-        if self.stage == 3 and not torch.is_grad_enabled():
-            self._free_all()
-        for u in list(self._gathers):  # stage 1-2 gathers of units that did not run
-            self._ensure(u)
+        self._gathers.after_forward()
         return out
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally (in full, per unit); the first backward after the
         block reduces them."""
-        previous, self._sync = self._sync, False
+        previous, self._grads.sync = self._grads.sync, False
         try:
             yield
         finally:
-            self._sync = previous
+            self._grads.sync = previous
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
         """The unwrapped module's state_dict, whole, on every rank (a collective: it gathers
@@ -210,37 +197,16 @@ class ShardedDataParallel(nn.Module):
         """Load a whole state_dict of the unwrapped module (every rank passes the same)."""
         return state.load_full_state_dict(self, state_dict, strict)
 
-    @contextlib.contextmanager
-    def gathered(self, u: int, write: bool = False) -> Iterator[None]:
+    def gathered(self, u: int, write: bool = False) -> contextlib.AbstractContextManager[None]:
         """Unit u's full parameters, whole in `units[u].full` for the block (a collective in
         stage 3, and in stages 1-2 after a step). `write`: what the block writes into
         `full` is kept (copied into the shard)."""
-        self._finish_gathers()
-        flat = self.units[u]
-        was = flat.gathered
-        self._ensure(u)
-        try:
-            yield
-        finally:
-            if write and self.stage == 3:
-                with torch.no_grad():
-                    flat.shard.copy_(flat.shard_in_full())
-            if self.stage == 3 and not was:
-                flat.free()
+        return self._gathers.whole(u, write)
 
     def refresh(self) -> None:
         """The shards were written directly (a checkpoint loaded into them): the full
         parameters are gathered again before they are next used."""
-        self._stale = self.stage < 3
-
-    def _finish_gathers(self) -> None:
-        """Stages 1-2: bring every unit up to date after a step (before reading `full`)."""
-        if self.stage < 3 and self._stale:
-            for u in self._forward_order():
-                self._start_gather(u)
-            self._stale = False
-        for u in list(self._gathers):
-            self._ensure(u)
+        self._gathers.stale = self.stage < 3
 
     def memory(self) -> dict[str, int]:
         """Bytes of model states this rank holds now (without the optimizer's: count those
@@ -252,19 +218,7 @@ class ShardedDataParallel(nn.Module):
         once so far), "largest_units" (the root's and the largest prefetch + 1 units' full
         parameters: what stage 3 may hold at once).
         """
-        fulls = [f.full_bytes if f.gathered else 0 for f in self.units]
-        shards = sum(f.shard.numel() * f.shard.element_size() for f in self.units)
-        params = sum(fulls) + (shards if self.stage == 3 else 0)
-        grads = sum(f.grad_bytes() for f in self.units)
-        blocks = sorted((f.full_bytes for u, f in enumerate(self.units) if u != self._root),
-                        reverse=True)  # fmt: skip
-        root = 0 if self._root is None else self.units[self._root].full_bytes
-        return {
-            "parameters": params,
-            "gradients": grads,
-            "gathered_peak": self.peak_gathered_bytes if self.stage == 3 else sum(fulls),
-            "largest_units": root + sum(blocks[: self.prefetch + 1]),
-        }
+        return self._accounting.report()
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Scale the shards' gradients so that the whole gradient's norm is at most
@@ -273,67 +227,10 @@ class ShardedDataParallel(nn.Module):
         return state.clip_grad_norm_([f.shard for f in self.units], self.comm, max_norm,
                                      norm_type)  # fmt: skip
 
-    # ----------------------------------------------------------- gathering (forward)
-    def _forward_order(self) -> list[int]:
-        order = self._order if self._order is not None else range(len(self.units))
-        first = [] if self._root is None else [self._root]
-        return first + [u for u in order if u != self._root]
-
-    def _start_gather(self, u: int) -> None:
-        """Start unit u's all-gather unless it is gathered or on its way (stage 3), or
-        start it regardless (stages 1-2: its shard changed)."""
-        flat = self.units[u]
-        if u in self._gathers or (self.stage == 3 and flat.gathered):
-            return
-        flat.allocate()
-        source = flat.shard.detach() if self.stage == 3 else flat.shard_in_full()
-        self._gathers[u] = self.comm.allgather_async(
-            source, out=flat.full, check=not self._checked_gathers
-        )
-        self._count_gathered()
-
-    def _ensure(self, u: int) -> None:
-        """Unit u's full parameters, gathered (waiting for its all-gather if started)."""
-        if self.stage == 3:
-            self._start_gather(u)
-        request = self._gathers.pop(u, None)
-        if request is not None:  # (traced: the wait blocks the computing thread)
-            waited(request, self.comm.recorder, "allgather", self.comm.label)
-            self._checked_gathers = True
-
-    def _count_gathered(self) -> None:
-        if self.stage != 3:
-            return
-        held = [u for u, f in enumerate(self.units) if f.gathered]
-        blocks = [u for u in held if u != self._root]
-        self.peak_gathered = max(self.peak_gathered, len(blocks))
-        self.peak_gathered_bytes = max(
-            self.peak_gathered_bytes, sum(self.units[u].full_bytes for u in held)
-        )
-
-    def _free(self, u: int) -> None:
-        if self.stage == 3 and u != self._root and u not in self._gathers:
-            self.units[u].free()
-
-    def _free_all(self) -> None:
-        for u in list(self._gathers):
-            self._ensure(u)
-        if self.stage == 3:
-            for flat in self.units:
-                flat.free()
-
-    def _next_units(self, u: int, order: list[int]) -> list[int]:
-        at = order.index(u) if u in order else len(order)
-        return order[at + 1 : at + 1 + self.prefetch]
-
+    # ------------------------------------------------------------------ the hooks
     def _pre_forward(self, u: int) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
-            if self._order is None:
-                self._recording.append(u)
-            self._ensure(u)
-            if self.stage == 3 and self._order is not None:
-                for nxt in self._next_units(u, self._order):
-                    self._start_gather(nxt)
+            self._gathers.before_unit(u)
 
         return hook
 
@@ -346,101 +243,47 @@ class ShardedDataParallel(nn.Module):
                            if isinstance(t, torch.Tensor) and t.requires_grad]  # fmt: skip
                 for t in tensors:
                     t.register_hook(self._pre_backward(u))
-            if not torch.is_grad_enabled():
-                self._free(u)
-            elif self.reshard_after_forward and not (self._order and u == self._order[-1]):
-                # (the last unit's backward comes next: freeing it would gather it again at
-                # once, as DeepSpeed's reuse distance keeps parameters needed soon)
-                self._free(u)
+            self._gathers.after_unit(u)
 
         return hook
 
-    # --------------------------------------------------------- reducing (backward)
     def _begin_backward(self) -> None:
-        if self._in_backward:
+        """The first hook of a backward pass: the reductions' order is backward's, the root
+        last (it holds what forward ran first and backward reaches last)."""
+        if self._grads.in_backward:
             return
-        self._in_backward = True
-        order = self._order if self._order is not None else list(range(len(self.units)))
-        self._launch = [u for u in reversed(order) if u != self._root]
-        if self._root is not None:
-            self._launch.append(self._root)
-        self._next = 0
-        # runs when the whole backward pass is done, in the thread that ran it
-        torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        order = self._gathers.backward_order()
+        if self._gathers.root is not None:
+            order.append(self._gathers.root)
+        self._grads.begin(order, self._end_backward)
 
     def _pre_backward(self, u: int) -> Any:
         def hook(grad: torch.Tensor) -> None:
             self._begin_backward()
-            if u in self._backward_seen:
-                return
-            self._backward_seen.add(u)
-            self._ensure(u)
-            backward_order = [v for v in self._launch if v != self._root]
-            for nxt in self._next_units(u, backward_order):
-                self._start_gather(nxt)
+            self._gathers.before_backward(u)
 
         return hook
 
     def _grad_hook(self, u: int, i: int) -> Any:
         def hook(param: torch.Tensor) -> None:
             self._begin_backward()
-            flat = self.units[u]
-            if param.grad is None or (i in flat.landed and u in self._launched):
-                return  # a second gradient after the unit's reduction started: reduced once
-            flat.add_grad(i, param.grad)
-            param.grad = None
-            if i not in flat.landed:
-                flat.landed.add(i)
-                flat.pending -= 1
-            if flat.pending == 0:
-                self._free(u)
-                if self._sync:
-                    self._launch_ready()
+            if self._grads.add(u, i, param):
+                self._gathers.free(u)
+                self._grads.launch_ready()
 
         return hook
 
-    def _launch_ready(self) -> None:
-        while self._next < len(self._launch) and self.units[self._launch[self._next]].pending == 0:
-            u = self._launch[self._next]
-            flat = self.units[u]
-            # in the buffer itself (no copy); stage 1 keeps it, later stages let it go
-            self._reductions[u] = self.comm.reduce_scatter_async_(
-                flat.take_grads(), op="avg", check=not self._checked_reductions
-            )
-            self._launched.add(u)
-            if self.stage > 1:
-                flat.grads = None  # the request holds it until reduced
-            self._next += 1
-            if self.stage > 1:  # bound the buffers alive: wait for the oldest reductions
-                while len(self._reductions) > IN_FLIGHT:
-                    self._take_oldest()
-
-    def _take_oldest(self) -> None:
-        u, request = next(iter(self._reductions.items()))
-        del self._reductions[u]
-        rec = self.comm.recorder
-        self.units[u].set_shard_grad(waited(request, rec, "reduce_scatter", self.comm.label))
-
-    def _finish(self) -> None:
+    def _end_backward(self) -> None:
+        """The whole backward pass is done: every reduction waited for, each shard's .grad
+        set; the units freed (stage 3) or due for a gather after the step (stages 1-2)."""
+        sync = self._grads.sync
         try:
-            missing = [
-                self.layout.units[u].entries[i].name
-                for u, flat in enumerate(self.units)
-                for i in range(len(flat.params))
-                if i not in flat.landed
-            ]
-            if self._sync:
-                # launch and wait for every unit even when about to raise: the other ranks
-                # reduce them all, and this rank's communicator must stay in step with theirs
-                for flat in self.units:
-                    flat.pending = 0
-                self._launch_ready()
-                while self._reductions:
-                    self._take_oldest()
-                self._checked_reductions = True
-                self._stale = self.stage < 3
-            self._free_all()
-            if missing and self._sync and not self.find_unused_parameters:
+            missing = self._grads.missing()
+            if sync:
+                self._grads.drain()
+                self._gathers.stale = self.stage < 3
+            self._gathers.free_all()
+            if missing and sync and not self.find_unused_parameters:
                 raise UnusedParametersError(
                     f"{len(missing)} parameter(s) got no gradient on rank {self.comm.rank} in "
                     f"this backward pass: {', '.join(missing)}. Pass ShardedDataParallel(..., "
@@ -448,9 +291,5 @@ class ShardedDataParallel(nn.Module):
                     "or set requires_grad=False on parameters the model never uses."
                 )
         finally:
-            for flat in self.units:
-                flat.reset_pass()
-            self._reductions.clear()
-            self._launched.clear()
-            self._backward_seen.clear()
-            self._in_backward = False
+            self._grads.end_pass()
+            self._gathers.end_pass()

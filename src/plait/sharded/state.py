@@ -11,17 +11,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from plait.comm.communicator import Communicator
-
-if TYPE_CHECKING:
-    from plait.sharded.sdp import ShardedDataParallel
+from plait.sharded.flat import FlatUnit
 
 
-def full_state_dict(sdp: ShardedDataParallel) -> dict[str, torch.Tensor]:
+class Sharded(Protocol):
+    """What these functions need of a ShardedDataParallel (sdp.py, which calls them)."""
+
+    @property
+    def module(self) -> nn.Module: ...  # the unwrapped model
+
+    @property
+    def units(self) -> list[FlatUnit]: ...  # its units, each with its shard
+
+    def gathered(self, u: int, write: bool = False) -> AbstractContextManager[None]:
+        """Unit u's full parameters, whole for the block (`write`: kept afterwards)."""
+        ...
+
+
+def full_state_dict(sdp: Sharded) -> dict[str, torch.Tensor]:
     """The unwrapped module's state_dict, with every sharded parameter whole (copies)."""
     module = sdp.module
     by_id: dict[int, torch.Tensor] = {}
@@ -37,7 +51,7 @@ def full_state_dict(sdp: ShardedDataParallel) -> dict[str, torch.Tensor]:
 
 
 def load_full_state_dict(
-    sdp: ShardedDataParallel, state: Mapping[str, torch.Tensor], strict: bool = True
+    sdp: Sharded, state: Mapping[str, torch.Tensor], strict: bool = True
 ) -> Any:
     """Copy a whole state_dict (as `full_state_dict` returns) into the shards and buffers.
 
@@ -102,7 +116,7 @@ def clip_grad_norm_(
     return total.to(grads[0].dtype if grads else torch.float32)
 
 
-def grad_pieces(sdp: ShardedDataParallel) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+def grad_pieces(sdp: Sharded) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
     """Each module parameter with the part of its gradient in this rank's shards: a 1-D view
     of the shard's `.grad` (writing it writes the shard's), for a norm that must tell
     parameters apart (tensor parallelism's replicated ones count once). Parameters with no

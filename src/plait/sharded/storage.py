@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,22 +20,11 @@ from typing import IO, Any, NoReturn
 import torch
 
 from plait.errors import CheckpointError
+from plait.sharded.filenames import GENERATION_FILE, MANIFEST, PLAIN
 from plait.sharded.layout import Layout
-from plait.train.outdir import FILENAME as PLAIN  # the unsharded checkpoint: checkpoint.pt
 
 FORMAT = 1
-MANIFEST = "checkpoint.json"
-# a generation's files, their .sum sidecars and their temporaries; group 1: the generation
-GENERATION_FILE = re.compile(r"^\.?checkpoint\.g(\d+)\.")
 CHUNK = 1 << 22  # bytes hashed at a time: the whole file never sits in memory
-
-
-def rank_file(generation: int, rank: int, world: int) -> str:
-    return f"checkpoint.g{generation}.rank{rank}-of-{world}.pt"
-
-
-def common_file(generation: int) -> str:
-    return f"checkpoint.g{generation}.common.pt"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`plait train --tensorboard DIR`: rank 0's progress records as TensorBoard scalars.
 
-The loop's records (report.py) go to the renderer and, through `tee`, here: the loss and
+The loop's records (progress.py) go to the renderer and, through `tee`, here: the loss and
 learning rate at every flush, samples/s at every log line, the held-out metric at every
 evaluation, and with --trace the run's overlap ratio (the finish record's
 `trace.overlap_ratio`, from plait.trace.metrics; absent without a trace). The writer is
@@ -14,7 +14,7 @@ import importlib.util
 from typing import Any
 
 from plait.train.errors import MissingExtraError
-from plait.train.report import Emit, Record
+from plait.train.progress import Emit, Record
 
 TENSORBOARD_INSTALL = "pip install 'plait[tensorboard]'"
 

@@ -1,11 +1,16 @@
 """`TrainConfig`: one training run, as the job's shape plus one config per component.
 
 The command line is derived from these fields (plait/options.py): TrainConfig's own
-(workers, strategy, servers) and those of its components (parts.py, parts_io.py, and the
-parameter server's `PSConfig` itself), each under its own name, so `plait train --steps 5 --ps-mode
-ssp` builds `TrainConfig(optim=OptimConfig(steps=5), ps=PSConfig(mode="ssp"))`. Fields left
-None take the workload's recipe (recipes.py); the checks that involve several components
-live here. This module imports no torch.
+(workers, strategy, servers, ...) and those of its components (parts.py, parts_io.py,
+parts_compute.py, and the parameter server's `PSConfig` itself, parts_ps.py), each under
+its own name, so `plait train --steps 5 --ps-mode ssp` builds
+`TrainConfig(optim=OptimConfig(steps=5), ps=PSConfig(mode="ssp"))`. Fields left None take
+the workload's recipe (recipes.py).
+
+Where a check lives: a component checks its own fields; the strategy's row (strategies.py)
+refuses what its Step does not take; the checks that need two components, or one of
+TrainConfig's own fields and a component, are here, in the order `__post_init__` runs them.
+This module imports no torch.
 """
 
 from __future__ import annotations
@@ -13,11 +18,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from plait.options import build, flag, flatten, group, load, option
+from plait.options import build, flatten, group, load, option
 from plait.ps.config import PSConfig
-from plait.train import strategies
-from plait.train.compute import ComputeConfig
+from plait.train import parts_ps, strategies
 from plait.train.errors import ConfigError
+from plait.train.lr_schedule import lr_at
 from plait.train.parts import (
     DeviceConfig,
     MeshConfig,
@@ -26,14 +31,11 @@ from plait.train.parts import (
     at_least,
     one_of,
 )
+from plait.train.parts_compute import ComputeConfig
 from plait.train.parts_io import CheckpointConfig, DistillConfig, LogConfig
 from plait.train.recipes import RECIPES, Rates, Recipe, server_optimizer
-from plait.train.schedule import lr_at
-from plait.train.strategies import STRATEGIES
+from plait.train.strategies import STRATEGIES, Strategy
 
-# PSConfig's fields on plait train's command line (the rest follow the recipe: `_check_ps`)
-PS_OPTIONS = ("mode", "staleness", "stale_policy", "warm_start_steps")
-DEFAULT_SERVERS = 2
 TRANSFORMERS = ("gpt", "gpt-small")  # the built-in models --tp splits
 
 __all__ = [
@@ -89,7 +91,7 @@ class TrainConfig:
         metadata=option(
             "with --strategy ps: parameter-server processes, started besides the workers",
             metavar="S",
-            default_text=str(DEFAULT_SERVERS),
+            default_text=str(parts_ps.DEFAULT_SERVERS),
         ),
     )
     workload: WorkloadConfig = field(
@@ -102,7 +104,8 @@ class TrainConfig:
         default_factory=MeshConfig, metadata=group("mesh: pipeline and tensor parallelism")
     )
     ps: PSConfig | None = field(
-        default=None, metadata=group("parameter server (--strategy ps)", only=PS_OPTIONS)
+        default=None,
+        metadata=group("parameter server (--strategy ps)", only=parts_ps.PS_OPTIONS),
     )
     device: DeviceConfig = field(default_factory=DeviceConfig, metadata=group("devices"))
     compute: ComputeConfig = field(
@@ -121,19 +124,17 @@ class TrainConfig:
         one_of("strategy", self.strategy, tuple(STRATEGIES))
         at_least("workers", self.workers, 1)
         self.optim = self.optim.filled(self.recipe)
-        self._check_optimizer()
-        self._check_ps()
+        self.row.check_optimizer(self.optimizer)
+        self._fill_ps()
         self.mesh = self.mesh.filled(self.workers)
         self.device = self.device.filled()
         self._check_batch()
         self._check_mesh()
         self._check_zero()
         self._check_priority()
-        self.compute.check(self.strategy, STRATEGIES[self.strategy], tp=self.mesh.tp,
-                           zero=self.zero)  # fmt: skip
+        self.compute.check(tp=self.mesh.tp, zero=self.zero)
+        self.row.check_compute(self.compute)
         self._check_checkpoints()
-        if self.log.trace_blocks and self.log.trace is None:
-            raise ConfigError("--trace-blocks adds to a trace: give --trace FILE too")
         steps = self.steps
         self.checkpoint = self.checkpoint.filled(steps)
         self.log = self.log.filled(steps)
@@ -209,11 +210,20 @@ class TrainConfig:
         return lr_at(step, peak=self.peak_lr, steps=self.steps, warmup_steps=o.warmup_steps,
                      start=start, decay=o.lr_decay)  # fmt: skip
 
-    def _check_ps(self) -> None:
+    @property
+    def row(self) -> Strategy:
+        """The --strategy's row of strategies.py: its Steps and what they take."""
+        return STRATEGIES[self.strategy]
+
+    # ---------------------------------------------- TrainConfig's own fields, across components
+    # A check of one component's fields lives in that component (parts.py, parts_io.py,
+    # parts_ps.py, parts_compute.py); what a strategy takes, in its row (strategies.py). Here: the
+    # checks that need two components, or one of TrainConfig's own fields and a component.
+    def _fill_ps(self) -> None:
         """Check the parameter server's options; fill in its defaults and the recipe's
         optimizer, or --optimizer's (the servers apply it: recipes.server_optimizer)."""
         if self.strategy != "ps":
-            given = self._ps_options_given()
+            given = parts_ps.given(self.servers, self.ps)
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
                 raise ConfigError(
@@ -221,45 +231,13 @@ class TrainConfig:
                     f"{self.strategy}; add --strategy ps"
                 )
             return
-        self.servers = DEFAULT_SERVERS if self.servers is None else self.servers
+        self.servers = parts_ps.DEFAULT_SERVERS if self.servers is None else self.servers
         at_least("servers", self.servers, 1)
         ps = PSConfig() if self.ps is None else self.ps
-        if ps.mode == "sync":
-            if ps.staleness != PSConfig.staleness:
-                raise ConfigError(
-                    f"staleness {ps.staleness} applies to --ps-mode ssp (the bound on how "
-                    "far a worker may run ahead) or async (the bound of --stale-policy drop), "
-                    "not ps_mode sync"
-                )
-            if ps.stale_policy != "accept" or ps.warm_start_steps:
-                raise ConfigError(
-                    "stale_policy and warm_start_steps apply to --ps-mode async or ssp: in "
-                    "sync mode no gradient is stale"
-                )
+        parts_ps.check(ps)
         self.ps = replace(ps, lr=self.peak_lr, **server_optimizer(self.optimizer, self.rates))
         if self.priority:  # the servers' slices are P3's (--slice-mb), sent in consumption order
             self.ps = replace(self.ps, priority=True, slice_mb=self.slice_mb)
-
-    def _ps_options_given(self) -> list[str]:
-        """The flags of parameter-server options set away from their defaults."""
-        given = ["--servers"] if self.servers is not None else []
-        if self.ps is not None:
-            defaults = flatten(PSConfig(), PS_OPTIONS)
-            mine = flatten(self.ps, PS_OPTIONS)
-            given += [flag(n) for n in defaults if mine[n] != defaults[n]] or list(
-                map(flag, defaults)
-            )
-        return given
-
-    def _check_optimizer(self) -> None:
-        """The strategy can apply --optimizer (the parameter servers cannot apply lars or lamb)."""
-        row = STRATEGIES[self.strategy]
-        if self.optimizer not in row.optimizers:
-            raise ConfigError(
-                f"--optimizer {self.optimizer} does not run with --strategy {self.strategy}: "
-                f"{row.optimizer_limits}; use --optimizer {' or '.join(row.optimizers)}, or "
-                "--strategy allreduce"
-            )
 
     def _check_batch(self) -> None:
         """The global batch splits evenly over the replicas, at least a sample per chunk."""
@@ -279,16 +257,23 @@ class TrainConfig:
             )
 
     def _check_mesh(self) -> None:
-        """--pp/--tp need a strategy with a mesh Step, and --tp a model it can split."""
+        """--pp/--tp: the strategy's mesh Step; interleaved and zb-h1 only with what they were
+        tested with (tests/test_train_mesh.py); --tp only on a model it can split."""
         if not self.mesh.on_mesh:
             return
-        if STRATEGIES[self.strategy].mesh_step is None:
-            meshed = " or ".join(n for n, row in STRATEGIES.items() if row.mesh_step)
-            raise ConfigError(
-                f"--pp/--tp run with --strategy {meshed} (data parallelism over dp), "
-                f"not strategy {self.strategy}"
-            )
-        self._check_schedule()
+        self.row.check_mesh()
+        self.mesh.check_schedule()
+        schedule = self.mesh.schedule
+        if schedule in ("interleaved", "zb-h1"):
+            compute = self.compute
+            given = [flag for flag, on in (("--zero", self.zero), ("--compile", compute.compile),
+                     ("--activation-checkpointing", schedule == "zb-h1"
+                      and compute.activation_checkpointing)) if on]  # fmt: skip
+            if given:
+                raise ConfigError(
+                    f"--schedule {schedule} does not run with {' or '.join(given)} yet (not "
+                    "built and tested together); use --schedule 1f1b with them"
+                )
         model = self.workload.model
         if self.mesh.tp > 1 and model not in (None, *TRANSFORMERS):
             raise ConfigError(
@@ -296,39 +281,12 @@ class TrainConfig:
                 f"{model} has none: use --model {' or '.join(TRANSFORMERS)}"
             )
 
-    def _check_schedule(self) -> None:
-        """interleaved and zb-h1 run with what they were tested with (tests/test_train_mesh.py)."""
-        mesh, schedule = self.mesh, self.mesh.schedule
-        assert mesh.chunks is not None
-        if schedule == "interleaved":
-            if mesh.pp < 2:
-                raise ConfigError(f"--schedule interleaved needs --pp 2 or more, got {mesh.pp}")
-            if mesh.chunks % mesh.pp:
-                raise ConfigError(
-                    f"--schedule interleaved runs micro-batches in groups of --pp: --chunks "
-                    f"{mesh.chunks} % --pp {mesh.pp} = {mesh.chunks % mesh.pp} != 0; try "
-                    f"--chunks {mesh.chunks + mesh.pp - mesh.chunks % mesh.pp}"
-                )
-        if schedule not in ("interleaved", "zb-h1"):
-            return
-        given = [flag for flag, on in (("--zero", self.zero), ("--compile", self.compute.compile),
-                 ("--activation-checkpointing", schedule == "zb-h1"
-                  and self.compute.activation_checkpointing)) if on]  # fmt: skip
-        if given:
-            raise ConfigError(
-                f"--schedule {schedule} does not run with {' or '.join(given)} yet (not "
-                "built and tested together); use --schedule 1f1b with them"
-            )
-
     def _check_zero(self) -> None:
         """--zero shards over the ranks of --strategy allreduce (over the dp axis on a mesh)."""
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"zero {self.zero!r} is not one of 0, 1, 2, 3")
-        if not self.zero:
-            return
-        if STRATEGIES[self.strategy].sharded_step is None:
-            raise ConfigError(f"--zero {self.zero} shards data parallelism: it runs with "
-                              f"--strategy allreduce, not {self.strategy}")  # fmt: skip
+        if self.zero:
+            self.row.check_zero(self.zero)
 
     def _check_priority(self) -> None:
         if not self.slice_mb > 0:
@@ -364,48 +322,18 @@ class TrainConfig:
             return
         if self.mesh.on_mesh:
             raise ConfigError("checkpoints (--out, --resume) are not supported with --pp/--tp yet")
-        if not STRATEGIES[self.strategy].checkpoints:
-            raise ConfigError(
-                f"checkpoints (--out, --resume) are not supported with --strategy "
-                f"{self.strategy} yet"
-            )
+        self.row.check_checkpoints()
 
 
 def check_given(options: dict[str, Any]) -> None:
-    """Refuse parameter-server options that the run would ignore, by what the user gave.
+    """Refuse options that the run would ignore, by what the user gave.
 
     `plait train` checks the options as given (job.configure), not only the config they
     make: a value equal to the default (`--ps-mode sync --staleness 4`) is as ignored as
-    any other. `_check_ps` checks a config's values, all a config made in Python has.
+    any other. TrainConfig checks a config's values, all a config made in Python has.
 
     Raises:
         ConfigError: naming exactly the flags given in vain.
     """
-    distilled = [flag(n) for n in ("distill_temperature", "distill_weight")
-                 if options.get(n) is not None]  # fmt: skip
-    if distilled and options.get("teacher") is None:
-        raise ConfigError(
-            f"{' and '.join(distilled)} {'applies' if len(distilled) == 1 else 'apply'} to "
-            "distillation: give --teacher DIR (a run `plait train --out DIR` trained) too"
-        )
-    names = ("servers", "ps_mode", *(n for n in PS_OPTIONS if n != "mode"))
-    given = [flag(n) for n in names if options.get(n) is not None]
-    strategy = options.get("strategy", "allreduce")
-    if strategy != "ps" and given:
-        verb = "applies" if len(given) == 1 else "apply"
-        raise ConfigError(
-            f"{', '.join(given)} {verb} to --strategy ps only, not strategy {strategy}; "
-            "add --strategy ps"
-        )
-    if strategy == "ps" and options.get("ps_mode", PSConfig.mode) == "sync":
-        stale = [
-            flag(n)
-            for n in ("staleness", "stale_policy", "warm_start_steps")
-            if options.get(n) is not None
-        ]
-        if stale:
-            verb = "applies" if len(stale) == 1 else "apply"
-            raise ConfigError(
-                f"{', '.join(stale)} {verb} to --ps-mode async or ssp, not ps_mode sync: in "
-                "sync mode no gradient is stale and no worker runs ahead"
-            )
+    DistillConfig.check_given(options)
+    parts_ps.check_given(options)

@@ -30,6 +30,7 @@ from torch import nn
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.recipes import MODEL_TASK, TASK_NAMES
+from plait.train.trained import load_run
 from plait.train.workload import Workload
 
 __all__ = ["Distiller", "describe", "distillation_loss", "load", "pack", "unpack"]
@@ -112,8 +113,6 @@ def load(config: TrainConfig, work: Workload, device: torch.device) -> Distiller
     d = config.distill
     if d.teacher is None:
         return None
-    from plait.infer.load import load_run
-
     trained = load_run(d.teacher)
     _check_data(trained.options, config, d.teacher)
     x, _ = work.data.train_batch(torch.arange(min(2, work.data.num_train)))

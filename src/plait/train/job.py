@@ -32,6 +32,7 @@ from typing import Any, TextIO, cast
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
+from plait.sharded.filenames import MANIFEST
 from plait.train import board, compile, device, outdir
 from plait.train import data as datasets
 from plait.train.config import TrainConfig, check_given
@@ -128,10 +129,10 @@ def _check_teacher(teacher: str) -> None:
     """--teacher DIR holds a trained run's checkpoint (plain or sharded); its data and
     outputs are checked where it is loaded (distill.load, in every worker)."""
     where = outdir.checkpoint_path(teacher)
-    if not where.is_file() and not (where.parent / outdir.MANIFEST).is_file():
+    if not where.is_file() and not (where.parent / MANIFEST).is_file():
         raise CheckpointError(
             f"--teacher {teacher!r} holds no trained run: expected {where.name} or "
-            f"{outdir.MANIFEST} there (the directory `plait train --out DIR` wrote)"
+            f"{MANIFEST} there (the directory `plait train --out DIR` wrote)"
         )
 
 
@@ -183,9 +184,9 @@ def run(
         return worker.run(config)
 
     from plait.launch import launch
-    from plait.train import report
+    from plait.train import progress
 
-    renderer: report.Renderer = report.Bar() if out.isatty() else report.Text(out)
+    renderer: progress.Renderer = progress.Bar() if out.isatty() else progress.Text(out)
     servers = config.servers or 0
     mode = config.ps.mode if config.ps is not None else None
     also = f" and {servers} parameter servers ({mode})" if servers else ""
@@ -193,7 +194,7 @@ def run(
     children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0),
                     PLAIT_DEVICE=str(config.device.name))  # fmt: skip
     cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(config.to_dict())]
-    stream = report.RankZeroStream(renderer)
+    stream = progress.RankZeroStream(renderer)
     # async/ssp: the servers go on without a dead worker; worker 0 reports, so it must live
     survivable = range(1, config.workers) if mode in ("async", "ssp") else ()
     try:
@@ -206,7 +207,7 @@ def run(
             survivable=survivable,
         )
     finally:
-        if isinstance(renderer, report.Bar):
+        if isinstance(renderer, progress.Bar):
             renderer.close()
     if stream.error is not None:  # rank 0 explained why the run stopped
         out.flush()

@@ -39,18 +39,17 @@ from plait.train import (
     board,
     checkpoint,
     compile,
-    compute,
     distill,
+    parts_compute,
     profile,
-    strategies,
     traced,
     workloads,
 )
 from plait.train.config import TrainConfig, WorkloadConfig
 from plait.train.errors import ConfigError, NonFiniteLossError
-from plait.train.report import Emit
+from plait.train.progress import Emit
 from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
-from plait.train.step import Step
+from plait.train.step import Step, step_type
 from plait.train.straggler import Straggler
 from plait.train.workload import LossFn, Workload
 
@@ -77,7 +76,7 @@ def train(
             rank of a ps job serves and exits there).
         workload: a Workload, or the import path of a function returning one
             ("mypkg.mymod:make"); None: `config`'s (--workload, or --model on --data).
-        emit: where rank 0 sends progress records (report.py); None: silent.
+        emit: where rank 0 sends progress records (progress.py); None: silent.
         t0: the `time.time()` the job started (for wall time); now when None.
         stop_after: end the run after this step as if interrupted (after that step's
             checkpoint, if it is a checkpoint step): no final evaluation or JSON.
@@ -107,7 +106,7 @@ def train(
             "config was made for a Workload object (WorkloadConfig(given=True)), but train() "
             "got none: pass it, train(config, workload=...)"
         )
-    kind = strategies.step_type(config.strategy, config.mesh.on_mesh, config.zero)
+    kind = step_type(config.strategy, config.mesh.on_mesh, config.zero)
     group = kind.join(config) if group is None else group
     # --trace: before the Step is built, so that its sub-communicators share the recorder
     tracing = traced.Tracing(group, config.log.trace)
@@ -305,7 +304,7 @@ class _Run:
             "num_train": d.num_train, "num_val": d.num_val, "unit": self.unit,
             "workers": self.step.world_size, "global_batch": self.batch, "steps": self.steps,
             "peak_lr": c.peak_lr, "first_step": self.first, "resumed_from": resumed,
-            "device": self.step.device.type, "compute": compute.describe(c.compute),
+            "device": self.step.device.type, "compute": parts_compute.describe(c.compute),
             **self.step.describe(), **self.distilled(),
         })  # fmt: skip
 

@@ -11,15 +11,13 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from plait.sharded.filenames import MANIFEST, PLAIN
 from plait.train.errors import CheckpointError
-
-FILENAME = "checkpoint.pt"
-MANIFEST = "checkpoint.json"  # a sharded checkpoint's (--zero: plait.sharded.checkpoint)
 
 
 def checkpoint_path(out: str | os.PathLike[str]) -> Path:
     """Where the checkpoint of output directory `out` lives."""
-    return Path(out) / FILENAME
+    return Path(out) / PLAIN
 
 
 def check_writable(out: str | os.PathLike[str]) -> None:

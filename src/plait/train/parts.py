@@ -1,6 +1,7 @@
 """The components of `TrainConfig`, one per concern: what trains, how the optimizer runs,
 the mesh, the device (what the run reads and writes besides, its checkpoints, teacher and
-logs, are in parts_io.py). (The parameter server's is `plait.ps.PSConfig` itself.)
+logs, are in parts_io.py; how each rank computes in parts_compute.py). (The parameter
+server's is `plait.ps.PSConfig` itself; what plait train takes of it is parts_ps.py.)
 
 Each checks its own fields in `__post_init__`; a field left None is filled in by
 `TrainConfig`, which knows the recipe and the other components (`filled` returns the
@@ -270,6 +271,21 @@ class MeshConfig:
     def on_mesh(self) -> bool:
         """Whether the run needs a mesh (pipeline or tensor parallelism), not plain dp."""
         return self.pp > 1 or self.tp > 1
+
+    def check_schedule(self) -> None:
+        """interleaved's shape on a mesh: two stages or more, micro-batches in groups of
+        --pp (what runs with which other options: TrainConfig)."""
+        if self.schedule != "interleaved":
+            return
+        assert self.chunks is not None, "filled in on creation"
+        if self.pp < 2:
+            raise ConfigError(f"--schedule interleaved needs --pp 2 or more, got {self.pp}")
+        if self.chunks % self.pp:
+            raise ConfigError(
+                f"--schedule interleaved runs micro-batches in groups of --pp: --chunks "
+                f"{self.chunks} % --pp {self.pp} = {self.chunks % self.pp} != 0; try "
+                f"--chunks {self.chunks + self.pp - self.chunks % self.pp}"
+            )
 
     def filled(self, workers: int) -> MeshConfig:
         """With dp = workers / (pp * tp) when not given; checked against `workers`."""

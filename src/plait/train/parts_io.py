@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from plait.options import option
+from plait.options import flag, option
 from plait.train import profile
 from plait.train.errors import ConfigError
 from plait.train.parts import at_least
@@ -87,6 +88,23 @@ class DistillConfig:
                 "give --teacher DIR (a run `plait train --out DIR` trained)"
             )
 
+    @staticmethod
+    def check_given(options: dict[str, Any]) -> None:
+        """Refuse --distill-temperature and --distill-weight without --teacher, by what the
+        user gave (see config.check_given).
+
+        Raises:
+            ConfigError: naming the flags given in vain.
+        """
+        distilled = [flag(n) for n in ("distill_temperature", "distill_weight")
+                     if options.get(n) is not None]  # fmt: skip
+        if distilled and options.get("teacher") is None:
+            raise ConfigError(
+                f"{' and '.join(distilled)} {'applies' if len(distilled) == 1 else 'apply'} "
+                "to distillation: give --teacher DIR (a run `plait train --out DIR` trained) "
+                "too"
+            )
+
 
 @dataclass(kw_only=True)
 class LogConfig:
@@ -156,6 +174,10 @@ class LogConfig:
             raise ConfigError(f"--profile-dir {self.profile_dir} applies to --profile only")
 
     def filled(self, steps: int) -> LogConfig:
+        """With the figures' cadence for a run of `steps` (checked: TrainConfig fills this
+        last, so the checks of its other components come first)."""
+        if self.trace_blocks and self.trace is None:
+            raise ConfigError("--trace-blocks adds to a trace: give --trace FILE too")
         if self.profile is not None:
             profile.check(self.profile, steps)
         return replace(

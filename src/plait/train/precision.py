@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from plait.comm.communicator import Communicator
-from plait.train.compute import PRECISIONS
+from plait.train.parts_compute import PRECISIONS
 
 GROWTH_INTERVAL = 2000  # good steps before the scale doubles (GradScaler's default)
 BACKOFF = 0.5  # the scale's factor after an overflow (GradScaler's backoff_factor)

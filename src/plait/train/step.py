@@ -16,12 +16,14 @@ no figures, nothing to start or finish).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from plait.train.errors import ConfigError
+from plait.train.strategies import STRATEGIES
 
 if TYPE_CHECKING:
     from plait.train.config import TrainConfig
@@ -113,6 +115,19 @@ class StepType(Protocol):
     def join(self, config: TrainConfig) -> Any: ...
 
     def __call__(self, config: TrainConfig, group: Any, work: Workload) -> Step: ...
+
+
+def step_type(strategy: str, on_mesh: bool, zero: int = 0) -> StepType:
+    """The Step class of `strategy` (its mesh Step when `on_mesh`, which shards over the
+    dp axis itself with `zero` > 0; else its sharded one with `zero` > 0), as its row of
+    strategies.py names it; imports it (torch)."""
+    row = STRATEGIES[strategy]
+    path = row.mesh_step if on_mesh else row.sharded_step if zero else row.step
+    if path is None:
+        raise ValueError(f"strategy {strategy} has no Step for a mesh or for --zero")
+    module, _, name = path.partition(":")
+    found: StepType = getattr(importlib.import_module(module), name)
+    return found
 
 
 def every_step(first: int, steps: int, part: int) -> Iterator[tuple[int, int]]:

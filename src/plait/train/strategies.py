@@ -10,26 +10,25 @@ path: the Steps need torch, and the command line reads this table without it.
 - `ps`: a parameter server (`plait.ps`, steps/ps.py). Each step a worker pushes its own
   gradient and pulls the new parameters; the servers apply the optimizer.
 
-A new strategy is its Step (one file in train/steps/) plus one row here.
+A new strategy is its Step (one file in train/steps/) plus one row here. A row also says
+which options its Step takes, and its `check_*` methods refuse the others with the reason
+(TrainConfig calls them); train/step.py's `step_type` imports the Step a row names.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from plait.train.compute import PRECISIONS
+from plait.train.errors import ConfigError
+from plait.train.parts_compute import PRECISIONS, ComputeConfig
 from plait.train.recipes import OPTIMIZERS
-
-if TYPE_CHECKING:
-    from plait.train.step import StepType
 
 
 @dataclass(frozen=True)
 class Strategy:
     """One `--strategy` choice."""
 
+    name: str  # as --strategy takes it
     help: str  # what --help says of it
     step: str  # "module:Class" of its Step
     mesh_step: str | None = None  # its Step when --pp or --tp > 1 (None: it has none)
@@ -41,18 +40,71 @@ class Strategy:
     optimizers: tuple[str, ...] = OPTIMIZERS  # the --optimizer values it takes
     optimizer_limits: str = ""  # why it takes fewer, for the error
 
+    def check_optimizer(self, optimizer: str) -> None:
+        """It can apply --optimizer (the parameter servers cannot apply lars or lamb)."""
+        if optimizer not in self.optimizers:
+            raise ConfigError(
+                f"--optimizer {optimizer} does not run with --strategy {self.name}: "
+                f"{self.optimizer_limits}; use --optimizer {' or '.join(self.optimizers)}, or "
+                "--strategy allreduce"
+            )
+
+    def check_mesh(self) -> None:
+        """It has a Step for --pp/--tp."""
+        if self.mesh_step is None:
+            meshed = " or ".join(n for n, row in STRATEGIES.items() if row.mesh_step)
+            raise ConfigError(
+                f"--pp/--tp run with --strategy {meshed} (data parallelism over dp), "
+                f"not strategy {self.name}"
+            )
+
+    def check_zero(self, zero: int) -> None:
+        """It has a Step for --zero `zero` (> 0)."""
+        if self.sharded_step is None:
+            raise ConfigError(f"--zero {zero} shards data parallelism: it runs with "
+                              f"--strategy allreduce, not {self.name}")  # fmt: skip
+
+    def check_checkpoints(self) -> None:
+        """Its Step writes and reads checkpoints (--out, --resume)."""
+        if not self.checkpoints:
+            raise ConfigError(
+                f"checkpoints (--out, --resume) are not supported with --strategy {self.name} yet"
+            )
+
+    def check_compute(self, compute: ComputeConfig) -> None:
+        """It takes --precision, and averages the gradients --compression or --reduce-dtype
+        would send.
+
+        Raises:
+            ConfigError: naming the option and what the strategy takes.
+        """
+        if compute.precision not in self.precisions:
+            raise ConfigError(
+                f"--precision {compute.precision} is not supported with --strategy "
+                f"{self.name} (it takes {', '.join(self.precisions)}): {self.limits}"
+            )
+        if compute.wire != "none" and not self.reduces_gradients:
+            what = ("the dtype ranks average gradients in" if compute.compression == "none"
+                    else "how ranks send the gradients they average")  # fmt: skip
+            raise ConfigError(
+                f"{compute.wire_option()} is {what}, and under --strategy {self.name} they "
+                "do not average them: leave it out"
+            )
+
 
 STRATEGIES: dict[str, Strategy] = {
     "allreduce": Strategy(
-        "allreduce data parallelism",
-        "plait.train.steps.data_parallel:DataParallelStep",
+        name="allreduce",
+        help="allreduce data parallelism",
+        step="plait.train.steps.data_parallel:DataParallelStep",
         mesh_step="plait.train.steps.mesh:MeshStep",
         checkpoints=True,
         sharded_step="plait.train.steps.sharded:ShardedStep",
     ),
     "ps": Strategy(
-        "a parameter server (ps)",
-        "plait.train.steps.ps:ParameterServerStep",
+        name="ps",
+        help="a parameter server (ps)",
+        step="plait.train.steps.ps:ParameterServerStep",
         precisions=("fp32", "bf16"),
         reduces_gradients=False,
         limits="the servers apply each worker's float32 gradient as it comes, so no worker "
@@ -68,16 +120,3 @@ def describe() -> str:
     """The --strategy help: every row's, in order."""
     *first, last = [row.help for row in STRATEGIES.values()]
     return "how workers share the work: " + (f"{', '.join(first)}, or {last}" if first else last)
-
-
-def step_type(strategy: str, on_mesh: bool, zero: int = 0) -> StepType:
-    """The Step class of `strategy` (its mesh Step when `on_mesh`, which shards over the
-    dp axis itself with `zero` > 0; else its sharded one with `zero` > 0); imports it
-    (torch)."""
-    row = STRATEGIES[strategy]
-    path = row.mesh_step if on_mesh else row.sharded_step if zero else row.step
-    if path is None:
-        raise ValueError(f"strategy {strategy} has no Step for a mesh or for --zero")
-    module, _, name = path.partition(":")
-    found: StepType = getattr(importlib.import_module(module), name)
-    return found

@@ -30,21 +30,22 @@ from collections.abc import Sequence
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
-from plait.train import report, strategies
+from plait.train import progress
 from plait.train.config import TrainConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError, NonFiniteLossError
 from plait.train.loop import train
+from plait.train.step import step_type
 
 EXIT_NON_FINITE = 3
 
 
 def run(config: TrainConfig) -> int:
     """Train `config` as this process's rank of the job; return the exit status."""
-    kind = strategies.step_type(config.strategy, config.mesh.on_mesh, config.zero)
+    kind = step_type(config.strategy, config.mesh.on_mesh, config.zero)
     group = kind.join(config)  # a parameter-server rank serves and exits inside
     renderer = None
     if group.rank == 0:
-        renderer = report.choose(sys.stdout, events=env.get("PLAIT_TRAIN_EVENTS"))
+        renderer = progress.choose(sys.stdout, events=env.get("PLAIT_TRAIN_EVENTS"))
     emit = renderer.handle if renderer is not None else None
     try:
         train(config, group, emit=emit, t0=env.get("PLAIT_TRAIN_T0"),
@@ -54,15 +55,15 @@ def run(config: TrainConfig) -> int:
     except (CheckpointError, ConfigError, MissingExtraError) as e:
         return _explain(group.rank, renderer, e, EXIT_BAD_INPUT)
     finally:
-        if isinstance(renderer, report.Bar):
+        if isinstance(renderer, progress.Bar):
             renderer.close()  # stop drawing, whatever happened
     return 0
 
 
-def _explain(rank: int, renderer: report.Renderer | None, error: Exception, code: int) -> int:
+def _explain(rank: int, renderer: progress.Renderer | None, error: Exception, code: int) -> int:
     if rank != 0:
         return 0
-    if isinstance(renderer, report.Events):
+    if isinstance(renderer, progress.Events):
         renderer.handle("error", {"message": str(error), "code": code})
         return 0
     sys.stdout.flush()

@@ -22,8 +22,8 @@ from plait.bench.infer.config import TASKS, VARIANTS
 from plait.bench.turns import rotated, take_turns
 from plait.infer import model_bytes, predict, prepare
 from plait.infer.job import quantile
-from plait.infer.load import Trained
 from plait.train.evaluate import evaluate_alone
+from plait.train.trained import Trained
 
 WARMUP_CALLS = 10  # untimed one-example rounds first: allocator, int8 kernels' first packing
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-import plait
+from plait.comm import world as plait_world  # plait.init(), plait.shutdown()
 from plait.comm.communicator import Communicator
 from plait.horovod.torch import timeline
 from plait.horovod.torch.dispatch import Dispatcher, clear_handles
@@ -122,7 +122,7 @@ def init(
     global _state
     if comm is not None:
         ranks = list(comm) if isinstance(comm, Iterable) else None
-        world = plait.init()
+        world = plait_world.init()
         if ranks is None or sorted(ranks) != list(range(world.size)):
             raise NotImplementedError(
                 "hvd.init(comm=...) with an MPI communicator or a subset of ranks is not "
@@ -130,7 +130,7 @@ def init(
                 "(hvd.add_process_set) for subsets"
             )
     if _state is None:
-        c = plait.init()
+        c = plait_world.init()
         # Horovod's cross communicator: the ranks with this rank's local rank, one per node
         me = torch.tensor([[c.node_rank, c.local_rank, c.local_size]], dtype=torch.int64)
         everyone = c.allgather(me).tolist() if c.size > 1 else me.tolist()
@@ -173,7 +173,7 @@ def shutdown() -> None:
                 ps._dispatcher.close()
             ps.process_set_id, ps._dispatcher = None, None
         clear_handles()
-        plait.shutdown()
+        plait_world.shutdown()
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:

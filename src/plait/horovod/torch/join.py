@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -41,7 +41,26 @@ from plait.errors import CollectiveMismatchError
 
 if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
-    from plait.horovod.torch.dispatch import Op
+
+
+class Described(Protocol):
+    """What a row says of the call a rank is about to make (dispatch.py's `Op`)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def dtype(self) -> torch.dtype | None: ...
+    @property
+    def numel(self) -> int: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def root(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def device(self) -> str: ...
+
 
 _ROW = 8  # kind, dtype, op, root, numel, shape crc, rounds at join, device
 _KINDS = (
@@ -120,7 +139,7 @@ def _crc(shape: tuple[int, ...]) -> int:
     return zlib.crc32(repr(tuple(shape)).encode()) & 0x7FFFFFFF
 
 
-def describe(op: Op[Any], rounds: int) -> torch.Tensor:
+def describe(op: Described, rounds: int) -> torch.Tensor:
     """The row a rank that has not joined contributes before making `op`."""
     kind = op.kind if op.kind in _KINDS else "other"
     dtype = CODES[op.dtype] + 1 if op.dtype in CODES else 0

@@ -15,10 +15,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from plait.horovod.torch.timeline import Record
+
+class Phases(Protocol):
+    """One hvd call on a rank as the file shows it: when each phase ran, in this rank's
+    microseconds (timeline.py's `Record`, which fills it in)."""
+
+    kind: str  # ALLREDUCE | ALLGATHER | BROADCAST
+    names: list[str]  # its tensors
+    args: list[dict[str, str]]  # each tensor's dtype and shape, for its End event
+    copy_in: tuple[int, int] | None
+    queued: int
+    started: int
+    collective: list[int]  # [first start, last end], or empty
+    algorithm: str
+    copy_out: tuple[int, int] | None
+    done: int
 
 
 @dataclass(frozen=True)
@@ -32,7 +45,7 @@ class Event:
     args: dict[str, str] | None = None
 
 
-def events_of(r: Record, ticks: dict[int, int], ref: int) -> list[Event]:
+def events_of(r: Phases, ticks: dict[int, int], ref: int) -> list[Event]:
     """The events of record `r` for each of its tensors. `ticks` maps each rank to its
     call time (us since the start); `r`'s own times are this rank's clock (zero at `ref`).
 

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-import plait
 from plait.comm.communicator import Communicator
+from plait.comm.world import init
 from plait.train import device
 from plait.train.config import TrainConfig
 from plait.train.models import count_parameters
@@ -46,7 +46,7 @@ class AllreduceStep(Step):
     def join(config: TrainConfig) -> Communicator:
         """`plait.init()`, which takes this rank's device from PLAIT_DEVICE: --device's."""
         os.environ["PLAIT_DEVICE"] = str(config.device.name)
-        return plait.init()
+        return init()
 
     def slices(self, first: int, steps: int) -> Iterator[tuple[int, int]]:
         return every_step(first, steps, self.part)

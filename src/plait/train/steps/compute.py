@@ -149,7 +149,7 @@ class Compute:
             self.scaler.step(optimizer)
 
     def figures(self) -> dict[str, Any]:
-        """The --json figures of these options (compute.rows prints them)."""
+        """The --json figures of these options (parts_compute.rows prints them)."""
         c, s = self.options, self.scaler
         return {
             "precision": c.precision, "reduce_dtype": c.reduce_dtype, "compression": c.wire,

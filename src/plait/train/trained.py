@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from plait.errors import CheckpointError, ConfigError
+from plait.sharded.filenames import MANIFEST
 from plait.train import checkpoint, outdir
 from plait.train.models import count_parameters
 from plait.train.workload import Workload
@@ -72,7 +73,7 @@ def load_run(directory: str | os.PathLike[str], workload: Workload | None = None
         ConfigError: the run's --workload no longer resolves.
     """
     where = Path(directory)
-    plain, sharded = outdir.checkpoint_path(where), where / outdir.MANIFEST
+    plain, sharded = outdir.checkpoint_path(where), where / MANIFEST
     if plain.is_file():
         state = checkpoint.load(where)
         weights, common = state["model"], state

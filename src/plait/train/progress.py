@@ -35,7 +35,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from plait.train import compute
+from plait.train import parts_compute
 
 Record = dict[str, Any]
 Emit = Callable[[str, Record], None]
@@ -139,7 +139,7 @@ def summary(rec: Record) -> list[str]:
                      f"{rec['chunks']} chunks, {rec['schedule']}: bubble "
                      f"{rec['bubble_fraction']:.3f} (theory {rec['bubble_theory']:.3f}), "
                      f"peak activations per stage {rec['peak_activations']}"))  # fmt: skip
-    rows += compute.rows(rec)
+    rows += parts_compute.rows(rec)
     rows += memory_rows(rec)
     rows += trace_rows(rec)
     rows += [

@@ -5,23 +5,21 @@ adds to the run's header and summary.
 `--reduce-dtype bf16` is `--compression bf16` by its older name (one mechanism:
 DataParallel's fp16/bf16 compressor); `wire` is the compression a run uses either way.
 
-What the options do lives beside the Steps (steps/compute.py, on top of precision.py,
+A component of TrainConfig, named as the others are (parts.py, parts_io.py, parts_ps.py):
+what the options do lives beside the Steps (steps/compute.py, on top of precision.py,
 compile.py and plait.checkpoint_blocks); which strategies take which values is a column of
-strategies.py. This module imports no torch: the command line and the report read it.
+strategies.py. This module imports no torch: the command line and the summary read it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from plait.data_parallel import spec
 from plait.options import option
 from plait.train.errors import ConfigError
-
-if TYPE_CHECKING:
-    from plait.train.strategies import Strategy
 
 # --precision and --reduce-dtype names -> torch dtype names (precision.py makes the dtypes)
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -111,29 +109,18 @@ class ComputeConfig:
         """Whether every option is at its default: the eager fp32 arithmetic of before."""
         return self == ComputeConfig()
 
-    def check(self, strategy: str, row: Strategy, *, tp: int, zero: int) -> None:
-        """What the run's strategy takes of these options (its row of strategies.py).
+    def check(self, *, tp: int, zero: int) -> None:
+        """What a run with --tp `tp` and --zero `zero` takes of these options (what its
+        strategy takes: strategies.py's `Strategy.check_compute`).
 
         Raises:
-            ConfigError: naming the option and the strategies that take it.
+            ConfigError: naming the options that do not run together.
         """
         if zero and (self.compile or self.wire != "none"):
-            given = "--compile" if self.compile else self._given_wire()
+            given = "--compile" if self.compile else self.wire_option()
             raise ConfigError(
                 f"{given} with --zero {zero} is not built yet (ShardedDataParallel gathers "
                 "and reduces in the parameters' dtype, around an eager forward): drop one"
-            )
-        if self.precision not in row.precisions:
-            raise ConfigError(
-                f"--precision {self.precision} is not supported with --strategy {strategy} "
-                f"(it takes {', '.join(row.precisions)}): {row.limits}"
-            )
-        if self.wire != "none" and not row.reduces_gradients:
-            what = ("the dtype ranks average gradients in" if self.compression == "none"
-                    else "how ranks send the gradients they average")  # fmt: skip
-            raise ConfigError(
-                f"{self._given_wire()} is {what}, and under --strategy {strategy} they do "
-                "not average them: leave it out"
             )
         if self.compile and tp > 1:
             raise ConfigError(
@@ -141,7 +128,7 @@ class ComputeConfig:
                 "the tensor-parallel layers' collectives; use --compile with --dp/--pp only"
             )
 
-    def _given_wire(self) -> str:
+    def wire_option(self) -> str:
         """The option that set `wire`, as the user wrote it."""
         if self.compression == "none":
             return f"--reduce-dtype {self.reduce_dtype}"
