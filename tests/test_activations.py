@@ -14,7 +14,12 @@ import pytest
 import torch
 from torch import nn
 
-from plait.activations import checkpoint_blocks, is_checkpointed, repeated_blocks
+from plait.activations import (
+    blocks_worth_checkpointing,
+    checkpoint_blocks,
+    is_checkpointed,
+    repeated_blocks,
+)
 from plait.train.gpt import GPT, GPTConfig
 
 
@@ -101,3 +106,13 @@ def test_the_repeated_blocks_are_the_largest_group() -> None:
         nn.Sequential(nn.Linear(50, 50), nn.Linear(50, 50), nn.Linear(50, 50)),
     )
     assert [n for n, _ in repeated_blocks(model)] == ["1.0", "1.1", "1.2"]
+
+
+def test_only_blocks_of_several_layers_are_worth_checkpointing() -> None:
+    """What --activation-checkpointing accepts and plait plan proposes: one test for both."""
+    layers = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    with pytest.raises(ValueError, match=r"repeated modules of Sequential are single layers "
+                       r"\(Linear\).*no memory saved"):  # fmt: skip
+        blocks_worth_checkpointing(layers)
+    model = _gpt()
+    assert blocks_worth_checkpointing(model) == repeated_blocks(model)

@@ -96,6 +96,27 @@ def repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return best
 
 
+def blocks_worth_checkpointing(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """`repeated_blocks(model)`, if checkpointing them saves memory: blocks of several layers.
+
+    A single layer checkpointed keeps its input, which the layer keeps for backward anyway:
+    no memory saved, one forward more paid. `plait train --activation-checkpointing` refuses
+    such a model and `plait plan` does not propose it, by this one test.
+
+    Raises:
+        ValueError: no repeated blocks, or only single layers repeated (saying which).
+    """
+    blocks = repeated_blocks(model)
+    if not any(any(True for _ in block.children()) for _, block in blocks):
+        raise ValueError(
+            f"the repeated modules of {type(model).__name__} are single layers "
+            f"({type(blocks[0][1]).__name__}), whose checkpoint keeps the input the layer "
+            "keeps anyway: no memory saved, a forward more paid. It is for models made of "
+            "blocks (--model gpt, or your own)"
+        )
+    return blocks
+
+
 def is_checkpointed(module: nn.Module) -> bool:
     """Whether `checkpoint_blocks` wrapped `module`."""
     forward = module.__dict__.get("forward")

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from plait.train.workload import Workload
 
 REPEATS = 5
-VERSION = 2  # of the cached JSON's fields: a profile of another version is measured again
+VERSION = 3  # of the cached JSON's meaning: a profile of another version is measured again
+# (3: `repeated` only where --activation-checkpointing accepts the model: blocks, not layers)
 Line = tuple[float, float]  # (a, c): a + c * samples
 
 
@@ -238,7 +239,7 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str) -> Profile:
     """Profile `workload` now (on one thread; see the module docstring)."""
     import torch
 
-    from plait.activations import repeated_blocks
+    from plait.activations import blocks_worth_checkpointing
     from plait.train.workload import stages
 
     threads = torch.get_num_threads()
@@ -247,8 +248,8 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str) -> Profile:
         model = workload.build_model(0)
         layers = stages(model)
         try:
-            blocks = [m for _, m in repeated_blocks(model)]
-        except ValueError:  # no repeated blocks: --activation-checkpointing cannot run
+            blocks = [m for _, m in blocks_worth_checkpointing(model)]
+        except ValueError:  # --activation-checkpointing refuses this model: never proposed
             blocks = []
         small = _time_layers(workload, layers, lo)
         large = _time_layers(workload, layers, hi)

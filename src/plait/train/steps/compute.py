@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from plait import trace
-from plait.activations import checkpoint_blocks, repeated_blocks
+from plait.activations import blocks_worth_checkpointing, checkpoint_blocks
 from plait.comm.communicator import Communicator
 from plait.train import compile, memory, precision
 from plait.train.config import TrainConfig
@@ -68,17 +68,9 @@ class Compute:
         if not self.options.activation_checkpointing:
             return
         try:
-            blocks = repeated_blocks(model)
+            blocks_worth_checkpointing(model)
         except ValueError as e:
             raise ConfigError(f"--activation-checkpointing: {e}") from None
-        if not any(any(True for _ in block.children()) for _, block in blocks):
-            # a layer checkpointed keeps its input, which the layer keeps anyway
-            raise ConfigError(
-                f"--activation-checkpointing: the repeated modules of {type(model).__name__} "
-                f"are single layers ({type(blocks[0][1]).__name__}), whose checkpoint keeps "
-                "the input the layer keeps anyway: no memory saved, a forward more paid. "
-                "It is for models made of blocks (--model gpt, or your own)"
-            )
         self.blocks = checkpoint_blocks(model)
 
     def wrap(self, module: nn.Module) -> nn.Module:
