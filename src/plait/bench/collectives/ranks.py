@@ -48,7 +48,10 @@ def _rows(config: CollectivesConfig, comm: Any, transport: str) -> list[str]:
     why = f"it cannot run on {comm.topology}"
     if transport == "nccl":  # shm on CUDA tensors is staged through host memory
         usable = [a for a in usable if a in (PEER, "auto") or cuda.on_device("allreduce", a)]
-        why = "on CUDA tensors it is staged through host memory (see the staged rows)"
+        why = (
+            "on CUDA tensors it is staged through host memory, where the CPU benchmark "
+            "(--device cpu) times it"
+        )  # the staged launch times the flat rows only
     if transport == "staged":
         usable = [a for a in usable if a in (PEER, *calibrate.flat_rows())]
         why = "the staged launch times plait's flat rows only"
