@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from plait.comm import cuda, routes, select
-from plait.comm.topology import Topology
+from plait.comm.core.topology import Topology
 from plait.plan.costs import Costs
 
 PINNED = Path(__file__).with_suffix(".json")

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from plait import Communicator
-from plait.comm.topology import Topology
+from plait.comm.core.topology import Topology
 from world import run_world
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64]

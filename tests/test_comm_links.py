@@ -19,8 +19,8 @@ import torch
 from plait import devices
 from plait.comm import cuda, routes, select
 from plait.comm.agreement import Call, agree
-from plait.comm.dtypes import dtype_from_name, on_device, record_name
-from plait.comm.topology import Topology
+from plait.comm.core.dtypes import dtype_from_name, on_device, record_name
+from plait.comm.core.topology import Topology
 from plait.errors import CollectiveMismatchError, PeerFailureError
 from world import run_world
 

@@ -6,7 +6,7 @@ import time
 import pytest
 
 import plait
-from plait.comm.request import Transfer
+from plait.comm.core.request import Transfer
 from plait.comm.worker import Worker
 
 

@@ -9,7 +9,7 @@ import pytest
 from plait.bench.collectives import fit_line
 from plait.bench.units import format_size, parse_size
 from plait.comm import routes, select
-from plait.comm.topology import Topology
+from plait.comm.core.topology import Topology
 
 ONE_HOST = Topology(["h0"] * 4, 0)  # with PLAIT_SHM=0 (shared memory off) the model decides
 TWO_BY_TWO = Topology(["h0", "h0", "h1", "h1"], 0)  # 2 hosts x 2 ranks

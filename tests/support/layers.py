@@ -65,8 +65,8 @@ LAYERS: list[set[str]] = [
     {"comm.shm_pipe"},
     {"comm.rendezvous", "comm.store"},
     {"comm.handshake"},
-    {"comm.secret", "comm.p2p", "comm.matching", "comm.wire", "comm.topology"},
-    {"comm.request", "comm.dtypes", "comm.ops"},
+    {"comm.secret", "comm.matching", "comm.wire"},
+    {"comm.core"},
     {"trace"},
     {"devices", "options", "lazy"},
     {"env"},
@@ -169,7 +169,7 @@ class Import:
     path: str  # the file, relative to src/
     line: int
     kind: str  # "module", "local" (inside a function) or "typing" (TYPE_CHECKING)
-    name: str  # as written: "plait.comm.request.Request"
+    name: str  # as written: "plait.comm.core.request.Request"
 
 
 def module_name(path: Path) -> str:

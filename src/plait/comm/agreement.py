@@ -17,7 +17,7 @@ import torch
 
 from plait import env
 from plait.comm import cuda
-from plait.comm.dtypes import record_name
+from plait.comm.core.dtypes import record_name
 from plait.errors import CollectiveMismatchError
 
 _BASE_BYTES = 192

@@ -38,10 +38,10 @@ import torch
 
 from plait import devices
 from plait.comm import arguments, gathers, messaging, native, reductions, shm, split
+from plait.comm.core.request import Request
+from plait.comm.core.topology import Topology
 from plait.comm.engine import Engine
-from plait.comm.request import Request
 from plait.comm.runner import Context, Runner
-from plait.comm.topology import Topology
 
 if TYPE_CHECKING:
     from plait.trace.recorder import Recorder

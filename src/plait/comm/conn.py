@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from plait.comm.request import Transfer
+from plait.comm.core.request import Transfer
 from plait.comm.shm_pipe import Pipe
 from plait.comm.wire import STAGE_BYTES
 

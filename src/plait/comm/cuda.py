@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from plait import devices, env
 from plait.comm import select
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 from plait.errors import CommTimeoutError
 
 if TYPE_CHECKING:

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from plait.comm import native
+from plait.comm.core.request import Request
 from plait.comm.engine import Engine
-from plait.comm.request import Request
 
 
 class GroupLink:

@@ -37,9 +37,9 @@ import torch
 
 from plait.comm import shm_pipe
 from plait.comm.conn import Conn
+from plait.comm.core.request import Transfer
 from plait.comm.inbound import HOLD_S, Inbound
 from plait.comm.pipe_lane import NAP_S, SPIN_S
-from plait.comm.request import Transfer
 from plait.comm.wire import BYE_FRAME, DATA, HEADER, as_bytes
 from plait.errors import CommTimeoutError, PeerFailureError, PlaitError
 

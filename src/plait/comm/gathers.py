@@ -18,8 +18,8 @@ from plait.comm import arguments, routes
 from plait.comm.agreement import Call
 from plait.comm.algorithms import direct
 from plait.comm.algorithms.ring import bounds_even
-from plait.comm.dtypes import dtype_from_name, on_device
-from plait.comm.ops import check_op, finish_avg
+from plait.comm.core.dtypes import dtype_from_name, on_device
+from plait.comm.core.ops import check_op, finish_avg
 from plait.comm.runner import Context
 
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 import torch
 
 from plait.comm.conn import Conn
+from plait.comm.core.request import Transfer
 from plait.comm.pipe_lane import PipeLane
-from plait.comm.request import Transfer
 from plait.comm.wire import (
     BYE,
     DATA,

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 
 from plait.comm.conn import Conn
+from plait.comm.core.request import Transfer
 from plait.comm.matching import Matcher
-from plait.comm.request import Transfer
 from plait.comm.wire import STAGE_BYTES
 from plait.errors import PeerFailureError, PlaitError
 

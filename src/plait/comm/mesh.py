@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 
 from plait.comm.communicator import Communicator
-from plait.comm.topology import Topology
+from plait.comm.core.topology import Topology
 from plait.errors import PlaitError
 
 AXES = ("dp", "pp", "tp")

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from plait.comm import arguments, gathers, reductions
+from plait.comm.core.request import Request
 from plait.comm.device_links import LaneRequest, StagedLink
 from plait.comm.engine import Engine
-from plait.comm.request import Request
 from plait.comm.runner import Runner
 
 _USER_TAG = 1 << 63

@@ -18,8 +18,8 @@ import time
 
 from plait.comm import shm, shm_pipe
 from plait.comm.conn import Conn
+from plait.comm.core.request import Transfer
 from plait.comm.liveness import Liveness
-from plait.comm.request import Transfer
 from plait.comm.shm_pipe import Pipe
 from plait.comm.wire import HEADER, NUDGE_FRAME, PIPE_DATA, PIPE_OPEN, with_text
 

@@ -15,7 +15,7 @@ import torch
 
 from plait.comm import arguments, routes
 from plait.comm.agreement import Call
-from plait.comm.ops import check_op, finish_avg
+from plait.comm.core.ops import check_op, finish_avg
 from plait.comm.runner import Context
 
 

@@ -37,7 +37,7 @@ import torch
 
 from plait.comm import cuda, native, select, shm
 from plait.comm.algorithms import halving_doubling, hierarchical, ring, tree
-from plait.comm.topology import Topology
+from plait.comm.core.topology import Topology
 
 #: The collectives that take an `algorithm` argument.
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter")

@@ -22,7 +22,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -31,10 +31,11 @@ from plait import env
 from plait.comm import cuda, native, routes, shm
 from plait.comm.agreement import Call, agree, check_enabled, record_bytes
 from plait.comm.algorithms import direct
+from plait.comm.core.channel import Link
+from plait.comm.core.request import Request
+from plait.comm.core.topology import Topology
 from plait.comm.device_links import GroupLink, StagedLink
 from plait.comm.engine import Engine
-from plait.comm.request import Request
-from plait.comm.topology import Topology
 from plait.comm.worker import Worker
 from plait.errors import CommTimeoutError, PlaitError
 
@@ -44,16 +45,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Link(Protocol):
-    """What a Channel's messages go through: the engine, or a device link (device_links.py)."""
-
-    def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Request[None]: ...
-
-    def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Request[None]: ...
-
-
-class Channel:
-    """One call's message stream among some ranks, renumbered 0.. (see comm/p2p.py)."""
+class LinkChannel:
+    """A Channel (core/channel.py) over a Link: one call's message stream among some ranks,
+    renumbered 0.."""
 
     __slots__ = ("_link", "_ranks", "_tag", "rank", "size")
 
@@ -213,7 +207,7 @@ class Runner:
             self.engine.on_failure(lambda err: cuda.abort_all(str(err)))
 
 
-class Context(Channel):
+class Context(LinkChannel):
     """One call: the Channel of every rank (stream 1), and the call's other resources.
 
     Its messages go through the engine, or, in a context made by `over` for CUDA tensors,
@@ -293,14 +287,14 @@ class Context(Channel):
     def _engine(self) -> Engine:
         return self.runner.engine
 
-    def channel(self, sub: int, members: Sequence[int] | None = None) -> Channel:
+    def channel(self, sub: int, members: Sequence[int] | None = None) -> LinkChannel:
         """Stream `sub` (< 8) over every rank, or over `members` (ranks, this one among
         them, renumbered 0.. in that order)."""
         tag = _tag(self.runner.id, self.seq, sub)
         if members is None:
-            return Channel(self._link, self._ranks, self.rank, tag)
+            return LinkChannel(self._link, self._ranks, self.rank, tag)
         ranks = [self._ranks[m] for m in members]
-        return Channel(self._link, ranks, list(members).index(self.rank), tag)
+        return LinkChannel(self._link, ranks, list(members).index(self.rank), tag)
 
     def exchange(self, call: Call, needed: bool = False, check: bool = True) -> list[Call] | None:
         """Share every rank's call; raise CollectiveMismatchError on disagreement.
@@ -363,7 +357,7 @@ class Context(Channel):
             arenas[which] = arena
         return arena
 
-    def two_levels(self, nbytes: int) -> tuple[shm.Arena, Channel, tuple[tuple[int, ...], ...]]:
+    def two_levels(self, nbytes: int) -> tuple[shm.Arena, LinkChannel, tuple[tuple[int, ...], ...]]:
         """This host's arena, the channel to this local rank's peers on the other hosts, and
         every host's ranks.
 

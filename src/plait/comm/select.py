@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from plait import env
 
 if TYPE_CHECKING:
-    from plait.comm.topology import Topology
+    from plait.comm.core.topology import Topology
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -54,14 +54,14 @@ import torch
 
 from plait import env
 from plait.comm.algorithms.ring import bounds_even
-from plait.comm.ops import reduce_into
+from plait.comm.core.ops import reduce_into
 from plait.errors import CommTimeoutError, PlaitError
 
 if TYPE_CHECKING:
+    from plait.comm.core.channel import Channel
+    from plait.comm.core.topology import Topology
     from plait.comm.engine import Engine
-    from plait.comm.p2p import Channel
     from plait.comm.runner import Context
-    from plait.comm.topology import Topology
 
 SHM_DIR = "/dev/shm"
 LINE = 64  # bytes per rank counter: its own cache line, so counters never share one

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from plait.comm.request import Future
+from plait.comm.core.request import Future
 
 T = TypeVar("T")
 

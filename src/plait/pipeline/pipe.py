@@ -24,8 +24,8 @@ from torch import nn
 
 from plait import devices
 from plait.comm.communicator import Communicator
+from plait.comm.core.request import Request
 from plait.comm.mesh import Mesh
-from plait.comm.request import Request
 from plait.pipeline.balance import stage_sizes
 from plait.pipeline.p2p import recv_tensor, send_tensor
 from plait.pipeline.route import Route, lanes_agree

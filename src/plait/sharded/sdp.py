@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from plait.comm.communicator import Communicator
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 from plait.data_parallel import replicas
 from plait.data_parallel.dp import UnusedParametersError
 from plait.sharded import state

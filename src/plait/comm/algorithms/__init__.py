@@ -1,6 +1,6 @@
 """plait's own collective algorithms, written as schedules over point-to-point messages.
 
-Each module works in place on 1-D contiguous buffers through a `plait.comm.p2p.Channel`:
+Each module works in place on 1-D contiguous buffers through a `plait.comm.core.channel.Channel`:
 
 - `ring`: reduce-scatter, all-gather and pipelined allreduce (bandwidth-optimal, p-1 latency).
 - `halving_doubling`: Rabenseifner's allreduce with the non-power-of-two fold (lg p latency).

@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from plait.comm.algorithms.ring import bounds_even
-from plait.comm.ops import reduce_into
-from plait.comm.p2p import Channel, Request, wait_all
+from plait.comm.core.channel import Channel, Request, wait_all
+from plait.comm.core.ops import reduce_into
 
 
 def allreduce(ch: Channel, buf: torch.Tensor, op: str) -> None:

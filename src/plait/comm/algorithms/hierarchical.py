@@ -24,11 +24,11 @@ import torch
 from plait.comm import select, shm
 from plait.comm.algorithms import ring
 from plait.comm.algorithms.ring import bounds_even
-from plait.comm.p2p import Channel
+from plait.comm.core.channel import Channel
 
 if TYPE_CHECKING:
+    from plait.comm.core.topology import Topology
     from plait.comm.runner import Context
-    from plait.comm.topology import Topology
 
 Hosts = Sequence[Sequence[int]]  # each host's communicator ranks, in local-rank order
 

@@ -22,8 +22,8 @@ from itertools import pairwise
 
 import torch
 
-from plait.comm.ops import reduce_into
-from plait.comm.p2p import Channel, Request, wait_all
+from plait.comm.core.channel import Channel, Request, wait_all
+from plait.comm.core.ops import reduce_into
 
 #: Segment size for pipelining. Measured on the 2-core dev machine, 4 ranks, float32: a 64 MB
 #: allreduce took 242 / 200 / 212 / 218 ms with 1 / 4 / 16 MB segments / none, and a 16 MB

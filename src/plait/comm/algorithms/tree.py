@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from plait.comm.ops import reduce_into
-from plait.comm.p2p import Channel, Request, wait_all
+from plait.comm.core.channel import Channel, Request, wait_all
+from plait.comm.core.ops import reduce_into
 
 
 def reduce(ch: Channel, buf: torch.Tensor, op: str, root: int = 0) -> None:

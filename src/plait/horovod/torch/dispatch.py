@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from plait.comm.communicator import Communicator
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 from plait.comm.worker import Worker
 from plait.errors import CollectiveMismatchError, PlaitError
 from plait.horovod.torch import join as joining

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plait.comm.agreement import Call, check_enabled
-from plait.comm.dtypes import CODES, DTYPES, NAMES
+from plait.comm.core.dtypes import CODES, DTYPES, NAMES
 from plait.errors import CollectiveMismatchError
 
 if TYPE_CHECKING:
