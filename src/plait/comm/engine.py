@@ -1,7 +1,7 @@
 """The socket engine: tagged point-to-point messages between ranks, with failure detection.
 
 One engine per process, shared by every communicator. It owns one connection per peer (a
-full mesh, built by `rendezvous.connect_mesh`: TCP across hosts, Unix sockets within one).
+full mesh, built by `bootstrap/connect.py`: TCP across hosts, Unix sockets within one).
 Whichever thread waits on a request moves the bytes (see `drive`); a background thread
 takes over when nobody has waited for a while. Moving bytes means: reading every
 connection, matching arriving messages to posted receives by (source, tag) in posting

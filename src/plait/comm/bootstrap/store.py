@@ -29,15 +29,13 @@ import socket
 import sys
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
-from plait.comm import rendezvous, secret
+from plait.comm.bootstrap import rendezvous, secret
+from plait.comm.bootstrap.rendezvous import WorldEnv
 from plait.errors import PlaitError
-
-if TYPE_CHECKING:
-    from plait.comm.rendezvous import WorldEnv
 
 POLL_S = 0.02  # between looks at the counter: far below a step, far above a store round trip
 _SIG_HEX = 2 * secret.MAC_BYTES  # a signed value: the MAC in hex, a space, the value

@@ -1,6 +1,6 @@
 """Letting a peer into the engine's mesh: a challenge-response over the job's key.
 
-A rank connects to each lower rank (rendezvous.connect_mesh), and each side proves it holds
+A rank connects to each lower rank (connect.py), and each side proves it holds
 the job's key (secret.py) without sending it: an HMAC over both sides' fresh nonces, the
 job's token and both ranks. Mutual, so a connecting rank also knows the listener is no
 stranger sitting on a published address.
@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from plait.comm import secret
+from plait.comm.bootstrap import secret
 from plait.errors import PlaitError
 
 _HELLO = struct.Struct("<8sQQ16s")  # magic, rank, world size, nonce

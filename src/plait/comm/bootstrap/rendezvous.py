@@ -1,30 +1,25 @@
-"""Finding the other ranks: the torchrun environment contract, the store, and the TCP mesh.
+"""Where this process sits in the job: the torchrun environment contract, the job's key, and
+the address and host it is reached by.
 
 The environment is torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), so a script started by `plait run` or by `torchrun` (one node or many) finds
 its peers the same way. The store (store.py) is torch.distributed's TCPStore, hosted by rank 0
 (or by torchrun's agent). Through it every rank publishes the address its engine listens on and
-the host it runs on (signed with the job's key); then every rank connects to each lower rank,
-each pair proving the key to each other (handshake.py), which gives a full mesh.
+the host it runs on (signed with the job's key); then every rank connects to each lower rank
+(connect.py), each pair proving the key to each other (handshake.py), which gives a full mesh.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import secrets
 import socket
 import struct
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from plait import env
-from plait.comm import handshake, secret
+from plait.comm.bootstrap import secret
 from plait.errors import PlaitError
-
-if TYPE_CHECKING:
-    from plait.comm.store import JobStore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,78 +144,3 @@ def gloo_interface(master_addr: str) -> str | None:
 def node_id() -> str:
     """What makes two ranks 'on the same host': PLAIT_NODE_ID, else the hostname."""
     return env.get("PLAIT_NODE_ID") or socket.gethostname()
-
-
-def kernel_key() -> str:
-    """Ranks with equal keys share a kernel and a network namespace: they can reach each
-    other's abstract Unix sockets."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}:{os.stat('/proc/self/ns/net').st_ino}"
-    except OSError:
-        return ""  # not Linux: TCP only
-
-
-def _unix_name(token: int, rank: int) -> str:
-    return f"\0plait-{token}-{rank}"  # abstract namespace: no file to clean up
-
-
-def connect_mesh(
-    store: JobStore, rank: int, size: int, master_addr: str, timeout: float
-) -> dict[int, socket.socket]:
-    """One connection to every other rank, each admitted by a challenge-response over the
-    job's key (handshake.py). Publishes this rank's addresses in `store` (signed).
-
-    Ranks on the same kernel talk over Unix sockets, others over TCP. A Unix socket skips
-    the TCP stack: here it cut the cost of sending a small message by about half
-    (PLAIT_UNIX_SOCKETS=0 turns it off). The listeners close once every peer is in: after
-    init, nothing of the engine's listens.
-    """
-    if size == 1:
-        return {}
-    delay = env.get("PLAIT_TEST_MESH_DELAY")
-    if delay and int(delay.split(":")[0]) == rank:
-        time.sleep(float(delay.split(":")[1]))
-    if rank == 0:
-        store.set("plait/token", str(secrets.randbits(63)))
-    token = int(store.get("plait/token"))
-    host = listen_host(master_addr)
-    key = kernel_key() if env.get("PLAIT_UNIX_SOCKETS") else ""
-    listeners = [socket.socket(socket.AF_INET, socket.SOCK_STREAM)]
-    listeners[0].bind((host, 0))
-    if key:
-        listeners.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
-        listeners[1].bind(_unix_name(token, rank))
-    for listener in listeners:
-        listener.listen(size)
-    store.set(f"plait/addr/{rank}", f"{host}:{listeners[0].getsockname()[1]} {key}")
-    deadline = time.monotonic() + timeout
-    socks: dict[int, socket.socket] = {}
-    try:
-        for peer in range(rank):  # connect down...
-            address, peer_key = store.get(f"plait/addr/{peer}").decode().split(" ")
-            if key and peer_key == key:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(timeout)
-                sock.connect(_unix_name(token, peer))
-            else:
-                peer_host, port = address.rsplit(":", 1)
-                sock = socket.create_connection((peer_host, int(port)), timeout=timeout)
-            socks[peer] = sock
-            handshake.introduce(sock, store.key, token, rank, peer, size)
-            sock.settimeout(None)
-        # ...and admit from above, on either listener
-        door = handshake.Door(listeners, store.key, token, rank, size)
-        socks.update(door.collect(set(range(rank + 1, size)), deadline))
-        missing = sorted(set(range(rank + 1, size)) - set(socks))
-        if missing:
-            raise PlaitError(f"rank {rank}: ranks {missing} did not connect within {timeout:.0f} s")
-    except BaseException:
-        for s in socks.values():
-            s.close()
-        raise
-    finally:
-        for listener in listeners:
-            listener.close()
-    return socks
