@@ -17,7 +17,7 @@ import torch
 import plait.errors
 from plait import CollectiveMismatchError, Communicator, PlaitError
 from plait.comm import routes
-from plait.comm.shm import ShmError
+from plait.comm.transport.shared_memory import ShmError
 from world import run_world
 
 ALGOS = ["auto", "native", "ring", "halving_doubling", "tree"]

@@ -37,11 +37,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plait import devices
-from plait.comm import arguments, gathers, messaging, native, reductions, shm, split
+from plait.comm import arguments, gathers, messaging, native, reductions, split
 from plait.comm.core.request import Request
 from plait.comm.core.topology import Topology
-from plait.comm.engine import Engine
 from plait.comm.runner import Context, Runner
+from plait.comm.transport.arena import Arena
+from plait.comm.transport.engine import Engine
 
 if TYPE_CHECKING:
     from plait.trace.recorder import Recorder
@@ -98,7 +99,7 @@ class Communicator:
         return self._runner.seq
 
     @property
-    def arenas(self) -> dict[str, shm.Arena]:
+    def arenas(self) -> dict[str, Arena]:
         """The shared-memory segments made so far ("all": every rank; "local": this host's
         ranks), for tests and benchmarks."""
         return self._runner.arenas

@@ -45,7 +45,7 @@ from plait.comm.core.request import Request
 from plait.errors import CommTimeoutError
 
 if TYPE_CHECKING:
-    from plait.comm.engine import Engine
+    from plait.comm.transport.engine import Engine
 
 T = TypeVar("T")
 

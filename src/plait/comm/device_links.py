@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plait.comm import native
 from plait.comm.core.request import Request
-from plait.comm.engine import Engine
+from plait.comm.transport import watchdog
+from plait.comm.transport.engine import Engine
 
 
 class GroupLink:
@@ -119,7 +119,7 @@ class GroupRequest(Request[None]):
         assert self.work is not None
         # NCCL's wait makes the current stream wait (the host goes on); gloo's blocks, under
         # the engine's watchdog so that a dead peer is named instead of waited for
-        native.wait(self._link.engine, f"point-to-point {self.what}", self.work, self.on_device)
+        watchdog.wait(self._link.engine, f"point-to-point {self.what}", self.work, self.on_device)
         self._waited = True
 
 
@@ -185,5 +185,5 @@ class LaneRequest(Request[None]):
 
     def wait(self) -> None:
         if not self._waited:
-            native.wait(self._engine, "ordered message", self.work, self.on_device)
+            watchdog.wait(self._engine, "ordered message", self.work, self.on_device)
             self._waited = True

@@ -18,8 +18,8 @@ import torch
 from plait.comm import arguments, gathers, reductions
 from plait.comm.core.request import Request
 from plait.comm.device_links import LaneRequest, StagedLink
-from plait.comm.engine import Engine
 from plait.comm.runner import Runner
+from plait.comm.transport.engine import Engine
 
 _USER_TAG = 1 << 63
 _MAX_USER_TAG = (1 << 32) - 1

@@ -28,14 +28,17 @@ import torch
 import torch.distributed as dist
 
 from plait import env
-from plait.comm import cuda, native, routes, shm
+from plait.comm import cuda, native, routes
 from plait.comm.agreement import Call, agree, check_enabled, record_bytes
 from plait.comm.algorithms import direct
 from plait.comm.core.channel import Link
 from plait.comm.core.request import Request
 from plait.comm.core.topology import Topology
 from plait.comm.device_links import GroupLink, StagedLink
-from plait.comm.engine import Engine
+from plait.comm.transport import watchdog
+from plait.comm.transport.arena import Arena, slot_bytes_for
+from plait.comm.transport.engine import Engine
+from plait.comm.transport.shared_memory import SHM_DIR, ShmError, allowed
 from plait.comm.worker import Worker
 from plait.errors import CommTimeoutError, PlaitError
 
@@ -100,7 +103,7 @@ class Runner:
         self.test_link: str | None = env.get("PLAIT_TEST_LINK")
         # shared-memory segments, made by the first call that needs one: "all" (every rank
         # on one host) and "local" (this host's ranks, for the hierarchical algorithms)
-        self.arenas: dict[str, shm.Arena] = {}
+        self.arenas: dict[str, Arena] = {}
         self.recorder: Recorder | None = None  # plait.trace's, while a trace records
         self.label = "world" if comm_id == 1 else ",".join(map(str, ranks))  # traces' "group"
 
@@ -328,7 +331,7 @@ class Context(LinkChannel):
         self.exchange(call, check=check)
         return algorithm
 
-    def arena(self, nbytes: int, members: Sequence[int] | None = None) -> shm.Arena:
+    def arena(self, nbytes: int, members: Sequence[int] | None = None) -> Arena:
         """The shared-memory segment of every rank (or of `members`, this host's ranks),
         created or grown collectively to fit `nbytes`.
 
@@ -337,27 +340,27 @@ class Context(LinkChannel):
         """
         which = "all" if members is None else "local"
         if members is None and self.topology.num_nodes > 1:
-            raise shm.ShmError(
+            raise ShmError(
                 "algorithm 'shm' needs every rank on one host; this communicator spans "
                 f"{self.topology.num_nodes} hosts ('hierarchical' runs across hosts of equal size)"
             )
-        if not shm.allowed():
-            raise shm.ShmError(
+        if not allowed():
+            raise ShmError(
                 "algorithms 'shm' and 'hierarchical' need shared memory, which is off here "
-                f"(PLAIT_SHM=0, or not x86-64 with {shm.SHM_DIR})"
+                f"(PLAIT_SHM=0, or not x86-64 with {SHM_DIR})"
             )
         arenas = self.runner.arenas
-        want = shm.slot_bytes_for(nbytes)
+        want = slot_bytes_for(nbytes)
         arena = arenas.get(which)
         if arena is None or arena.slot_bytes < want:
             if arena is not None:
                 arena.close()
             label = f"{self.runner.id}-{self.seq}-{which}"
-            arena = shm.Arena.create(self._engine, self.channel(2, members), want, label)
+            arena = Arena.create(self._engine, self.channel(2, members), want, label)
             arenas[which] = arena
         return arena
 
-    def two_levels(self, nbytes: int) -> tuple[shm.Arena, LinkChannel, tuple[tuple[int, ...], ...]]:
+    def two_levels(self, nbytes: int) -> tuple[Arena, LinkChannel, tuple[tuple[int, ...], ...]]:
         """This host's arena, the channel to this local rank's peers on the other hosts, and
         every host's ranks.
 
@@ -366,7 +369,7 @@ class Context(LinkChannel):
         """
         levels = self.topology.levels
         if levels is None:
-            raise shm.ShmError(
+            raise ShmError(
                 "algorithm 'hierarchical' needs ranks on several hosts with the same number "
                 f"(> 1) of ranks each; this communicator has {self.topology.num_nodes} host(s) "
                 f"with {[len(h) for h in self.topology.hosts]} ranks"
@@ -379,10 +382,10 @@ class Context(LinkChannel):
         watchdog: gloo's, or NCCL's in a context over NCCL."""
         if self.nccl_device is None:
             group = self.runner.native_group()
-            native.run(self._engine, what, lambda: start(group))
+            watchdog.run(self._engine, what, lambda: start(group))
         else:
             group = self.runner.nccl_group(self.nccl_device)
-            native.run(self._engine, what, lambda: start(group), on_device=True)
+            watchdog.run(self._engine, what, lambda: start(group), on_device=True)
 
     def route(self, collective: str, algorithm: str) -> Callable[..., Any]:
         """The routing table's row (for algorithms built on others)."""

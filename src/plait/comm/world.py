@@ -15,7 +15,7 @@ from plait.comm import cuda
 from plait.comm.bootstrap import connect, rendezvous
 from plait.comm.bootstrap.store import JobStore, make_store
 from plait.comm.communicator import Communicator
-from plait.comm.engine import Engine
+from plait.comm.transport.engine import Engine
 from plait.errors import PlaitError
 
 _default: Communicator | None = None

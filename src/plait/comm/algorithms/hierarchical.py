@@ -25,6 +25,8 @@ from plait.comm import select, shm
 from plait.comm.algorithms import ring
 from plait.comm.algorithms.ring import bounds_even
 from plait.comm.core.channel import Channel
+from plait.comm.transport.arena import Arena
+from plait.comm.transport.shared_memory import allowed
 
 if TYPE_CHECKING:
     from plait.comm.core.topology import Topology
@@ -36,7 +38,7 @@ CrossAllreduce = Callable[[Channel, torch.Tensor, str], None]
 
 
 def allreduce(
-    local: shm.Arena, cross: Channel, buf: torch.Tensor, op: str, across: CrossAllreduce
+    local: Arena, cross: Channel, buf: torch.Tensor, op: str, across: CrossAllreduce
 ) -> None:
     """Reduce 1-D contiguous `buf` over every host's ranks in place.
 
@@ -72,7 +74,7 @@ def _layout(hosts: Hosts, bounds: list[int]) -> tuple[list[int], list[int]]:
 
 
 def reduce_scatter(
-    local: shm.Arena,
+    local: Arena,
     cross: Channel,
     buf: torch.Tensor,
     op: str,
@@ -103,7 +105,7 @@ def reduce_scatter(
 
 
 def allgather(
-    local: shm.Arena,
+    local: Arena,
     cross: Channel,
     out: torch.Tensor,
     bounds: list[int],
@@ -133,7 +135,7 @@ def allgather(
 # ------------------------------------------------------------ rows of the routing table
 def runs_on(topology: Topology) -> bool:
     """Whether the rows can run: several hosts of equal size (> 1), shared memory allowed."""
-    return topology.levels is not None and shm.allowed()
+    return topology.levels is not None and allowed()
 
 
 def allreduce_over_channels(

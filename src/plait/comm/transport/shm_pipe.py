@@ -22,7 +22,7 @@ other's store there, so the engine never sleeps longer than a few milliseconds o
 
 A counter is stored after the bytes it announces or
 releases, and x86-64 keeps stores in order (TSO), so a side that sees the counter sees the
-bytes: x86-64 only, like the collectives' arena (shm.py).
+bytes: x86-64 only, like the collectives' arena (shared_memory.py).
 
 Naming: the sender creates the segment under a fresh name and sends the name over the
 socket before the first payload; the receiver maps it and unlinks the name at once, and
@@ -40,7 +40,7 @@ import secrets
 
 import numpy as np
 
-from plait.comm.shm import SHM_DIR
+from plait.comm.transport.shared_memory import SHM_DIR
 
 HEAD = 4096  # counters, each on its own 64-byte line, then the data page-aligned
 # int64 indices of the words, each on its own 64-byte line: the two counters, and whether

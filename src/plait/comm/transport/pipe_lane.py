@@ -16,12 +16,13 @@ import os
 import socket
 import time
 
-from plait.comm import shm, shm_pipe
-from plait.comm.conn import Conn
 from plait.comm.core.request import Transfer
-from plait.comm.liveness import Liveness
-from plait.comm.shm_pipe import Pipe
-from plait.comm.wire import HEADER, NUDGE_FRAME, PIPE_DATA, PIPE_OPEN, with_text
+from plait.comm.transport import shm_pipe
+from plait.comm.transport.conn import Conn
+from plait.comm.transport.liveness import Liveness
+from plait.comm.transport.shared_memory import allowed
+from plait.comm.transport.shm_pipe import Pipe
+from plait.comm.transport.wire import HEADER, NUDGE_FRAME, PIPE_DATA, PIPE_OPEN, with_text
 
 SPIN_S = 100e-6  # poll a busy pipe without sleeping this long after it last moved
 NAP_S = 2e-3  # then sleep until nudged, but at most this long (a missed nudge's cost)
@@ -32,9 +33,9 @@ class PipeLane(Liveness):
 
     def use_pipes(self, on: bool) -> None:
         """Send large messages to peers on this host through shared-memory pipes (the
-        default where shm.allowed(); the receiver accepts either) or through the socket
+        default where shared memory is allowed; the receiver accepts either) or through the socket
         (for benchmarks)."""
-        on = on and shm.allowed()
+        on = on and allowed()
         with self._lock:
             for conn in self._conns.values():
                 conn.pipe_ok = on and conn.sock.family == socket.AF_UNIX

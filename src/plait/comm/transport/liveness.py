@@ -18,9 +18,9 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from plait.comm.conn import Conn
-from plait.comm.links import Links
-from plait.comm.wire import FAIL, HEARTBEAT_FRAME, with_text
+from plait.comm.transport.conn import Conn
+from plait.comm.transport.connections import Connections
+from plait.comm.transport.wire import FAIL, HEARTBEAT_FRAME, with_text
 from plait.errors import PeerFailureError
 
 
@@ -31,7 +31,7 @@ def _call_hooks(hooks: list[Callable[[PeerFailureError], None]], err: PeerFailur
         threading.Thread(target=run, name="plait-on-failure", daemon=True).start()
 
 
-class Liveness(Links):
+class Liveness(Connections):
     """Heartbeats out, silence in, and the engine's one recorded failure."""
 
     def _beat(self, conn: Conn, now: float) -> None:

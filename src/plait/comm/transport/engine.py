@@ -15,7 +15,7 @@ of gloo's opaque error or 30-minute hang. The engine also counts messages per pe
 the tests use to check the structure of each algorithm.
 
 The engine is one object built from parts, one per file, each a layer over the one below
-(links.py lists them): the wire format (wire.py), a peer's connection (conn.py), message
+(connections.py lists them): the wire format (wire.py), a peer's connection (conn.py), message
 matching (matching.py), liveness (liveness.py), the shared-memory pipe lane
 (pipe_lane.py), reading (inbound.py), and here posting, progress and closing.
 
@@ -35,12 +35,12 @@ from collections.abc import Callable
 
 import torch
 
-from plait.comm import shm_pipe
-from plait.comm.conn import Conn
 from plait.comm.core.request import Transfer
-from plait.comm.inbound import HOLD_S, Inbound
-from plait.comm.pipe_lane import NAP_S, SPIN_S
-from plait.comm.wire import BYE_FRAME, DATA, HEADER, as_bytes
+from plait.comm.transport import shm_pipe
+from plait.comm.transport.conn import Conn
+from plait.comm.transport.inbound import HOLD_S, Inbound
+from plait.comm.transport.pipe_lane import NAP_S, SPIN_S
+from plait.comm.transport.wire import BYE_FRAME, DATA, HEADER, as_bytes
 from plait.errors import CommTimeoutError, PeerFailureError, PlaitError
 
 _SHUT_DOWN = "the communicator was shut down (plait.shutdown)"

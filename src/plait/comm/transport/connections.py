@@ -4,11 +4,11 @@ The base of the engine's parts (engine.py puts them together): this holds the st
 share, built once here, and the one way a frame is written (`_push`). Each part is a
 class of its own file, and together they are one object: no per-frame indirection.
 
-    Links       connections, selector, lock, matching; writing frames      (links.py)
-    Liveness    heartbeats, accusing a peer, spreading the failure         (liveness.py)
-    PipeLane    large payloads through shared memory to a peer on the host (pipe_lane.py)
-    Inbound     reading, parsing, matching arriving messages               (inbound.py)
-    Engine      posting sends and receives, driving progress, closing      (engine.py)
+    Connections  connections, selector, lock, matching; writing frames     (connections.py)
+    Liveness     heartbeats, accusing a peer, spreading the failure        (liveness.py)
+    PipeLane     large payloads through shared memory to a peer on the host (pipe_lane.py)
+    Inbound      reading, parsing, matching arriving messages              (inbound.py)
+    Engine       posting sends and receives, driving progress, closing     (engine.py)
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ import threading
 import time
 from collections.abc import Callable
 
-from plait.comm.conn import Conn
 from plait.comm.core.request import Transfer
-from plait.comm.matching import Matcher
-from plait.comm.wire import STAGE_BYTES
+from plait.comm.transport.conn import Conn
+from plait.comm.transport.matching import Matcher
+from plait.comm.transport.wire import STAGE_BYTES
 from plait.errors import PeerFailureError, PlaitError
 
 _SOCK_BUF = 4 << 20  # kernel socket buffers: big enough to keep loopback busy
 
 
-class Links:
+class Connections:
     """One connection per peer over a full mesh of sockets, and the frames written to them."""
 
     # set by Engine.__init__

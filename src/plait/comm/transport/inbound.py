@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from plait.comm.conn import Conn
 from plait.comm.core.request import Transfer
-from plait.comm.pipe_lane import PipeLane
-from plait.comm.wire import (
+from plait.comm.transport.conn import Conn
+from plait.comm.transport.pipe_lane import PipeLane
+from plait.comm.transport.wire import (
     BYE,
     DATA,
     FAIL,

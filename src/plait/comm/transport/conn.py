@@ -10,8 +10,8 @@ from collections import deque
 from collections.abc import Callable
 
 from plait.comm.core.request import Transfer
-from plait.comm.shm_pipe import Pipe
-from plait.comm.wire import STAGE_BYTES
+from plait.comm.transport.shm_pipe import Pipe
+from plait.comm.transport.wire import STAGE_BYTES
 
 
 class Conn:
