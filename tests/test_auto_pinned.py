@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import torch
 
-from plait.comm import cuda, routes, select
+from plait.comm import routes, select
+from plait.comm.backends import cuda
 from plait.comm.core.topology import Topology
 from plait.plan.costs import Costs
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from plait import devices
-from plait.comm import cuda, routes, select
+from plait.comm import routes, select
 from plait.comm.agreement import Call, agree
+from plait.comm.backends import cuda
 from plait.comm.core.dtypes import dtype_from_name, on_device, record_name
 from plait.comm.core.topology import Topology
 from plait.errors import CollectiveMismatchError, PeerFailureError
@@ -34,7 +35,7 @@ def every_collective(comm: object, device: str = "cpu") -> dict[str, object]:
     """Each collective and algorithm on small-integer inputs on `device`, against the
     one-process result; and how many engine messages a ring allreduce cost, how many rows
     were staged. Also run on CUDA tensors by tests/test_comm_cuda.py."""
-    import plait.comm.cuda as cuda_module
+    import plait.comm.backends.cuda as cuda_module
 
     staged = []
     real = cuda_module.staged

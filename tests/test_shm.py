@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from plait import Communicator
-from plait.comm import shm
+from plait.comm.algorithms import shm
 from plait.comm.transport import arena
 from plait.comm.transport.shared_memory import SHM_DIR
 from world import run_world

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from plait import env
-from plait.comm import cuda
+from plait.comm.backends import cuda
 from plait.comm.core.dtypes import record_name
 from plait.errors import CollectiveMismatchError
 

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plait import devices
-from plait.comm import arguments, gathers, messaging, native, reductions, split
+from plait.comm import arguments, gathers, messaging, reductions, split
+from plait.comm.backends import process_groups
 from plait.comm.core.request import Request
 from plait.comm.core.topology import Topology
 from plait.comm.runner import Context, Runner
@@ -62,7 +63,7 @@ class Communicator:
         ranks: list[int],
         nodes: list[str],
         comm_id: int,
-        pg: native.Group | None = None,
+        pg: process_groups.Group | None = None,
     ) -> None:
         """Args:
         engine: the process's engine (shared by every communicator of the process).

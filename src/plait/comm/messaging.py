@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from plait.comm import arguments, gathers, reductions
+from plait.comm.backends.device_links import LaneRequest, StagedLink
 from plait.comm.core.request import Request
-from plait.comm.device_links import LaneRequest, StagedLink
 from plait.comm.runner import Runner
 from plait.comm.transport.engine import Engine
 

@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from plait.comm import cuda, native, select, shm
-from plait.comm.algorithms import halving_doubling, hierarchical, ring, tree
+from plait.comm import select
+from plait.comm.algorithms import halving_doubling, hierarchical, native, ring, shm, tree
+from plait.comm.backends import cuda
 from plait.comm.core.topology import Topology
 
 #: The collectives that take an `algorithm` argument.
@@ -62,10 +63,13 @@ SOURCES: tuple[tuple[ModuleType, Callable[[Topology], bool]], ...] = (
 
 @dataclass(frozen=True)
 class Route:
-    """One row: the function, and the test of whether it can run on a topology."""
+    """One row: the function, the test of whether it can run on a topology, and whether it
+    runs on a GPU over NCCL (its module's `ON_DEVICE`; the others are staged through host
+    memory: backends/cuda.py)."""
 
     run: Callable[..., Any]
     runs_on: Callable[[Topology], bool]
+    on_device: bool
 
 
 def _table() -> dict[tuple[str, str], Route]:
@@ -77,7 +81,8 @@ def _table() -> dict[tuple[str, str], Route]:
                     f"{module.__name__} lists row ({collective!r}, {algorithm!r}): the "
                     f"collective must be one of {COLLECTIVES} and the row new"
                 )
-            table[collective, algorithm] = Route(fn, runs_on)
+            on_device = (collective, algorithm) in module.ON_DEVICE
+            table[collective, algorithm] = Route(fn, runs_on, on_device)
     return table
 
 

@@ -28,13 +28,14 @@ import torch
 import torch.distributed as dist
 
 from plait import env
-from plait.comm import cuda, native, routes
+from plait.comm import routes
 from plait.comm.agreement import Call, agree, check_enabled, record_bytes
 from plait.comm.algorithms import direct
+from plait.comm.backends import cuda, process_groups
+from plait.comm.backends.device_links import GroupLink, StagedLink
 from plait.comm.core.channel import Link
 from plait.comm.core.request import Request
 from plait.comm.core.topology import Topology
-from plait.comm.device_links import GroupLink, StagedLink
 from plait.comm.transport import watchdog
 from plait.comm.transport.arena import Arena, slot_bytes_for
 from plait.comm.transport.engine import Engine
@@ -82,7 +83,7 @@ class Runner:
         ranks: list[int],
         topology: Topology,
         comm_id: int,
-        group: native.Group | None = None,
+        group: process_groups.Group | None = None,
     ) -> None:
         self.engine = engine
         self.ranks = ranks
@@ -156,9 +157,11 @@ class Runner:
 
         return call
 
-    def native_group(self) -> native.Group:
+    def native_group(self) -> process_groups.Group:
         if self.group is None:
-            self.group = native.new_group(self.id, self.rank, self.size, self.engine.timeout)
+            self.group = process_groups.new_group(
+                self.id, self.rank, self.size, self.engine.timeout
+            )
         return self.group
 
     def nccl_group(self, device: torch.device) -> Any:
@@ -182,7 +185,8 @@ class Runner:
             if self.test_link == "group":
                 t = self.engine.timeout
                 self.lanes[device] = [
-                    native.new_group(self.id, self.rank, self.size, t, f"lane{d}") for d in (0, 1)
+                    process_groups.new_group(self.id, self.rank, self.size, t, f"lane{d}")
+                    for d in (0, 1)
                 ]
             return
         if cuda.transport(device) == "nccl":
@@ -281,8 +285,9 @@ class Context(LinkChannel):
             return routes.ROUTES[collective, algorithm].run(self, buf, *args)
         if link == "nccl" and algorithm == "native" and buf.dtype not in cuda.NCCL_DTYPES:
             algorithm = "ring"  # NCCL's collectives lack the dtype; its point-to-point moves bytes
-        row = routes.ROUTES[collective, algorithm].run
-        if link in ("nccl", "group") and cuda.on_device(collective, algorithm):
+        route = routes.ROUTES[collective, algorithm]
+        row = route.run
+        if link in ("nccl", "group") and route.on_device:
             return row(self.over(link, buf.device), buf, *args)
         return cuda.staged(buf, lambda host: row(self, host, *args))
 
@@ -377,7 +382,7 @@ class Context(LinkChannel):
         local, cross = levels
         return self.arena(nbytes, local), self.channel(3, cross), self.topology.hosts
 
-    def native(self, what: str, start: Callable[[native.Group], dist.Work]) -> None:
+    def native(self, what: str, start: Callable[[process_groups.Group], dist.Work]) -> None:
         """Run torch.distributed's collective on this communicator's group, under the engine's
         watchdog: gloo's, or NCCL's in a context over NCCL."""
         if self.nccl_device is None:

@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from plait import devices, env
-from plait.comm import cuda
+from plait.comm.backends import cuda
 from plait.comm.bootstrap import connect, rendezvous
 from plait.comm.bootstrap.store import JobStore, make_store
 from plait.comm.communicator import Communicator

@@ -96,6 +96,9 @@ def allreduce(ch: Channel, buf: torch.Tensor, op: str) -> None:
 #: The routing table's row (routes.py).
 ROUTES = {("allreduce", "halving_doubling"): allreduce}
 
+#: The rows that run on a GPU over NCCL point-to-point (backends/cuda.py): all of them.
+ON_DEVICE = frozenset(ROUTES)
+
 
 def _exchange(ch: Channel, send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:
     """Swap with `peer`, skipping an empty direction (both sides know both sizes)."""

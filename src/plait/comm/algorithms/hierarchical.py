@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from plait.comm import select, shm
-from plait.comm.algorithms import ring
+from plait.comm import select
+from plait.comm.algorithms import ring, shm
 from plait.comm.algorithms.ring import bounds_even
 from plait.comm.core.channel import Channel
 from plait.comm.transport.arena import Arena
 from plait.comm.transport.shared_memory import allowed
 
 if TYPE_CHECKING:
+    from plait.comm.algorithms.context import Context
     from plait.comm.core.topology import Topology
-    from plait.comm.runner import Context
 
 Hosts = Sequence[Sequence[int]]  # each host's communicator ranks, in local-rank order
 
@@ -183,3 +183,8 @@ ROUTES = {
     ("allgather", "hierarchical"): _allgather_row,
     ("reduce_scatter", "hierarchical"): _reduce_scatter_row,
 }
+
+#: The rows that run on a GPU over NCCL (backends/cuda.py): the allreduce, both levels over
+#: NCCL point-to-point; allgather and reduce_scatter go through shared memory, so a CUDA
+#: tensor is staged through host memory.
+ON_DEVICE = frozenset({("allreduce", "hierarchical")})

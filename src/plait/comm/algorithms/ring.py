@@ -98,6 +98,9 @@ ROUTES = {
     ("reduce_scatter", "ring"): _reduce_scatter_row,
 }
 
+#: The rows that run on a GPU over NCCL point-to-point (backends/cuda.py): all of them.
+ON_DEVICE = frozenset(ROUTES)
+
 
 def _segment_elems(buf: torch.Tensor, segment_bytes: int | None) -> int:
     if segment_bytes is None:
@@ -181,9 +184,10 @@ def _ring(
     sends[first] = send_block((r - first - 1) % p)
     # With p = 2 the next step's receive target was sent in this very step, so posting early
     # would wait on that send before reducing anything; post it after the reductions instead.
-    # Over NCCL (a channel that batches, device_links.py) a receive posted ahead would join
-    # this step's group, which then needs the peers' next step: a deadlock on the GPU. There
-    # each step's sends and receives are launched as one batch, at the wait on its receive.
+    # Over NCCL (a channel that batches, backends/device_links.py) a receive posted ahead
+    # would join this step's group, which then needs the peers' next step: a deadlock on the
+    # GPU. There each step's sends and receives are launched as one batch, at the wait on its
+    # receive.
     early = p > 2 and not getattr(ch, "batches", False)
     for k in range(first, stop):
         last = k + 1 == stop

@@ -82,3 +82,6 @@ ROUTES = {
     ("broadcast", "tree"): broadcast,
     ("reduce", "tree"): reduce,
 }
+
+#: The rows that run on a GPU over NCCL point-to-point (backends/cuda.py): all of them.
+ON_DEVICE = frozenset(ROUTES)

@@ -105,8 +105,8 @@ class Liveness(Connections):
 
     def on_failure(self, hook: Callable[[PeerFailureError], None]) -> None:
         """Call `hook(error)` once, on a thread of its own, when the first failure is recorded
-        (at once if one already was): cuda.py aborts the NCCL communicators this way, so
-        that GPU work blocked on the failed peer returns."""
+        (at once if one already was): backends/cuda.py aborts the NCCL communicators this
+        way, so that GPU work blocked on the failed peer returns."""
         with self._lock:
             self._failure_hooks.append(hook)
             failed = self.error

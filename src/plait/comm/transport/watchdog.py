@@ -38,7 +38,7 @@ def wait(engine: Engine, what: str, work: dist.Work, on_device: bool = False) ->
     A gloo `work` is waited for in short slices, the failure detector consulted between
     them. A NCCL one (`on_device`) is not waited for on the host: its wait() only makes the
     current CUDA stream wait for it, as torch.distributed and DDP do. A dead or frozen peer
-    is then caught by the engine, which aborts the NCCL communicators (cuda.py) so that the
+    is then caught by the engine, which aborts the NCCL communicators (backends/cuda.py) so that the
     GPU work returns, and the next call raises its PeerFailureError.
     """
     if on_device:

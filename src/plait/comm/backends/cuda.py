@@ -1,10 +1,12 @@
-"""CUDA tensors in the communicator: NCCL groups, which path a row takes, and the stream
-hand-off of asynchronous calls.
+"""CUDA tensors in the communicator: NCCL groups, the transport every rank agrees on, the
+stream hand-off of asynchronous calls, and staging through host memory.
 
 A tensor's device decides the path; a communicator makes its NCCL group at its first
 collective on CUDA tensors, and its ordered-message lanes when every member asks
 (runner.connect_lanes). For a CUDA tensor, with transport "nccl" (NCCL can join the host's
-ranks, PLAIT_CUDA_TRANSPORT not "staged"):
+ranks, PLAIT_CUDA_TRANSPORT not "staged"), a row runs as its algorithm module says
+(`ON_DEVICE`, carried by the routing table as `Route.on_device`; dispatch/runner.py
+follows it):
     native                      NCCL's own collective on the communicator's NCCL group
     ring, halving_doubling,     plait's schedule over NCCL point-to-point (device_links.py)
     tree, direct, hierarchical
@@ -40,7 +42,6 @@ import torch
 import torch.distributed as dist
 
 from plait import devices, env
-from plait.comm import select
 from plait.comm.core.request import Request
 from plait.errors import CommTimeoutError
 
@@ -48,14 +49,6 @@ if TYPE_CHECKING:
     from plait.comm.transport.engine import Engine
 
 T = TypeVar("T")
-
-
-def on_device(collective: str, algorithm: str) -> bool:
-    """Whether the row runs on the GPU over NCCL: NCCL's own collectives, the schedules written
-    against a Channel, and the two-level allreduce (both levels over NCCL point-to-point).
-    The others (shm; hierarchical allgather and reduce_scatter) are staged through host
-    memory."""
-    return algorithm in select.ON_CUDA or (collective, algorithm) == ("allreduce", "hierarchical")
 
 
 _groups: list[Any] = []  # every NCCL group of the process, in the order made (as on every rank)
@@ -127,10 +120,10 @@ def new_group(
 ) -> Any:
     """A NCCL group of one communicator's members on `device`, ranked in the communicator's
     order and connected now: every member calls this in the same call (a collective's, or
-    `connect_lanes`), as for gloo's (native.py). `name` tells a communicator's groups apart
-    and must be the same on every member (not the device index, which differs where ranks
-    have GPUs of their own: NCCL's unique id is passed under this prefix). Raises
-    DeviceError where NCCL cannot make it."""
+    `connect_lanes`), as for gloo's (process_groups.py). `name` tells a communicator's
+    groups apart and must be the same on every member (not the device index, which differs
+    where ranks have GPUs of their own: NCCL's unique id is passed under this prefix).
+    Raises DeviceError where NCCL cannot make it."""
     prefix = f"plait/nccl/{comm_id}/{name}/"
     try:
         group, backend = _nccl(prefix, rank, size, timeout)

@@ -1,23 +1,19 @@
-"""`algorithm="native"`: pass through to torch.distributed (gloo on CPU, NCCL on CUDA), with a
-watchdog.
+"""torch.distributed's own collectives on a process group: a communicator's gloo group, and the
+calls on a group's methods that `algorithm="native"` runs (algorithms/native.py) on it or,
+for CUDA tensors, on the communicator's NCCL group (cuda.py makes those).
 
-gloo on its own turns a killed peer into an opaque "Connection closed by peer" and a frozen
-one into a hang until its timeout (30 minutes by default). Here every native call runs
-asynchronously and is waited for under the engine's watchdog (transport/watchdog.py), so a
-dead or frozen peer becomes a PeerFailureError naming it.
+Not torch.distributed.new_group, and not the module-level collectives: a communicator's
+groups number its members as it does (see `new_group`), and every call returns its Work for
+the engine's watchdog to wait on (transport/watchdog.py).
 """
 
 from __future__ import annotations
 
-import itertools
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import torch
 import torch.distributed as dist
-
-if TYPE_CHECKING:
-    from plait.comm.runner import Context
 
 TORCH_OPS: dict[str, dist.ReduceOp.RedOpType] = {
     "sum": dist.ReduceOp.SUM,
@@ -78,46 +74,3 @@ def reduce_scatter(
     opts = dist.ReduceScatterOptions()
     opts.reduceOp = dist.ReduceOp(TORCH_OPS[op])
     return group.reduce_scatter([out], [parts], opts)
-
-
-# ------------------------------------------------------------ rows of the routing table
-def _block(bounds: list[int]) -> int | None:
-    """The size of every block, if they are all the same (gloo needs that), else None."""
-    sizes = {hi - lo for lo, hi in itertools.pairwise(bounds)}
-    return sizes.pop() if len(sizes) == 1 else None
-
-
-def _allgather_row(ctx: Context, buf: torch.Tensor, bounds: list[int]) -> None:
-    block = _block(bounds)
-    if block is None:  # uneven blocks go round plait's ring
-        ctx.route("allgather", "ring")(ctx, buf, bounds)
-        return
-    parts = list(buf.split(block))
-    mine = parts[ctx.rank].clone()  # gloo reads it while it writes the parts
-    ctx.native("allgather", lambda g: allgather(g, parts, mine))
-
-
-def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) -> torch.Tensor:
-    block = _block(b)
-    if block is None:  # uneven blocks go round plait's ring
-        return ctx.route("reduce_scatter", "ring")(ctx, buf, op, b)
-    out = buf.new_empty(block)
-    parts = list(buf.split(block))
-    ctx.native("reduce_scatter", lambda g: reduce_scatter(g, out, parts, op))
-    return out
-
-
-#: Rows of the routing table (routes.py).
-ROUTES = {
-    ("allreduce", "native"): lambda ctx, buf, op: ctx.native(
-        "allreduce", lambda g: allreduce(g, buf, op)
-    ),
-    ("broadcast", "native"): lambda ctx, buf, root: ctx.native(
-        "broadcast", lambda g: broadcast(g, buf, root)
-    ),
-    ("reduce", "native"): lambda ctx, buf, op, root: ctx.native(
-        "reduce", lambda g: reduce(g, buf, op, root)
-    ),
-    ("allgather", "native"): _allgather_row,
-    ("reduce_scatter", "native"): _reduce_scatter_row,
-}

@@ -30,8 +30,8 @@ from plait.comm.transport.arena import Arena
 from plait.comm.transport.shared_memory import allowed
 
 if TYPE_CHECKING:
+    from plait.comm.algorithms.context import Context
     from plait.comm.core.topology import Topology
-    from plait.comm.runner import Context
 
 CHAIN_BYTES = 1 << 20  # parts this large use the chained allreduce (fewer bytes copied)
 
@@ -192,3 +192,7 @@ ROUTES = {
     ("allgather", "shm"): lambda ctx, buf, b: allgather(ctx.arena(buf.nbytes), buf, b),
     ("reduce_scatter", "shm"): _reduce_scatter_row,
 }
+
+#: The rows that run on a GPU over NCCL (backends/cuda.py): none, as shared memory is host
+#: memory (CUDA tensors are staged through it).
+ON_DEVICE: frozenset[tuple[str, str]] = frozenset()
