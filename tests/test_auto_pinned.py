@@ -23,9 +23,11 @@ from typing import Any
 import pytest
 import torch
 
-from plait.comm import routes, select
+from plait.comm.algorithms import hierarchical
+from plait.comm.algorithms.model import DEFAULT, NETWORK, AlphaBeta
 from plait.comm.backends import cuda
 from plait.comm.core.topology import Topology
+from plait.comm.dispatch import auto, calibration, routes
 from plait.plan.costs import Costs
 
 PINNED = Path(__file__).with_suffix(".json")
@@ -108,31 +110,31 @@ def _segments(picks: list[str]) -> str:
 
 def _calibrate(name: str) -> None:
     for size, nodes, device, collective, points in CALIBRATIONS[name].get("points", []):
-        select.save_calibration(size, nodes, collective, points, device=device)
+        calibration.save_calibration(size, nodes, collective, points, device=device)
     for size, nodes, levels in CALIBRATIONS[name].get("levels", []):
-        select.save_levels(size, nodes, levels)
-    select.load_calibration(reload=True)
+        calibration.save_levels(size, nodes, levels)
+    calibration.load_calibration(reload=True)
 
 
 def _choices(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
     """Every pick of the grid: {scenario: {collective: {layout: crossovers}}}."""
     out: dict[str, Any] = {}
-    for calibration in CALIBRATIONS:
-        monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp / f"{calibration}.json"))
-        _calibrate(calibration)
+    for measured in CALIBRATIONS:
+        monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp / f"{measured}.json"))
+        _calibrate(measured)
         for shm in ("0", "1"):
             monkeypatch.setenv("PLAIT_SHM", shm)
             for device in ("cpu", "nccl", "staged"):
                 if device != "cpu":
                     monkeypatch.setattr(cuda, "transport", lambda d, t=device: t)
                 gpu = None if device == "cpu" else torch.device("cuda", 0)
-                scenario = out.setdefault(f"{calibration} shm={shm} {device}", {})
+                scenario = out.setdefault(f"{measured} shm={shm} {device}", {})
                 for collective in routes.COLLECTIVES:
                     rows = scenario.setdefault(collective, {})
                     for name, nodes in LAYOUTS.items():
                         # the first and last rank pick alike (every rank must); pinned once
                         seen = {
-                            _segments([routes.choose(collective, n, t, gpu) for n in SIZES])
+                            _segments([auto.choose(collective, n, t, gpu) for n in SIZES])
                             for t in (Topology(nodes, 0), Topology(nodes, len(nodes) - 1))
                         }
                         assert len(seen) == 1, (collective, name, seen)
@@ -143,15 +145,15 @@ def _choices(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
 def _predictions() -> Iterator[float]:
     """Every number the model predicts over the grid, in a fixed order."""
     flat = ("ring", "halving_doubling", "tree", "native")
-    for link in (select.DEFAULT, select.NETWORK, select.Link(alpha=1e-5, beta=1e-9)):
+    for link in (DEFAULT, NETWORK, AlphaBeta(alpha=1e-5, beta=1e-9)):
         for p in range(1, 10):
             for n in SIZES:
                 for a in flat:
-                    yield select.predict(a, n, p, link)
+                    yield auto.predict(a, n, p, link)
         for hosts in range(2, 5):
             for local in range(1, 5):
                 for n in SIZES:
-                    yield select.predict_hierarchical(n, hosts, local, link)
+                    yield hierarchical.allreduce_cost(n, hosts, local, link)
     for local in (1, 2, 4):
         for rate in (None, 1e8, 1.25e9):
             costs = Costs.of(local, rate)
@@ -166,7 +168,9 @@ def _predictions() -> Iterator[float]:
 
 def _cross() -> dict[str, str]:
     """The hierarchical allreduce's network-level pick, per number of hosts."""
-    return {str(h): _segments([select.cross_allreduce(n, h) for n in SIZES]) for h in range(2, 9)}
+    return {
+        str(h): _segments([hierarchical.cross_allreduce(n, h) for n in SIZES]) for h in range(2, 9)
+    }
 
 
 def _digest(values: Iterator[float]) -> str:
@@ -181,7 +185,7 @@ def current(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
         choices = _choices(monkeypatch, tmp)
     finally:
         monkeypatch.undo()
-        select.load_calibration(reload=True)
+        calibration.load_calibration(reload=True)
     return {"cross": _cross(), "predictions_sha256": _digest(_predictions()), "choices": choices}
 
 

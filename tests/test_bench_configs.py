@@ -117,6 +117,6 @@ def test_the_algorithms_benchmarked_are_the_routing_tables() -> None:
     # units.ALGORITHMS is spelled out so that the CLI parses without torch; it must name
     # exactly the allreduce rows of the routing table (plus "auto" and the peer, "torch")
     from plait.bench.units import ALGORITHMS
-    from plait.comm import routes
+    from plait.comm.dispatch import routes
 
     assert set(ALGORITHMS) == {"torch", *routes.ACCEPTED["allreduce"]}

@@ -253,7 +253,7 @@ def check_async_forms(comm: Communicator, ck: Checks) -> None:
 def check_routes(comm: Communicator, ck: Checks) -> None:
     """The Communicator runs the routing table's rows: with every row replaced by a spy,
     each algorithm (auto too) runs the row `routes` names, and gives the exact answer."""
-    from plait.comm import routes
+    from plait.comm.dispatch import auto, routes
 
     p, r = comm.size, comm.rank
     ran: list[tuple[str, str]] = []
@@ -288,8 +288,8 @@ def check_routes(comm: Communicator, ck: Checks) -> None:
             for algo in ("auto", *usable):
                 ran.clear()
                 check_rooted(ck, f"{collective} {algo} (spied)", call(algo), want)
-                auto = routes.choose(collective, xs[r].nbytes, comm.topology)
-                row = auto if algo == "auto" else algo
+                chosen = auto.choose(collective, xs[r].nbytes, comm.topology)
+                row = chosen if algo == "auto" else algo
                 first = ran[:1] if p > 1 else ran  # a world of one runs no row
                 expect = [(collective, row)] if p > 1 else []
                 ck.true(f"{collective} {algo} runs row {row}", first == expect, ran)

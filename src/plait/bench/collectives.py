@@ -140,7 +140,7 @@ def calibrate_levels(
     with all L such groups running at once, as they do inside the hierarchical allreduce
     (they share each host's link). Returns and saves each level's fitted alpha and beta.
     """
-    from plait.comm import select
+    from plait.comm.dispatch import calibration
 
     local_ranks, _ = comm.topology.levels
     host = comm.split(color=comm.node_rank, key=comm.rank)
@@ -158,7 +158,7 @@ def calibrate_levels(
         ]),
     }  # fmt: skip
     if comm.rank == 0:
-        select.save_levels(comm.size, comm.num_nodes, levels)
+        calibration.save_levels(comm.size, comm.num_nodes, levels)
     comm.barrier()
     return {k: list(v) for k, v in levels.items()}
 
@@ -179,7 +179,7 @@ def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 def _rows(config: CollectivesConfig, comm: Any, transport: str) -> list[str]:
     """The algorithms this launch times: the config's, less those that cannot run here."""
-    from plait.comm import routes
+    from plait.comm.dispatch import routes
 
     usable = ["torch", "auto", *routes.usable("allreduce", comm.topology)]
     why = f"it cannot run on {comm.topology}"
@@ -208,7 +208,7 @@ def worker(config: CollectivesConfig, path: Path, transport: str = "cpu") -> Non
         "nccl" or "staged" (as PLAIT_CUDA_TRANSPORT, which the parent set to match).
     """
     import plait
-    from plait.comm import routes, select
+    from plait.comm.dispatch import auto, calibration
 
     comm = plait.init()
     device = plait.device() if transport != "cpu" else torch.device("cpu")
@@ -232,11 +232,11 @@ def worker(config: CollectivesConfig, path: Path, transport: str = "cpu") -> Non
         data = measure(comm, cal_sizes, fit_algs, config.repeats, config.budget, device=device)
         points = {a: [[int(s), statistics.median(data[s][a])] for s in data] for a in fit_algs}
         if comm.rank == 0:
-            select.save_calibration(
+            calibration.save_calibration(
                 comm.size, comm.num_nodes, "allreduce", points, device=device.type
             )
         comm.barrier()
-        select.load_calibration(reload=True)
+        calibration.load_calibration(reload=True)
         if comm.topology.levels is not None:
             out["levels"] = calibrate_levels(comm, cal_sizes, config.repeats, config.budget)
         # one global line per algorithm, for the report: its alpha (s) and beta (s/byte)
@@ -249,7 +249,7 @@ def worker(config: CollectivesConfig, path: Path, transport: str = "cpu") -> Non
     )
     if transport != "staged":
         out["auto_choice"] = {
-            str(s): routes.choose("allreduce", s, comm.topology, device) for s in sizes
+            str(s): auto.choose("allreduce", s, comm.topology, device) for s in sizes
         }
     if comm.rank == 0:
         worker_io.save(path, out)

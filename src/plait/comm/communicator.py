@@ -41,7 +41,7 @@ from plait.comm import arguments, gathers, messaging, reductions, split
 from plait.comm.backends import process_groups
 from plait.comm.core.request import Request
 from plait.comm.core.topology import Topology
-from plait.comm.runner import Context, Runner
+from plait.comm.dispatch.runner import CallContext, Runner
 from plait.comm.transport.arena import Arena
 from plait.comm.transport.engine import Engine
 
@@ -122,7 +122,7 @@ class Communicator:
 
     def close(self) -> None:
         """Stop the async worker thread (the engine stays: other communicators share it)."""
-        self._runner.worker.stop()
+        self._runner.thread.stop()
 
     # ----------------------------------------------------------------- allreduce
     def allreduce(
@@ -217,7 +217,7 @@ class Communicator:
 
     def _reduce(
         self, tensor: Tensor, root: int, op: str, algorithm: str, in_place: bool
-    ) -> Callable[[Context], Tensor | None]:
+    ) -> Callable[[CallContext], Tensor | None]:
         return reductions.reduce(tensor, root, op, algorithm, self.size, in_place)
 
     # ------------------------------------------------------ gather-type collectives

@@ -18,7 +18,7 @@ import torch
 from plait.comm import arguments, gathers, reductions
 from plait.comm.backends.device_links import LaneRequest, StagedLink
 from plait.comm.core.request import Request
-from plait.comm.runner import Runner
+from plait.comm.dispatch.runner import Runner
 from plait.comm.transport.engine import Engine
 
 _USER_TAG = 1 << 63

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from plait.comm.algorithms.model import AlphaBeta, Formula, rounds
 from plait.comm.backends.process_groups import (
     allgather,
     allreduce,
@@ -71,3 +72,24 @@ ROUTES = {
 #: The rows that run on a GPU over NCCL (backends/cuda.py): all of them, as NCCL's own
 #: collectives.
 ON_DEVICE = frozenset(ROUTES)
+
+
+def allreduce_cost(n: int, p: int, c: AlphaBeta) -> float:
+    """Predicted seconds of gloo's allreduce of n bytes over p ranks: the ring's terms, with
+    gloo's own alpha and beta."""
+    share = (p - 1) / p
+    return 2 * (p - 1) * c.native_alpha + 2 * share * n * c.native_beta + share * n * c.gamma
+
+
+def one_way_cost(n: int, p: int, c: AlphaBeta) -> float:
+    """Predicted seconds of gloo's broadcast (and reduce) of n bytes over p ranks, as the
+    binomial tree's (lg p messages of n bytes each) with gloo's own alpha and beta."""
+    return rounds(p) * (c.native_alpha + n * c.native_beta)
+
+
+#: The rows' cost formulas (algorithms/model.py), by collective.
+COSTS: dict[str, Formula] = {
+    "allreduce": allreduce_cost,
+    "broadcast": one_way_cost,
+    "reduce": one_way_cost,
+}

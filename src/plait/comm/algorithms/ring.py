@@ -22,6 +22,7 @@ from itertools import pairwise
 
 import torch
 
+from plait.comm.algorithms.model import AlphaBeta, Formula
 from plait.comm.core.channel import Channel, Request, wait_all
 from plait.comm.core.ops import reduce_into
 
@@ -100,6 +101,17 @@ ROUTES = {
 
 #: The rows that run on a GPU over NCCL point-to-point (backends/cuda.py): all of them.
 ON_DEVICE = frozenset(ROUTES)
+
+
+def allreduce_cost(n: int, p: int, c: AlphaBeta) -> float:
+    """Predicted seconds of the allreduce of n bytes over p ranks (the module's docstring):
+    2(p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma."""
+    share = (p - 1) / p
+    return 2 * (p - 1) * c.alpha + 2 * share * n * c.beta + share * n * c.gamma
+
+
+#: The rows' cost formulas (algorithms/model.py), by collective.
+COSTS: dict[str, Formula] = {"allreduce": allreduce_cost}
 
 
 def _segment_elems(buf: torch.Tensor, segment_bytes: int | None) -> int:

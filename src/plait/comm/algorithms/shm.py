@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from plait.comm.algorithms.model import Formula
 from plait.comm.algorithms.ring import bounds_even
 from plait.comm.core.ops import reduce_into
 from plait.comm.transport.arena import Arena
@@ -34,6 +35,12 @@ if TYPE_CHECKING:
     from plait.comm.core.topology import Topology
 
 CHAIN_BYTES = 1 << 20  # parts this large use the chained allreduce (fewer bytes copied)
+
+#: The cost model of the hierarchical allreduce's host level, here (this machine, 4 ranks
+#: on 2 cores): seconds per synchronisation of a host's ranks, and seconds per byte for the
+#: host's reduce-scatter and all-gather together.
+SHM_SYNC = 50e-6
+SHM_BETA = 1 / 2e9
 
 
 def available(size: int, num_nodes: int) -> bool:
@@ -196,3 +203,13 @@ ROUTES = {
 #: The rows that run on a GPU over NCCL (backends/cuda.py): none, as shared memory is host
 #: memory (CUDA tensors are staged through it).
 ON_DEVICE: frozenset[tuple[str, str]] = frozenset()
+
+#: The rows' cost formulas: none, as `auto` takes shared memory wherever it can run
+#: (dispatch/auto.py); `host_level_cost` prices the hierarchical allreduce's host level.
+COSTS: dict[str, Formula] = {}
+
+
+def host_level_cost(n: int, p: int) -> float:
+    """Predicted seconds of `reduce_scatter` then `allgather` of n bytes among p ranks (the
+    hierarchical allreduce's host level): p + 3 synchronisations and SHM_BETA per byte."""
+    return (p + 3) * SHM_SYNC + n * SHM_BETA

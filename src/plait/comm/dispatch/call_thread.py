@@ -1,8 +1,9 @@
-"""The one worker thread that runs a communicator's asynchronous collectives, in FIFO order.
+"""The one thread that runs a communicator's asynchronous collectives, in FIFO order.
 
 Collectives of one communicator run in the order they were issued, on every rank alike;
-that is what keeps ranks matched. Async calls go to a single worker thread in FIFO order,
+that is what keeps ranks matched. Async calls go to a single call thread in FIFO order,
 and a blocking call issued while async ones are still queued waits its turn behind them.
+(A thread, not a process: train/ and infer/ call their processes workers.)
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from plait.comm.core.request import Future
 T = TypeVar("T")
 
 
-class Worker:
-    """One FIFO worker thread, started on first use."""
+class CallThread:
+    """One FIFO thread of calls, started on first use."""
 
     def __init__(self, name: str) -> None:
         self._name = name

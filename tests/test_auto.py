@@ -8,38 +8,40 @@ import pytest
 
 from plait.bench.collectives import fit_line
 from plait.bench.units import format_size, parse_size
-from plait.comm import routes, select
+from plait.comm.algorithms import hierarchical
+from plait.comm.algorithms.model import NETWORK, AlphaBeta
 from plait.comm.core.topology import Topology
+from plait.comm.dispatch import auto, calibration, routes
 
 ONE_HOST = Topology(["h0"] * 4, 0)  # with PLAIT_SHM=0 (shared memory off) the model decides
 TWO_BY_TWO = Topology(["h0", "h0", "h1", "h1"], 0)  # 2 hosts x 2 ranks
 
 
 def test_formulas_follow_thakur():
-    link = select.Link(alpha=1.0, beta=0.0, gamma=0.0)
+    link = AlphaBeta(alpha=1.0, beta=0.0, gamma=0.0)
     # latency terms only: ring 2(p-1), halving-doubling 2 lg p (+2 to fold), tree 2 lg p
-    assert select.predict("ring", 100, 8, link) == 14
-    assert select.predict("halving_doubling", 100, 8, link) == 6
-    assert select.predict("halving_doubling", 100, 6, link) == 4 + 2
-    assert select.predict("tree", 100, 8, link) == 6
-    link = select.Link(alpha=0.0, beta=1.0, gamma=0.0)
+    assert auto.predict("ring", 100, 8, link) == 14
+    assert auto.predict("halving_doubling", 100, 8, link) == 6
+    assert auto.predict("halving_doubling", 100, 6, link) == 4 + 2
+    assert auto.predict("tree", 100, 8, link) == 6
+    link = AlphaBeta(alpha=0.0, beta=1.0, gamma=0.0)
     # bandwidth terms: ring and HD move 2(p-1)/p n, tree 2 lg p n
-    assert select.predict("ring", 1000, 4, link) == pytest.approx(1500)
-    assert select.predict("tree", 1000, 4, link) == pytest.approx(4000)
+    assert auto.predict("ring", 1000, 4, link) == pytest.approx(1500)
+    assert auto.predict("tree", 1000, 4, link) == pytest.approx(4000)
 
 
 def test_default_model_prefers_latency_for_small_and_bandwidth_for_large():
-    small = min(("ring", "halving_doubling", "tree"), key=lambda a: select.predict(a, 1024, 8))
-    large = min(("ring", "halving_doubling", "tree"), key=lambda a: select.predict(a, 1 << 28, 8))
+    small = min(("ring", "halving_doubling", "tree"), key=lambda a: auto.predict(a, 1024, 8))
+    large = min(("ring", "halving_doubling", "tree"), key=lambda a: auto.predict(a, 1 << 28, 8))
     assert small in ("tree", "halving_doubling")  # 2 lg p latency terms, vs 2(p-1) for ring
     assert large in ("ring", "halving_doubling")  # tree moves 2 lg p * n bytes
 
 
 def test_across_hosts_the_two_level_allreduce_wins_where_the_network_is_the_cost():
     # 2 hosts x 2 ranks on a 1 Gbit/s network: the host link carries n instead of 1.5 n
-    assert routes.choose("allreduce", 16 << 20, TWO_BY_TWO) == "hierarchical"
-    flat = select.predict("ring", 16 << 20, 4, select.NETWORK)
-    two_level = select.predict_hierarchical(16 << 20, 2, 2, select.NETWORK)
+    assert auto.choose("allreduce", 16 << 20, TWO_BY_TWO) == "hierarchical"
+    flat = auto.predict("ring", 16 << 20, 4, NETWORK)
+    two_level = hierarchical.allreduce_cost(16 << 20, 2, 2, NETWORK)
     assert 1.3 < flat / two_level < 1.5
 
 
@@ -51,14 +53,14 @@ def test_fit_line_recovers_a_line():
 
 def test_auto_uses_shared_memory_when_every_rank_shares_a_host(monkeypatch):
     for collective in ("allreduce", "broadcast", "allgather", "reduce_scatter"):
-        assert routes.choose(collective, 1024, ONE_HOST) == "shm"
-    assert routes.choose("allreduce", 1024, TWO_BY_TWO) != "shm"
+        assert auto.choose(collective, 1024, ONE_HOST) == "shm"
+    assert auto.choose("allreduce", 1024, TWO_BY_TWO) != "shm"
     monkeypatch.setenv("PLAIT_SHM", "0")  # the switch that turns the transport off
-    assert routes.choose("allreduce", 1024, ONE_HOST) != "shm"
-    assert routes.choose("allgather", 1024, ONE_HOST) == "ring"
+    assert auto.choose("allreduce", 1024, ONE_HOST) != "shm"
+    assert auto.choose("allgather", 1024, ONE_HOST) == "ring"
     # across hosts, without shared memory the two-level algorithms cannot run either
     assert "hierarchical" not in routes.usable("allreduce", TWO_BY_TWO)
-    assert routes.choose("reduce_scatter", 1024, TWO_BY_TWO) == "ring"
+    assert auto.choose("reduce_scatter", 1024, TWO_BY_TWO) == "ring"
 
 
 def test_the_table_is_what_auto_chooses_from(monkeypatch):
@@ -69,7 +71,7 @@ def test_the_table_is_what_auto_chooses_from(monkeypatch):
             usable = routes.usable(collective, topology)
             assert set(usable) <= set(routes.ACCEPTED[collective]) - {"auto"}
             for n in (4, 1 << 16, 1 << 26):
-                assert routes.choose(collective, n, topology) in usable, (collective, topology)
+                assert auto.choose(collective, n, topology) in usable, (collective, topology)
     # where each row can run: shm on one host, hierarchical on equal hosts of > 1 rank
     assert "shm" in routes.usable("allgather", ONE_HOST)
     assert "shm" not in routes.usable("allgather", TWO_BY_TWO)
@@ -81,10 +83,10 @@ def test_the_table_is_what_auto_chooses_from(monkeypatch):
 
 def test_interpolation_is_a_local_alpha_beta_line():
     points = [[1000, 1.0], [2000, 3.0], [4000, 4.0]]
-    assert select.interpolate(points, 1500) == pytest.approx(2.0)
-    assert select.interpolate(points, 3000) == pytest.approx(3.5)
-    assert select.interpolate(points, 8000) == pytest.approx(6.0)  # the last line, extended
-    assert select.interpolate(points, 500) == pytest.approx(1e-9)  # clamped at the origin
+    assert calibration.interpolate(points, 1500) == pytest.approx(2.0)
+    assert calibration.interpolate(points, 3000) == pytest.approx(3.5)
+    assert calibration.interpolate(points, 8000) == pytest.approx(6.0)  # the last line, extended
+    assert calibration.interpolate(points, 500) == pytest.approx(1e-9)  # clamped at the origin
 
 
 def test_calibration_round_trip_decides_auto(tmp_path, monkeypatch):
@@ -98,16 +100,16 @@ def test_calibration_round_trip_decides_auto(tmp_path, monkeypatch):
         "tree": (5e-5, 5e-8),
     }
     points = {a: [[n, x + y * n] for n in sizes] for a, (x, y) in lines.items()}
-    select.save_calibration(4, 1, "allreduce", points)
-    select.load_calibration(reload=True)
+    calibration.save_calibration(4, 1, "allreduce", points)
+    calibration.load_calibration(reload=True)
     try:
-        assert routes.choose("allreduce", 1024, ONE_HOST) == "tree"
-        assert routes.choose("allreduce", 1 << 26, ONE_HOST) == "native"
+        assert auto.choose("allreduce", 1024, ONE_HOST) == "tree"
+        assert auto.choose("allreduce", 1 << 26, ONE_HOST) == "native"
         saved = json.loads((tmp_path / "cal.json").read_text())
         assert saved["points"]["p4-n1"]["allreduce"]["ring"] == points["ring"]
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
-        select.load_calibration(reload=True)
+        calibration.load_calibration(reload=True)
 
 
 def test_sizes_parse_and_print():
@@ -126,36 +128,36 @@ def test_auto_leaves_the_baseline_only_for_a_clear_gain(tmp_path, monkeypatch):
     sizes = (4096, 1 << 26)
     # ring 5% faster than native at every size: within the noise, so native
     lines = {"native": 1.0, "ring": 0.95, "halving_doubling": 1.2, "tree": 1.5}
-    select.save_calibration(
+    calibration.save_calibration(
         4, 1, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
     )
-    select.load_calibration(reload=True)
+    calibration.load_calibration(reload=True)
     try:
-        assert routes.choose("allreduce", 1 << 20, ONE_HOST) == "native"
+        assert auto.choose("allreduce", 1 << 20, ONE_HOST) == "native"
         lines["ring"] = 0.8  # 20% faster: worth it
-        select.save_calibration(
+        calibration.save_calibration(
             4, 1, "allreduce", {a: [[n, f * n * 1e-9] for n in sizes] for a, f in lines.items()}
         )
-        select.load_calibration(reload=True)
-        assert routes.choose("allreduce", 1 << 20, ONE_HOST) == "ring"
+        calibration.load_calibration(reload=True)
+        assert auto.choose("allreduce", 1 << 20, ONE_HOST) == "ring"
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
-        select.load_calibration(reload=True)
+        calibration.load_calibration(reload=True)
 
 
 def test_measured_levels_decide_the_two_level_allreduce(tmp_path, monkeypatch):
     monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "cal.json"))
     try:
         # a very slow network level (1 s per call): the flat algorithms win
-        select.save_levels(4, 2, {"local": (1e-4, 1e-10), "network": (1.0, 1e-9)})
-        assert select.load_levels(4, 2) == {"local": [1e-4, 1e-10], "network": [1.0, 1e-9]}
-        assert routes.choose("allreduce", 16 << 20, TWO_BY_TWO) != "hierarchical"
+        calibration.save_levels(4, 2, {"local": (1e-4, 1e-10), "network": (1.0, 1e-9)})
+        assert calibration.load_levels(4, 2) == {"local": [1e-4, 1e-10], "network": [1.0, 1e-9]}
+        assert auto.choose("allreduce", 16 << 20, TWO_BY_TWO) != "hierarchical"
         # a fast one: the two-level algorithm
-        select.save_levels(4, 2, {"local": (1e-4, 1e-10), "network": (1e-4, 1e-10)})
-        assert routes.choose("allreduce", 16 << 20, TWO_BY_TWO) == "hierarchical"
+        calibration.save_levels(4, 2, {"local": (1e-4, 1e-10), "network": (1e-4, 1e-10)})
+        assert auto.choose("allreduce", 16 << 20, TWO_BY_TWO) == "hierarchical"
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
-        select.load_calibration(reload=True)
+        calibration.load_calibration(reload=True)
 
 
 def test_every_rank_sees_a_calibration_another_rank_wrote(tmp_path, monkeypatch):
@@ -165,9 +167,9 @@ def test_every_rank_sees_a_calibration_another_rank_wrote(tmp_path, monkeypatch)
     path = tmp_path / "cal.json"
     monkeypatch.setenv("PLAIT_CALIBRATION", str(path))
     try:
-        assert select.load_levels(4, 2) is None  # read (no file) and kept
+        assert calibration.load_levels(4, 2) is None  # read (no file) and kept
         levels = {"local": [1e-5, 1e-10], "network": [5e-5, 8e-9]}
-        key = select.world_key(4, 2)
+        key = calibration.world_key(4, 2)
 
         def write() -> None:  # as rank 0 does, in another process: a new file, renamed
             tmp = tmp_path / "cal.tmp"
@@ -175,10 +177,10 @@ def test_every_rank_sees_a_calibration_another_rank_wrote(tmp_path, monkeypatch)
             os.replace(tmp, path)
 
         write()
-        assert select.load_levels(4, 2) == levels  # no reload asked for
+        assert calibration.load_levels(4, 2) == levels  # no reload asked for
         levels["network"] = [6e-5, 9e-9]  # the same size of file, within one mtime tick
         write()
-        assert select.load_levels(4, 2) == levels
+        assert calibration.load_levels(4, 2) == levels
     finally:
         monkeypatch.delenv("PLAIT_CALIBRATION")
-        select.load_calibration(reload=True)
+        calibration.load_calibration(reload=True)

@@ -3,14 +3,15 @@
 Every call gets the next sequence number when it is issued, on every rank alike (calls
 are issued in the same order everywhere); the number names the call's message streams,
 so messages of two calls never mix. Blocking calls run on the caller's thread, async ones
-on the communicator's one worker thread (worker.py), a blocking call waiting behind the
-queued async ones. A call runs as `fn(ctx)` with its `Context`: the Channel of every rank
-(the stream the flat algorithms run on) plus what the other algorithms need: more
-streams, the shared-memory arenas, the gloo group, the two levels of the hosts.
+on the communicator's one call thread (call_thread.py), a blocking call waiting behind the
+queued async ones. A call runs as `fn(ctx)` with its `CallContext`: the Channel of every
+rank (the stream the flat algorithms run on) plus what the other algorithms need: more
+streams, the shared-memory arenas, the gloo group, the two levels of the hosts (the
+Context Protocol of algorithms/context.py, which the routing rows are written against).
 
 Stream numbers of one call (3 bits of the tag):
     0  the mismatch check's exchange (agreement.py)
-    1  the algorithm (the Context itself)
+    1  the algorithm (the CallContext itself)
     2  creating a shared-memory arena
     3  the hierarchical algorithms' network level
     4  the hierarchical allreduce's host level where it is not shared memory (on GPUs)
@@ -28,22 +29,23 @@ import torch
 import torch.distributed as dist
 
 from plait import env
-from plait.comm import routes
-from plait.comm.agreement import Call, agree, check_enabled, record_bytes
 from plait.comm.algorithms import direct
 from plait.comm.backends import cuda, process_groups
 from plait.comm.backends.device_links import GroupLink, StagedLink
 from plait.comm.core.channel import Link
 from plait.comm.core.request import Request
 from plait.comm.core.topology import Topology
+from plait.comm.dispatch import auto, routes
+from plait.comm.dispatch.agreement import Call, agree, check_enabled, record_bytes
+from plait.comm.dispatch.call_thread import CallThread
 from plait.comm.transport import watchdog
 from plait.comm.transport.arena import Arena, slot_bytes_for
 from plait.comm.transport.engine import Engine
 from plait.comm.transport.shared_memory import SHM_DIR, ShmError, allowed
-from plait.comm.worker import Worker
 from plait.errors import CommTimeoutError, PlaitError
 
 if TYPE_CHECKING:
+    from plait.comm.algorithms.context import Context
     from plait.trace.recorder import Recorder
 
 T = TypeVar("T")
@@ -73,7 +75,7 @@ class LinkChannel:
 
 
 class Runner:
-    """The machinery behind one Communicator: its sequence of calls, worker, arenas and
+    """The machinery behind one Communicator: its sequence of calls, thread, arenas and
     gloo group. `ranks` are the members' global ranks; `comm_id` (30 bits) is the same on
     every member and different from every other communicator's."""
 
@@ -92,13 +94,15 @@ class Runner:
         self.id = comm_id
         self.seq = 0  # the next call's number: the same on every member between calls
         self._seq_lock = threading.Lock()  # a lost update would desynchronise the ranks
-        self.worker = Worker(f"plait-comm-{comm_id}")
+        self.thread = CallThread(f"plait-comm-{comm_id}")
         self.group = group  # gloo's; a sub-communicator makes its own on first native use
-        self.nccl: dict[torch.device, Any] = {}  # NCCL groups, per device (cuda.py)
+        self.nccl: dict[torch.device, Any] = {}  # NCCL groups, per device (backends/cuda.py)
         # the groups of ordered messages, one per direction (connect_lanes): NCCL's per CUDA
         # device; gloo's for CPU tensors under PLAIT_TEST_LINK=group (tests)
         self.lanes: dict[torch.device, list[Any]] = {}
-        self.streams: dict[torch.device, torch.cuda.Stream] = {}  # for async calls (cuda.py)
+        self.streams: dict[
+            torch.device, torch.cuda.Stream
+        ] = {}  # for async calls (backends/cuda.py)
         self._watching_nccl = False
         # PLAIT_TEST_LINK: CPU tensors down the paths CUDA ones take (read once: hot path)
         self.test_link: str | None = env.get("PLAIT_TEST_LINK")
@@ -108,21 +112,21 @@ class Runner:
         self.recorder: Recorder | None = None  # plait.trace's, while a trace records
         self.label = "world" if comm_id == 1 else ",".join(map(str, ranks))  # traces' "group"
 
-    def run(self, fn: Callable[[Context], T], on: torch.Tensor | None = None) -> T:
+    def run(self, fn: Callable[[CallContext], T], on: torch.Tensor | None = None) -> T:
         """Run a call now (after the queued async ones); return its result. `on`: the
-        call's tensor, whose device decides how the call meets CUDA streams (cuda.py)."""
+        call's tensor, whose device decides how the call meets CUDA streams (backends/cuda.py)."""
         call = self._issue(fn)
-        if self.worker.idle:
+        if self.thread.idle:
             return call()  # on the caller's thread and current stream
         if on is None or on.is_cpu:
-            return self.worker.submit(call).wait()
+            return self.thread.submit(call).wait()
         return self._start_on_device(call, on).wait()
 
-    def start(self, fn: Callable[[Context], T], on: torch.Tensor | None = None) -> Request[T]:
-        """Queue a call on the worker thread; `wait()` returns its result."""
+    def start(self, fn: Callable[[CallContext], T], on: torch.Tensor | None = None) -> Request[T]:
+        """Queue a call on the call thread; `wait()` returns its result."""
         call = self._issue(fn)
         if on is None or on.is_cpu:
-            return self.worker.submit(call)
+            return self.thread.submit(call)
         return self._start_on_device(call, on)
 
     def _start_on_device(self, call: Callable[[], T], tensor: torch.Tensor) -> Request[T]:
@@ -131,10 +135,10 @@ class Runner:
         if stream is None:  # this communicator's own: others' calls never queue behind it
             stream = self.streams[device] = torch.cuda.Stream(device=device)
         handoff = cuda.Handoff(device, stream)
-        inner = self.worker.submit(lambda: handoff.run(call))
+        inner = self.thread.submit(lambda: handoff.run(call))
         return cuda.DeviceRequest(inner, handoff, self.engine, (tensor,))
 
-    def _issue(self, fn: Callable[[Context], T]) -> Callable[[], T]:
+    def _issue(self, fn: Callable[[CallContext], T]) -> Callable[[], T]:
         """Give the call its sequence number now, on the issuing thread."""
         if self.engine.error is not None:
             raise self.engine.error
@@ -144,8 +148,8 @@ class Runner:
 
         def call() -> T:
             try:
-                with torch.no_grad():  # per thread: the async worker needs it too
-                    return fn(Context(self, seq))
+                with torch.no_grad():  # per thread: the call thread needs it too
+                    return fn(CallContext(self, seq))
             except PlaitError as e:
                 rec = self.recorder  # a timeout, on the trace (a dead peer is, by its hook)
                 if rec is not None and isinstance(e, CommTimeoutError):
@@ -214,11 +218,11 @@ class Runner:
             self.engine.on_failure(lambda err: cuda.abort_all(str(err)))
 
 
-class Context(LinkChannel):
+class CallContext(LinkChannel):
     """One call: the Channel of every rank (stream 1), and the call's other resources.
 
     Its messages go through the engine, or, in a context made by `over` for CUDA tensors,
-    through NCCL point-to-point (`nccl_device` set) or staged copies (device_links.py).
+    through NCCL point-to-point (`nccl_device` set) or staged copies (backends/device_links.py).
     """
 
     __slots__ = ("nccl_device", "runner", "seq", "topology")
@@ -243,16 +247,16 @@ class Context(LinkChannel):
             return self.runner.test_link  # None but in tests
         return cuda.transport(device)
 
-    def over(self, link: str, device: torch.device) -> Context:
+    def over(self, link: str, device: torch.device) -> CallContext:
         """This call's context with its messages over `link` (see link_for)."""
         if link == "staged":
-            return Context(self.runner, self.seq, StagedLink(self._engine))
+            return CallContext(self.runner, self.seq, StagedLink(self._engine))
         nccl = link == "nccl"
         group = self.runner.nccl_group(device) if nccl else self.runner.native_group()
         via = GroupLink(self._engine, group, self._ranks, batch=True)  # on gloo: emulated
-        return Context(self.runner, self.seq, via, device if nccl else None)
+        return CallContext(self.runner, self.seq, via, device if nccl else None)
 
-    def for_tensor(self, t: torch.Tensor) -> Context:
+    def for_tensor(self, t: torch.Tensor) -> CallContext:
         """The context whose channels carry `t` (this one for CPU tensors)."""
         if t.is_cpu and self.runner.test_link is None:
             return self
@@ -262,7 +266,7 @@ class Context(LinkChannel):
     def run_row(self, collective: str, algorithm: str, buf: torch.Tensor, *args: Any) -> Any:
         """Run the routing table's row on `buf` (1-D, contiguous) by the path its device
         takes: on CUDA, NCCL's collective or plait's schedule over NCCL point-to-point, or
-        staged through host memory (cuda.py's table).
+        staged through host memory (backends/cuda.py's table).
 
         While a trace records, the row's run is one "comm" event (the agreement check
         before it is not inside: the data movement is what the trace shows)."""
@@ -330,7 +334,7 @@ class Context(LinkChannel):
         """
         algorithm = call.algorithm
         if algorithm == "auto" and self.size > 1:
-            algorithm = routes.resolve(call.kind, "auto", t, self.topology)
+            algorithm = auto.resolve(call.kind, "auto", t, self.topology)
             if check and check_enabled():  # a record only where one is sent (not DP's buckets)
                 call = dataclasses.replace(call, algorithm=f"auto:{algorithm}")
         self.exchange(call, check=check)
@@ -400,3 +404,9 @@ class Context(LinkChannel):
 def _tag(comm_id: int, seq: int, sub: int) -> int:
     # 30-bit id, 30 bits of seq (calls 2^30 apart never overlap), 3 of stream: 63 bits
     return (comm_id << 33) | ((seq & 0x3FFFFFFF) << 3) | sub
+
+
+if TYPE_CHECKING:
+
+    def _rows_can_run_on(ctx: CallContext) -> Context:
+        return ctx  # the type checker's proof: a CallContext is the Context rows expect

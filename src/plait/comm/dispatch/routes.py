@@ -1,15 +1,17 @@
-"""The routing table: (collective, algorithm) -> the function that runs it.
+"""The routing table: (collective, algorithm) -> the function that runs it, and what the
+algorithm's module says of it.
 
-Every algorithm module lists its rows in a `ROUTES` dict; this table joins them, in the
-order of `SOURCES`, which is also the order error messages list the algorithms. The
-Communicator looks a call up here (`algorithm="auto"` first asks `choose`, which asks the
-cost model in select.py to pick among the rows that can run on this topology), and the
-benchmark (bench/collectives.py) measures the same rows. A new algorithm is one module,
-its rows, and its line in `SOURCES`.
+Every algorithm module lists its rows in a `ROUTES` dict, the rows that run on a GPU over
+NCCL in `ON_DEVICE`, and its cost formulas in `COSTS`; this table joins them, in the order
+of `SOURCES`, which is also the order error messages list the algorithms. The Communicator
+looks a call up here (`algorithm="auto"` first asks auto.py, which weighs the rows that
+can run on this topology by their formulas or a calibration), and the benchmark
+(bench/collectives.py) measures the same rows. A new algorithm is one module, its rows,
+and its line in `SOURCES`.
 
-What a row is called with (`ctx` is the call's `runner.Context`, itself the `Channel` of
-every rank, so an algorithm written against a channel is its own row; `buf` is 1-D and
-contiguous; `op` is sum, prod, min or max: "avg" is a sum the caller divides):
+What a row is called with (`ctx` is the call's context, algorithms/context.py: itself the
+`Channel` of every rank, so an algorithm written against a channel is its own row; `buf`
+is 1-D and contiguous; `op` is sum, prod, min or max: "avg" is a sum the caller divides):
 
     collective       row                              on return
     allreduce        fn(ctx, buf, op)                 buf holds the reduction
@@ -33,11 +35,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import torch
-
-from plait.comm import select
 from plait.comm.algorithms import halving_doubling, hierarchical, native, ring, shm, tree
-from plait.comm.backends import cuda
+from plait.comm.algorithms.model import Formula
 from plait.comm.core.topology import Topology
 
 #: The collectives that take an `algorithm` argument.
@@ -50,7 +49,8 @@ def _anywhere(topology: Topology) -> bool:
 
 #: (module, where its rows can run). `runs_on` is asked on every `auto` call (PLAIT_SHM
 #: may change meanwhile) and by the benchmark (which leaves out what cannot run); a row
-#: asked for where it cannot run raises its own error (ShmError) naming what it needs.
+#: asked for where it cannot run raises its own error (ShmError) naming what it needs. The
+#: rows that run anywhere are the *flat* ones: one level over every rank of any topology.
 SOURCES: tuple[tuple[ModuleType, Callable[[Topology], bool]], ...] = (
     (native, _anywhere),
     (ring, _anywhere),
@@ -63,13 +63,16 @@ SOURCES: tuple[tuple[ModuleType, Callable[[Topology], bool]], ...] = (
 
 @dataclass(frozen=True)
 class Route:
-    """One row: the function, the test of whether it can run on a topology, and whether it
+    """One row: the function; the test of whether it can run on a topology; whether it
     runs on a GPU over NCCL (its module's `ON_DEVICE`; the others are staged through host
-    memory: backends/cuda.py)."""
+    memory: backends/cuda.py); whether it is flat (runs on any topology); and its cost
+    formula (its module's `COSTS`), if the model has one."""
 
     run: Callable[..., Any]
     runs_on: Callable[[Topology], bool]
     on_device: bool
+    flat: bool
+    cost: Formula | None
 
 
 def _table() -> dict[tuple[str, str], Route]:
@@ -82,7 +85,8 @@ def _table() -> dict[tuple[str, str], Route]:
                     f"collective must be one of {COLLECTIVES} and the row new"
                 )
             on_device = (collective, algorithm) in module.ON_DEVICE
-            table[collective, algorithm] = Route(fn, runs_on, on_device)
+            cost = module.COSTS.get(collective)
+            table[collective, algorithm] = Route(fn, runs_on, on_device, runs_on is _anywhere, cost)
     return table
 
 
@@ -116,22 +120,7 @@ def usable(collective: str, topology: Topology) -> tuple[str, ...]:
     return tuple(a for a, r in ROWS[collective] if r.runs_on(topology))
 
 
-def choose(
-    collective: str, nbytes: int, topology: Topology, device: torch.device | None = None
-) -> str:
-    """What `algorithm="auto"` runs for `nbytes` on `topology`: the cost model's pick among
-    the usable rows; for CUDA tensors over NCCL, NCCL's unless a CUDA calibration says
-    otherwise (staged CUDA tensors run the CPU rows, so they choose as CPU ones do)."""
-    rows = usable(collective, topology)
-    if device is not None and device.type != "cpu" and cuda.transport(device) == "nccl":
-        return select.on_cuda(collective, nbytes, topology, rows)
-    return select.AUTO[collective](nbytes, topology, rows)
-
-
-def resolve(collective: str, algorithm: str, t: torch.Tensor, topology: Topology) -> str:
-    """`algorithm` (already checked), "auto" resolved for tensor `t` (its bytes and device)."""
-    if algorithm != "auto":
-        return algorithm
-    if t.is_cpu:  # the three-argument call tests replace; and no torch.device built (1.5 us)
-        return choose(collective, t.nbytes, topology)
-    return choose(collective, t.nbytes, topology, t.device)
+def flat(collective: str) -> tuple[str, ...]:
+    """The flat rows of `collective` (one level over every rank, any topology), in table
+    order: what a calibration measures at a world size, and `auto` weighs."""
+    return tuple(a for a, r in ROWS[collective] if r.flat)
