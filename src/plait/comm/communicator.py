@@ -1,7 +1,7 @@
 """The Communicator: a group of ranks and every collective, in Horovod's four forms.
 
 Words: a *rank* is a position in this communicator (0..size-1); a *global rank* is a
-position in the whole job; a *node* is a host (see topology.py). Collectives are called by
+position in the whole job; a *node* is a host (see core/topology.py). Collectives are called by
 every rank of the communicator, in the same order.
 
 Forms: `x` returns a new tensor and leaves its argument alone; `x_` works in place and
@@ -25,8 +25,9 @@ placeholder (an unchanged copy, say) would look like one to code run on the wron
 It costs no copy, and it is torch.distributed's and MPI's convention (only the root's
 receive buffer means anything). The argument of those ranks is left unchanged.
 
-Which algorithm runs comes from the routing table (routes.py); this class only checks the
-arguments (reductions.py, gathers.py) and hands the call to its runner (runner.py).
+Which algorithm runs comes from the routing table (dispatch/routes.py); this class only
+checks the arguments (reductions.py, gathers.py) and hands the call to its runner
+(dispatch/runner.py).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class Communicator:
         return self._runner.label
 
     def close(self) -> None:
-        """Stop the async worker thread (the engine stays: other communicators share it)."""
+        """Stop the call thread of async calls (the engine stays: other communicators share it)."""
         self._runner.thread.stop()
 
     # ----------------------------------------------------------------- allreduce

@@ -3,7 +3,7 @@
 Each function checks its arguments at once (raising before anything is sent) and returns
 the call, `run(ctx) -> result`, for the communicator's runner to issue; the communicator
 gives the four forms (x, x_, x_async, x_async_) by passing a copy or the tensor itself,
-and issuing it blocking or async. The algorithm is the routing table's row (routes.py),
+and issuing it blocking or async. The algorithm is the routing table's row (dispatch/routes.py),
 "auto" resolved by the cost model at run time.
 """
 

@@ -1,10 +1,10 @@
 """What a routing-table row may ask of its call: the Protocol the rows are written against.
 
-A row runs as `fn(ctx, buf, ...)` (routes.py lists the signatures). `ctx` is the Channel of
-every rank of the call, so an algorithm written against a Channel (ring, tree, ...) is its
-own row; the rows that need more (native, shm, hierarchical) ask for it here. The runner's
-`CallContext` (dispatch/runner.py) is the one implementation; the algorithms layer owns
-this Protocol so that it never imports the runner above it.
+A row runs as `fn(ctx, buf, ...)` (dispatch/routes.py lists the signatures). `ctx` is the
+Channel of every rank of the call, so an algorithm written against a Channel (ring, tree,
+...) is its own row; the rows that need more (native, shm, hierarchical) ask for it here.
+The runner's `CallContext` (dispatch/runner.py) is the one implementation; the algorithms
+layer owns this Protocol so that it never imports the runner above it.
 """
 
 from __future__ import annotations

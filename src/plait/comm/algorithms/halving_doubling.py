@@ -96,7 +96,7 @@ def allreduce(ch: Channel, buf: torch.Tensor, op: str) -> None:
         ch.isend(buf, r - 1).wait()
 
 
-#: The routing table's row (routes.py).
+#: The routing table's row (dispatch/routes.py).
 ROUTES = {("allreduce", "halving_doubling"): allreduce}
 
 #: The rows that run on a GPU over NCCL point-to-point (backends/cuda.py): all of them.

@@ -177,7 +177,7 @@ def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) 
     return reduce_scatter(arena, cross, buf, op, b, hosts)
 
 
-#: Rows of the routing table (routes.py); they run where `runs_on` says.
+#: Rows of the routing table (dispatch/routes.py); they run where `runs_on` says.
 ROUTES = {
     ("allreduce", "hierarchical"): _allreduce_row,
     ("allgather", "hierarchical"): _allgather_row,

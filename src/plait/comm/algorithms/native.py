@@ -54,7 +54,7 @@ def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) 
     return out
 
 
-#: Rows of the routing table (routes.py).
+#: Rows of the routing table (dispatch/routes.py).
 ROUTES = {
     ("allreduce", "native"): lambda ctx, buf, op: ctx.native(
         "allreduce", lambda g: allreduce(g, buf, op)

@@ -92,7 +92,7 @@ def _reduce_scatter_row(ch: Channel, buf: torch.Tensor, op: str, bounds: list[in
     return buf[bounds[ch.rank] : bounds[ch.rank + 1]].clone()
 
 
-#: Rows of the routing table (routes.py): the channel of the call is the Context itself.
+#: Rows of the routing table (dispatch/routes.py): the call's context is their channel.
 ROUTES = {
     ("allreduce", "ring"): allreduce,
     ("allgather", "ring"): allgather,

@@ -192,7 +192,7 @@ def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) 
     return buf[b[ctx.rank] : b[ctx.rank + 1]]  # a view: gathers.reduce_scatter decides
 
 
-#: Rows of the routing table (routes.py); they run where `runs_on` says.
+#: Rows of the routing table (dispatch/routes.py); they run where `runs_on` says.
 ROUTES = {
     ("allreduce", "shm"): lambda ctx, buf, op: allreduce(ctx.arena(buf.nbytes), buf, op),
     ("broadcast", "shm"): lambda ctx, buf, root: broadcast(ctx.arena(buf.nbytes), buf, root),

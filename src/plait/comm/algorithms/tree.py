@@ -77,7 +77,7 @@ def allreduce(ch: Channel, buf: torch.Tensor, op: str) -> None:
     broadcast(ch, buf, 0)
 
 
-#: Rows of the routing table (routes.py): the channel of the call is the Context itself.
+#: Rows of the routing table (dispatch/routes.py): the call's context is their channel.
 ROUTES = {
     ("allreduce", "tree"): allreduce,
     ("broadcast", "tree"): broadcast,

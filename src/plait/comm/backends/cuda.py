@@ -16,7 +16,7 @@ follows it):
 With transport "staged" every row is staged that way (plait's engine, gloo for native).
 
 Asynchronous calls on CUDA (DDP's behaviour): at issue, an event on the caller's current
-stream marks when the tensor is ready; the worker thread runs the call on the
+stream marks when the tensor is ready; the call thread runs the call on the
 communicator's own stream after waiting for that event, then records `done`. `wait()`
 makes the caller's current stream wait for `done` without blocking the host;
 `synchronize()` blocks the host until `done`, under the engine's watchdog. The request keeps

@@ -2,7 +2,7 @@
 when a collective's tensors live on a GPU.
 
 A *link* is what a Channel sends through: `isend(buf, global_rank, tag)` and `irecv(...)`,
-each returning a Request. The engine is the CPU link (engine.py). Here are the other two,
+each returning a Request. The engine is the CPU link (transport/engine.py). Here are the other two,
 and the requests of ordered messages on a communicator's lanes (`LaneRequest`):
 
 - `GroupLink`: point-to-point on a process group (NCCL for CUDA tensors). NCCL matches sends

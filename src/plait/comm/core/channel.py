@@ -8,7 +8,8 @@ Messages between the same two ranks on a channel are matched in the order they w
 
 A channel's messages go through a `Link`, which names peers by global rank and messages by
 tag: the engine (transport/engine.py), or, for tensors on a GPU, a device link
-(backends/device_links.py). dispatch/runner.py's `LinkChannel` is a Channel over a Link.
+(backends/device_links.py). A `LinkChannel` is a Channel over a Link: each call's context
+(dispatch/runner.py) is one.
 
 Words used everywhere in comm/: a *rank* is a position in a communicator; a *peer* is another
 rank of the same communicator; a *buffer* is a 1-D contiguous tensor.
@@ -16,13 +17,14 @@ rank of the same communicator; a *buffer* is a 1-D contiguous tensor.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 
 from plait.comm.core.request import Request
 
-__all__ = ["Channel", "Link", "Request", "sendrecv", "wait_all"]
+__all__ = ["Channel", "Link", "LinkChannel", "Request", "sendrecv", "wait_all"]
 
 
 class Channel(Protocol):
@@ -46,6 +48,29 @@ class Link(Protocol):
     def isend(self, buf: torch.Tensor, peer: int, tag: int) -> Request[None]: ...
 
     def irecv(self, buf: torch.Tensor, peer: int, tag: int) -> Request[None]: ...
+
+
+class LinkChannel:
+    """A Channel over a Link: one call's message stream among some ranks (global ranks
+    `ranks`, renumbered 0..), its messages tagged `tag`."""
+
+    __slots__ = ("_link", "_ranks", "_tag", "rank", "size")
+
+    def __init__(self, link: Link, ranks: Sequence[int], rank: int, tag: int) -> None:
+        self._link, self._ranks, self._tag = link, ranks, tag
+        self.rank, self.size = rank, len(ranks)
+
+    def isend(self, buf: torch.Tensor, peer: int) -> Request[None]:
+        return self._link.isend(buf, self._ranks[peer], self._tag)
+
+    def irecv(self, buf: torch.Tensor, peer: int) -> Request[None]:
+        return self._link.irecv(buf, self._ranks[peer], self._tag)
+
+    @property
+    def batches(self) -> bool:
+        """Requests posted between two waits are launched together, and a batch needs every
+        peer's earlier ones (NCCL): a schedule must not post the next step's receives ahead."""
+        return getattr(self._link, "batches", False)
 
 
 def sendrecv(ch: Channel, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:

@@ -61,7 +61,7 @@ def record_name(t: torch.Tensor) -> str:
 def on_device(name: str) -> torch.device:
     """The device a tensor described by record `name` lands on here: the CPU, or for a GPU
     record this rank's GPU (the job's, plait.device(); not the calling thread's current
-    device, which on the worker thread is cuda:0)."""
+    device, which on the call thread is cuda:0)."""
     kind = name.partition("@")[2].partition(":")[0]  # "float32@cuda:nccl" -> "cuda"
     if kind in ("", "cpu"):
         return torch.device("cpu")

@@ -6,9 +6,10 @@
 
 Users see `Request` only. Behind it, who finishes the work differs:
 - `Transfer`: a point-to-point send or receive posted to the engine; the thread that waits
-  moves the bytes itself (engine.py `drive`), so it has slots and no lock on the hot path.
-- `Future`: a collective run on the communicator's worker thread (worker.py), which calls
-  `finish` with its result or error.
+  moves the bytes itself (transport/engine.py `drive`), so it has slots and no lock on the
+  hot path.
+- `Future`: a collective run on the communicator's call thread (dispatch/call_thread.py),
+  which calls `finish` with its result or error.
 - `ServerRequest` (ps/client.py): a push or pull in flight on every parameter server,
   answered through the client's I/O thread.
 """
@@ -28,7 +29,7 @@ class Request(Generic[T]):
     __slots__ = ()
 
     # time.perf_counter() when the work began and finished, where the one running it knows
-    # (a collective on the worker thread): traces and tests use them to see communication
+    # (a collective on the call thread): traces and tests use them to see communication
     # overlap computation. Class-level None, so a Transfer carries no per-message cost.
     started_at: float | None = None
     finished_at: float | None = None
@@ -57,7 +58,7 @@ class Request(Generic[T]):
 
 
 class Driver(Protocol):
-    """What moves a Transfer's bytes: the engine (engine.py)."""
+    """What moves a Transfer's bytes: the engine (transport/engine.py)."""
 
     def drive(self, req: Transfer) -> None: ...
 

@@ -3,8 +3,8 @@
 Words: a *rank* is a position in the communicator (0..size-1); a *node* or *host* is a
 machine (ranks with the same PLAIT_NODE_ID or hostname); a rank's *local rank* is its
 position among the ranks of its host, its *node rank* its host's position among the hosts,
-hosts in order of their lowest rank. `comm.topology` is one; the cost model (select.py),
-the routing table's `runs_on` checks (routes.py), the hierarchical algorithms and Mesh
+hosts in order of their lowest rank. `comm.topology` is one; the cost model (dispatch/auto.py),
+the routing table's `runs_on` checks (dispatch/routes.py), the hierarchical algorithms and Mesh
 (which hosts each axis's groups span) read it.
 
     nodes ["b", "a", "b", "c", "a"], rank 2:

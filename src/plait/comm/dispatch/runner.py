@@ -32,7 +32,7 @@ from plait import env
 from plait.comm.algorithms import direct
 from plait.comm.backends import cuda, process_groups
 from plait.comm.backends.device_links import GroupLink, StagedLink
-from plait.comm.core.channel import Link
+from plait.comm.core.channel import Link, LinkChannel
 from plait.comm.core.request import Request
 from plait.comm.core.topology import Topology
 from plait.comm.dispatch import auto, routes
@@ -49,29 +49,6 @@ if TYPE_CHECKING:
     from plait.trace.recorder import Recorder
 
 T = TypeVar("T")
-
-
-class LinkChannel:
-    """A Channel (core/channel.py) over a Link: one call's message stream among some ranks,
-    renumbered 0.."""
-
-    __slots__ = ("_link", "_ranks", "_tag", "rank", "size")
-
-    def __init__(self, link: Link, ranks: Sequence[int], rank: int, tag: int) -> None:
-        self._link, self._ranks, self._tag = link, ranks, tag
-        self.rank, self.size = rank, len(ranks)
-
-    def isend(self, buf: torch.Tensor, peer: int) -> Request[None]:
-        return self._link.isend(buf, self._ranks[peer], self._tag)
-
-    def irecv(self, buf: torch.Tensor, peer: int) -> Request[None]:
-        return self._link.irecv(buf, self._ranks[peer], self._tag)
-
-    @property
-    def batches(self) -> bool:
-        """Requests posted between two waits are launched together, and a batch needs every
-        peer's earlier ones (NCCL): a schedule must not post the next step's receives ahead."""
-        return getattr(self._link, "batches", False)
 
 
 class Runner:
