@@ -18,16 +18,16 @@ TWO_BY_TWO = Topology(["h0", "h0", "h1", "h1"], 0)  # 2 hosts x 2 ranks
 
 
 def test_formulas_follow_thakur():
-    link = AlphaBeta(alpha=1.0, beta=0.0, gamma=0.0)
+    params = AlphaBeta(alpha=1.0, beta=0.0, gamma=0.0)
     # latency terms only: ring 2(p-1), halving-doubling 2 lg p (+2 to fold), tree 2 lg p
-    assert auto.predict("ring", 100, 8, link) == 14
-    assert auto.predict("halving_doubling", 100, 8, link) == 6
-    assert auto.predict("halving_doubling", 100, 6, link) == 4 + 2
-    assert auto.predict("tree", 100, 8, link) == 6
-    link = AlphaBeta(alpha=0.0, beta=1.0, gamma=0.0)
+    assert auto.predict("ring", 100, 8, params) == 14
+    assert auto.predict("halving_doubling", 100, 8, params) == 6
+    assert auto.predict("halving_doubling", 100, 6, params) == 4 + 2
+    assert auto.predict("tree", 100, 8, params) == 6
+    params = AlphaBeta(alpha=0.0, beta=1.0, gamma=0.0)
     # bandwidth terms: ring and HD move 2(p-1)/p n, tree 2 lg p n
-    assert auto.predict("ring", 1000, 4, link) == pytest.approx(1500)
-    assert auto.predict("tree", 1000, 4, link) == pytest.approx(4000)
+    assert auto.predict("ring", 1000, 4, params) == pytest.approx(1500)
+    assert auto.predict("tree", 1000, 4, params) == pytest.approx(4000)
 
 
 def test_default_model_prefers_latency_for_small_and_bandwidth_for_large():

@@ -145,15 +145,15 @@ def _choices(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> dict[str, Any]:
 def _predictions() -> Iterator[float]:
     """Every number the model predicts over the grid, in a fixed order."""
     flat = ("ring", "halving_doubling", "tree", "native")
-    for link in (DEFAULT, NETWORK, AlphaBeta(alpha=1e-5, beta=1e-9)):
+    for params in (DEFAULT, NETWORK, AlphaBeta(alpha=1e-5, beta=1e-9)):
         for p in range(1, 10):
             for n in SIZES:
                 for a in flat:
-                    yield auto.predict(a, n, p, link)
+                    yield auto.predict(a, n, p, params)
         for hosts in range(2, 5):
             for local in range(1, 5):
                 for n in SIZES:
-                    yield hierarchical.allreduce_cost(n, hosts, local, link)
+                    yield hierarchical.allreduce_cost(n, hosts, local, params)
     for local in (1, 2, 4):
         for rate in (None, 1e8, 1.25e9):
             costs = Costs.of(local, rate)

@@ -212,7 +212,7 @@ def allreduce_cost(n: int, hosts: int, local: int, c: AlphaBeta = DEFAULT) -> fl
 
     The host level (reduce-scatter, all-gather) takes local + 3 synchronisations and
     SHM_BETA per byte (shm.py); the network level is the best flat allreduce of n / local
-    bytes over `hosts` ranks, with the link's bandwidth divided among the `local` groups
+    bytes over `hosts` ranks, with the network's bandwidth divided among the `local` groups
     that share it (so its bandwidth term is that of n bytes).
     """
     shared = AlphaBeta(alpha=c.alpha, beta=c.beta * local, gamma=c.gamma)

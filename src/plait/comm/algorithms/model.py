@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True)
 class AlphaBeta:
-    """Cost parameters of one kind of link (seconds, seconds per byte)."""
+    """The cost parameters of one level: inside a host (`DEFAULT`) or between hosts
+    (`NETWORK`); seconds, seconds per byte."""
 
     # Defaults read off this project's 2-core machine at 4 ranks (plait bench collectives):
     # per-message latency is dominated by process wake-ups, and gloo's far more so.

@@ -55,7 +55,7 @@ COSTS: dict[str, dict[str, Formula]] = {
 }
 
 
-def predict(algorithm: str, n: int, p: int, link: AlphaBeta = DEFAULT) -> float:
+def predict(algorithm: str, n: int, p: int, params: AlphaBeta = DEFAULT) -> float:
     """Predicted seconds for an allreduce of n bytes over p ranks, by the algorithm's own
     formula.
 
@@ -65,7 +65,7 @@ def predict(algorithm: str, n: int, p: int, link: AlphaBeta = DEFAULT) -> float:
     formula = COSTS["allreduce"].get(algorithm)
     if formula is None:
         raise ValueError(f"no cost model for {algorithm!r}")
-    return formula(n, p, link)
+    return formula(n, p, params)
 
 
 #: Leave the baseline (gloo) only for a predicted gain of more than 10%. Repeated
@@ -74,7 +74,7 @@ def predict(algorithm: str, n: int, p: int, link: AlphaBeta = DEFAULT) -> float:
 SWITCH_MARGIN = 0.9
 
 
-def _cost(collective: str, algorithm: str, n: int, topology: Topology, link: AlphaBeta) -> float:
+def _cost(collective: str, algorithm: str, n: int, topology: Topology, params: AlphaBeta) -> float:
     """Calibrated seconds of `algorithm` at n bytes on this world, else the model's."""
     world = world_key(topology.size, topology.num_nodes)
     measured = load_calibration().get(world, {}).get(collective)
@@ -86,8 +86,8 @@ def _cost(collective: str, algorithm: str, n: int, topology: Topology, link: Alp
             (a1, b1), (a2, b2) = levels["local"], levels["network"]
             return a1 + b1 * n + a2 + b2 * n
         local, cross = topology.levels or ([], [])
-        return hierarchical.allreduce_cost(n, len(cross), len(local), link)
-    return predict(algorithm, n, topology.size, link)
+        return hierarchical.allreduce_cost(n, len(cross), len(local), params)
+    return predict(algorithm, n, topology.size, params)
 
 
 def _best(collective: str, candidates: tuple[str, ...], n: int, topology: Topology) -> str:
