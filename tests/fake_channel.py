@@ -1,7 +1,7 @@
 """An in-process fake world for testing collective algorithms without sockets.
 
 `FakeWorld(size).run(fn, *args)` runs fn(ch, *args) on `size` threads, each holding a
-`FakeChannel` that satisfies `plait.comm.p2p.Channel`. Every message is recorded in
+`FakeChannel` that satisfies `plait.comm.core.channel.Channel`. Every message is recorded in
 `world.messages` (src, dst, nbytes, global order, and its depth: a Lamport clock that ticks
 on every send and catches up on every receive, so it is the message's round when each rank
 sends one message at a time), so tests can assert the structure of communication as well

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from listeners import Listener, Watch
-from plait.comm import secret
+from plait.comm.bootstrap import secret
 from world import free_port, run_world
 
 STRANGER_KEY = secret.key_from("0" * 64, None, one_host=False)

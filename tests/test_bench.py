@@ -65,7 +65,7 @@ def test_bench_collectives_writes_every_algorithm(tmp_path):
     assert again.returncode == 0, again.stderr
     lines = again.stdout.strip().splitlines()
     # the routing table's rows in its order (hierarchical needs hosts), between peer and auto
-    from plait.comm import routes
+    from plait.comm.dispatch import routes
 
     rows = [a for a, _ in routes.ROWS["allreduce"] if a != "hierarchical"]
     assert lines[0].startswith(

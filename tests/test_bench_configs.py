@@ -151,7 +151,7 @@ def test_the_runner_prints_the_report_its_markdown_then_writes_the_json(
 def test_the_algorithms_benchmarked_are_the_routing_tables() -> None:
     # the command line does not import torch (the routing table does) for the default, all
     from plait.bench.collectives.config import algorithms
-    from plait.comm import routes
+    from plait.comm.dispatch import routes
 
     auto, *rows = routes.ACCEPTED["allreduce"]
     assert CollectivesConfig().algorithm_list == algorithms() == ["torch", *rows, auto]

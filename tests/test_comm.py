@@ -10,6 +10,7 @@ are bit-identical across ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import defaultdict
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from plait import Communicator
-from plait.comm.topology import Topology
+from plait.comm.core.topology import Topology
 from world import run_world
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64]
@@ -252,7 +253,7 @@ def check_async_forms(comm: Communicator, ck: Checks) -> None:
 def check_routes(comm: Communicator, ck: Checks) -> None:
     """The Communicator runs the routing table's rows: with every row replaced by a spy,
     each algorithm (auto too) runs the row `routes` names, and gives the exact answer."""
-    from plait.comm import routes
+    from plait.comm.dispatch import auto, routes
 
     p, r = comm.size, comm.rank
     ran: list[tuple[str, str]] = []
@@ -263,7 +264,7 @@ def check_routes(comm: Communicator, ck: Checks) -> None:
             ran.append(key)
             return route.run(*args)
 
-        return routes.Route(run, route.runs_on)
+        return dataclasses.replace(route, run=run)
 
     xs = every(p, (2 * p + 1, 3), i64, ck.next())  # uneven blocks: native falls back
     wants: dict[str, tuple[Callable[[str], object], torch.Tensor | None]] = {
@@ -287,8 +288,8 @@ def check_routes(comm: Communicator, ck: Checks) -> None:
             for algo in ("auto", *usable):
                 ran.clear()
                 check_rooted(ck, f"{collective} {algo} (spied)", call(algo), want)
-                auto = routes.choose(collective, xs[r].nbytes, comm.topology)
-                row = auto if algo == "auto" else algo
+                chosen = auto.choose(collective, xs[r].nbytes, comm.topology)
+                row = chosen if algo == "auto" else algo
                 first = ran[:1] if p > 1 else ran  # a world of one runs no row
                 expect = [(collective, row)] if p > 1 else []
                 ck.true(f"{collective} {algo} runs row {row}", first == expect, ran)

@@ -48,12 +48,12 @@ def test_init_selects_cuda_local_rank_and_shares_one_gpu_when_asked():
 
 
 def _single_rank_nccl(comm: object) -> list[float]:
-    from plait.comm import native
+    from plait.comm.backends import process_groups
 
     device = torch.device("cuda", 0)
     group = comm._runner.nccl_group(device)
     t = torch.arange(4.0, device=device)
-    native.allreduce(group, t, "sum").wait()
+    process_groups.allreduce(group, t, "sum").wait()
     torch.cuda.synchronize()
     return t.tolist()
 

@@ -16,8 +16,8 @@ import torch
 
 import plait.errors
 from plait import CollectiveMismatchError, Communicator, PlaitError
-from plait.comm import routes
-from plait.comm.shm import ShmError
+from plait.comm.dispatch import auto
+from plait.comm.transport.shared_memory import ShmError
 from world import run_world
 
 ALGOS = ["auto", "native", "ring", "halving_doubling", "tree"]
@@ -33,13 +33,13 @@ def _x(n: int = 2, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 def _auto_chosen_otherwise(c: Communicator, r: int, p: int) -> object:
     """Rank 1's cost model picks another algorithm than the others' for the same call (as a
     stale calibration file would make it): an error naming the choices, not a wait."""
-    real = routes.choose
+    real = auto.choose
     if r == 1:
-        routes.choose = lambda kind, n, topo: "tree" if real(kind, n, topo) != "tree" else "ring"
+        auto.choose = lambda kind, n, topo: "tree" if real(kind, n, topo) != "tree" else "ring"
     try:
         return c.allreduce(_x())
     finally:
-        routes.choose = real
+        auto.choose = real
 
 
 MISMATCHES: list[Case] = [

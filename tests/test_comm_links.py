@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from plait import devices
-from plait.comm import cuda, routes, select
-from plait.comm.agreement import Call, agree
-from plait.comm.dtypes import dtype_from_name, on_device, record_name
-from plait.comm.topology import Topology
+from plait.comm.backends import cuda
+from plait.comm.core.dtypes import dtype_from_name, on_device, record_name
+from plait.comm.core.topology import Topology
+from plait.comm.dispatch import auto, calibration, routes
+from plait.comm.dispatch.agreement import Call, agree
 from plait.errors import CollectiveMismatchError, PeerFailureError
 from world import run_world
 
@@ -34,7 +35,7 @@ def every_collective(comm: object, device: str = "cpu") -> dict[str, object]:
     """Each collective and algorithm on small-integer inputs on `device`, against the
     one-process result; and how many engine messages a ring allreduce cost, how many rows
     were staged. Also run on CUDA tensors by tests/test_comm_cuda.py."""
-    import plait.comm.cuda as cuda_module
+    import plait.comm.backends.cuda as cuda_module
 
     staged = []
     real = cuda_module.staged
@@ -195,24 +196,25 @@ def test_auto_on_cuda_takes_nccl_unless_a_cuda_calibration_says_otherwise(monkey
     monkeypatch.setattr(cuda, "transport", lambda device: "nccl")
     topology = Topology(["a"] * 4, 0)
     gpu = torch.device("cuda", 0)
-    assert routes.choose("allreduce", 1 << 20, topology, gpu) == "native"
-    assert routes.choose("allreduce", 1 << 20, topology) == "shm"  # CPU tensors: unchanged
+    assert auto.choose("allreduce", 1 << 20, topology, gpu) == "native"
+    assert auto.choose("allreduce", 1 << 20, topology) == "shm"  # CPU tensors: unchanged
     # a calibration taken on CUDA in which the ring is twice as fast as NCCL at every size
     sizes = [1 << 10, 1 << 24]
     points = {
-        a: [[n, n * 1e-9 * (2 if a == "native" else 1)] for n in sizes] for a in select.ON_CUDA
+        a: [[n, n * 1e-9 * (2 if a == "native" else 1)] for n in sizes]
+        for a in ("native", "ring", "halving_doubling", "tree")
     }
-    select.save_calibration(4, 1, "allreduce", points, device="cuda")
-    select.load_calibration(reload=True)
-    assert routes.choose("allreduce", 1 << 20, topology, gpu) in (
+    calibration.save_calibration(4, 1, "allreduce", points, device="cuda")
+    calibration.load_calibration(reload=True)
+    assert auto.choose("allreduce", 1 << 20, topology, gpu) in (
         "ring",
         "halving_doubling",
         "tree",
     )
-    assert routes.choose("allreduce", 1 << 20, topology) == "shm"  # the CPU key is untouched
+    assert auto.choose("allreduce", 1 << 20, topology) == "shm"  # the CPU key is untouched
     # staged CUDA tensors run the CPU rows, so they choose as CPU tensors do
     monkeypatch.setattr(cuda, "transport", lambda device: "staged")
-    assert routes.choose("allreduce", 1 << 20, topology, gpu) == "shm"
+    assert auto.choose("allreduce", 1 << 20, topology, gpu) == "shm"
 
 
 def _hook_sees_the_death(comm: object) -> dict[str, object]:

@@ -21,7 +21,7 @@ def _params_then_a_local_error(comm):
     if comm.rank == 0:  # rank 0's algorithm breaks after the call started everywhere
         import dataclasses
 
-        from plait.comm import routes
+        from plait.comm.dispatch import routes
 
         def broken(ctx, buf, op):
             raise RuntimeError("disk full")

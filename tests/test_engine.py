@@ -54,8 +54,8 @@ import socket  # noqa: E402
 import struct  # noqa: E402
 
 import plait  # noqa: E402
-from plait.comm.engine import Engine  # noqa: E402
-from plait.comm.wire import DATA, HEADER  # noqa: E402
+from plait.comm.transport.engine import Engine  # noqa: E402
+from plait.comm.transport.wire import DATA, HEADER  # noqa: E402
 
 
 def _engine_and_peer(timeout=20.0, heartbeat_interval=0.2):
@@ -140,7 +140,7 @@ def test_a_write_racing_a_peers_goodbye_is_not_a_failure():
     ours, theirs = socket.socketpair()
     engine = Engine(1, {0: ours}, timeout=10.0, heartbeat_interval=0.2, heartbeat_timeout=5.0)
     try:
-        from plait.comm.wire import BYE, HEARTBEAT
+        from plait.comm.transport.wire import BYE, HEARTBEAT
 
         with engine._progress:  # nobody reads while we set the race up
             theirs.sendall(HEADER.pack(BYE, 0, 0))

@@ -2,7 +2,7 @@
 
 import random
 
-from plait.comm.matching import Matcher
+from plait.comm.transport.matching import Matcher
 
 
 def test_receives_posted_first_are_taken_in_posting_order():

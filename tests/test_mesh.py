@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from plait import Communicator, Mesh
+from plait.comm.core.topology import Topology
 from plait.comm.mesh import MeshError, check_shape, coordinates, hosts_spanned
-from plait.comm.topology import Topology
 from world import run_world
 
 

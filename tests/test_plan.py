@@ -15,7 +15,8 @@ from dataclasses import replace
 import pytest
 
 from plait.cli.main import main
-from plait.comm import select
+from plait.comm.algorithms.model import NETWORK
+from plait.comm.dispatch import auto, calibration
 from plait.errors import ConfigError
 from plait.plan import Plan, PlanRequest, parse_rate, search
 from plait.plan import profile as profiling
@@ -61,7 +62,7 @@ def _no_calibration(tmp_path, monkeypatch):
     """The alpha-beta model's defaults, not whatever this machine calibrated; a fresh cache."""
     monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "none.json"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    select.load_calibration(reload=True)
+    calibration.load_calibration(reload=True)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -81,7 +82,7 @@ def test_data_parallel_step_adds_one_bucket_allreduce():
     n = 1000
     costs = Costs.of(local=4, link_bytes_per_s=None)
     pred = simulate(Plan(dp=4), setting_of(fake(layers=1, params=n), 4, costs))
-    reduce = min(select.predict(a, 4 * n, 4) for a in select.FLAT)
+    reduce = min(auto.predict(a, 4 * n, 4) for a in auto.FLAT["allreduce"])
     assert pred.step_s == pytest.approx(3.0 + reduce)
     assert pred.breakdown["comm_s"] == pytest.approx(reduce)
 
@@ -93,8 +94,8 @@ def test_buckets_overlap_the_backward():
     n = 1 << 18
     costs = Costs.of(local=2, link_bytes_per_s=None)
     pred = simulate(Plan(dp=2), setting_of(fake(layers=4, f=1.0, b=2.0, params=n), 2, costs))
-    first = min(select.predict(a, 4 * n, 2) for a in select.FLAT)
-    rest = min(select.predict(a, 3 * 4 * n, 2) for a in select.FLAT)
+    first = min(auto.predict(a, 4 * n, 2) for a in auto.FLAT["allreduce"])
+    rest = min(auto.predict(a, 3 * 4 * n, 2) for a in auto.FLAT["allreduce"])
     assert first < 2.0  # shorter than a layer's backward: hidden
     assert pred.step_s == pytest.approx(12.0 + rest)
 
@@ -308,7 +309,7 @@ def test_a_pipeline_across_hosts_waits_on_the_network():
     # one rank per host, 1 kB/s between them: each send of 512 bytes takes ~0.5 s
     costs = Costs.of(local=1, link_bytes_per_s=1e3)
     pred = simulate(Plan(pp=2), setting_of(fake(layers=2, f=0.01, b=0.01), 2, costs))
-    send = select.NETWORK.alpha + 8 * 64 / 1e3
+    send = NETWORK.alpha + 8 * 64 / 1e3
     assert pred.step_s == pytest.approx(0.04 + 2 * send)  # F, send, F, B, send back, B
     assert pred.bottleneck == "link:network"
 

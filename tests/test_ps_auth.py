@@ -17,7 +17,7 @@ import torch
 import zmq
 
 import plait.ps as ps
-from plait.comm import secret
+from plait.comm.bootstrap import secret
 from plait.ps.auth import Gate, Handshake, frame_limit
 from plait.ps.config import PSConfig, store_server_key
 from plait.ps.errors import PSError

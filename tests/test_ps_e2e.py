@@ -16,7 +16,7 @@ import torch
 import zmq
 
 import plait.ps as ps
-from plait.comm.rendezvous import job_key, world_from_env
+from plait.comm.bootstrap.rendezvous import job_key, world_from_env
 from plait.errors import PeerFailureError
 from plait.ps.config import store_server_key
 from plait.ps.wire import Message, decode, encode

@@ -6,8 +6,8 @@ import time
 import pytest
 
 import plait
-from plait.comm.request import Transfer
-from plait.comm.worker import Worker
+from plait.comm.core.request import Transfer
+from plait.comm.dispatch.call_thread import CallThread
 
 
 class _Driver:
@@ -43,8 +43,8 @@ def test_a_parked_transfer_wakes_when_another_thread_completes_it():
     assert time.monotonic() - start < 2.5  # woken, not timed out
 
 
-def test_the_worker_runs_calls_in_order_and_hands_back_results_and_errors():
-    worker = Worker("test-worker")
+def test_the_call_thread_runs_calls_in_order_and_hands_back_results_and_errors():
+    thread = CallThread("test-thread")
     order = []
     gate = threading.Event()
 
@@ -58,8 +58,8 @@ def test_the_worker_runs_calls_in_order_and_hands_back_results_and_errors():
         raise ValueError("bad input")
 
     try:
-        a, b = worker.submit(first), worker.submit(second)
-        assert isinstance(a, plait.Request) and not a.done() and not worker.idle
+        a, b = thread.submit(first), thread.submit(second)
+        assert isinstance(a, plait.Request) and not a.done() and not thread.idle
         gate.set()
         assert a.wait() == "one"
         with pytest.raises(ValueError, match="bad input"):
@@ -67,4 +67,4 @@ def test_the_worker_runs_calls_in_order_and_hands_back_results_and_errors():
         assert order == [1, 2]
         assert a.started_at <= a.finished_at <= b.started_at <= b.finished_at
     finally:
-        worker.stop()
+        thread.stop()

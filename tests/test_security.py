@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from plait.comm import handshake, secret
-from plait.comm.store import ForgedValueError, JobStore
+from plait.comm.bootstrap import handshake, secret
+from plait.comm.bootstrap.store import ForgedValueError, JobStore
 from plait.errors import PlaitError
 from plait.launch.env import with_secret
 
@@ -121,8 +121,8 @@ def test_store_values_are_signed_and_forgeries_refused_once(
 
 
 def test_store_close_frees_the_port_torch_would_keep() -> None:
-    from plait.comm.rendezvous import WorldEnv
-    from plait.comm.store import make_store
+    from plait.comm.bootstrap.rendezvous import WorldEnv
+    from plait.comm.bootstrap.store import make_store
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

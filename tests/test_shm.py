@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from plait import Communicator
-from plait.comm import shm
+from plait.comm.algorithms import shm
+from plait.comm.transport import arena
+from plait.comm.transport.shared_memory import SHM_DIR
 from world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
@@ -24,7 +26,7 @@ SMALL_SLOT = 1 << 16
 
 
 def _leftovers() -> set[str]:
-    return {n for n in os.listdir(shm.SHM_DIR) if n.startswith("plait-")}
+    return {n for n in os.listdir(SHM_DIR) if n.startswith("plait-")}
 
 
 def _inputs(rank: int, dtype: torch.dtype, n: int) -> torch.Tensor:
@@ -34,7 +36,7 @@ def _inputs(rank: int, dtype: torch.dtype, n: int) -> torch.Tensor:
 
 
 def _battery(comm: Communicator) -> Any:
-    shm.MAX_SLOT = SMALL_SLOT
+    arena.MAX_SLOT = SMALL_SLOT
     out: dict[str, torch.Tensor] = {}
     for dtype in DTYPES:
         for n in SIZES:
@@ -110,15 +112,15 @@ def _grow(comm: Communicator) -> Any:
 @pytest.mark.timeout(90)
 def test_the_segment_grows_for_larger_tensors() -> None:
     for sizes in run_world(2, _grow, timeout=60, env=ENV):
-        assert sizes == [shm.MIN_SLOT, 2 << 20, 16 << 20]
+        assert sizes == [arena.MIN_SLOT, 2 << 20, 16 << 20]
 
 
 def test_the_transport_is_for_one_host_only() -> None:
     assert shm.available(4, 1)
     assert not shm.available(4, 2) and not shm.available(1, 1)
-    assert shm.slot_bytes_for(10) == shm.MIN_SLOT
-    assert shm.slot_bytes_for(3 << 20) == 4 << 20
-    assert shm.slot_bytes_for(1 << 30) == shm.MAX_SLOT
+    assert arena.slot_bytes_for(10) == arena.MIN_SLOT
+    assert arena.slot_bytes_for(3 << 20) == 4 << 20
+    assert arena.slot_bytes_for(1 << 30) == arena.MAX_SLOT
 
 
 def _cpu_while_waiting(comm: Communicator) -> Any:
@@ -146,7 +148,7 @@ def test_waiting_for_a_slow_peer_does_not_burn_a_core() -> None:
 
 
 def _gathers(comm: Communicator) -> Any:
-    shm.MAX_SLOT = SMALL_SLOT  # 64 KiB slots: the 30_000-row tensors go in windows
+    arena.MAX_SLOT = SMALL_SLOT  # 64 KiB slots: the 30_000-row tensors go in windows
     out = []
     for rows in (1, 7, 30_000):
         x = torch.arange(rows * 3, dtype=torch.float64).view(rows, 3) + comm.rank

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from plait import Communicator, PeerFailureError
-from plait.comm import shm_pipe
+from plait.comm.transport import shm_pipe
 from world import run_world
 
 KB = 256  # float32 elements in 1 KiB

@@ -17,8 +17,8 @@ from plait.lazy import getattr_from
 if TYPE_CHECKING:
     from plait.activations import checkpoint_blocks
     from plait.comm.communicator import Communicator
+    from plait.comm.core.request import Request
     from plait.comm.mesh import Mesh
-    from plait.comm.request import Request
     from plait.comm.world import default, init, is_initialized, shutdown
     from plait.data_parallel import DataParallel
     from plait.devices import device
@@ -33,7 +33,7 @@ _LAZY = {
     "LAMB": "plait.optim",
     "LARS": "plait.optim",
     "Mesh": "plait.comm.mesh",
-    "Request": "plait.comm.request",
+    "Request": "plait.comm.core.request",
     "ShardedDataParallel": "plait.sharded",
     "default": "plait.comm.world",
     "init": "plait.comm.world",

@@ -7,7 +7,7 @@ a host with more ranks than GPUs is an error unless PLAIT_SHARE_GPU=1, which tes
 one-GPU machines (rank i then uses GPU i mod count).
 
 Communication follows the tensors, not the job: a CPU tensor on a GPU machine still goes
-through plait's engine, shared memory or gloo; a CUDA tensor through NCCL (comm/cuda.py).
+through plait's engine, shared memory or gloo; a CUDA tensor through NCCL (comm/backends/cuda.py).
 """
 
 from __future__ import annotations

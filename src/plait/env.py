@@ -8,7 +8,7 @@ generated from this table (`python -m plait.env > docs/environment.md`), and a t
 the two in step.
 
 Variables of the launch contract that torchrun defines (RANK, WORLD_SIZE, MASTER_ADDR, ...)
-are torchrun's and read where the rendezvous is made (comm/rendezvous.py); Horovod's
+are torchrun's and read where the rendezvous is made (comm/bootstrap/rendezvous.py); Horovod's
 (HOROVOD_*) are read by the facade that copies Horovod's behaviour. This module imports
 nothing but the standard library.
 """

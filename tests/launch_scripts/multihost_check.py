@@ -10,7 +10,7 @@ import os
 import torch
 
 import plait
-from plait.comm import routes
+from plait.comm.dispatch import auto
 
 comm = plait.init()
 nnodes = int(os.environ["GROUP_WORLD_SIZE"])
@@ -35,7 +35,7 @@ for algorithm in algorithms:
         torch.testing.assert_close(total, expected, rtol=0, atol=0)
     print(f"allreduce {algorithm} ok", flush=True)
 if two_level:
-    assert routes.choose("allreduce", 16 << 20, comm.topology) == "hierarchical"
+    assert auto.choose("allreduce", 16 << 20, comm.topology) == "hierarchical"
     # the structure: inside a host nothing goes through the sockets, across hosts this
     # rank sends only to the peer of the same local rank (what it receives may include a
     # fast peer's first message of the next call, so only sends are counted)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from plait.comm.dtypes import dtype_name
+from plait.comm.core.dtypes import dtype_name
 
 
 def tensor(t: object, name: str = "tensor") -> torch.Tensor:

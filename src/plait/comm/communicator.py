@@ -1,7 +1,7 @@
 """The Communicator: a group of ranks and every collective, in Horovod's four forms.
 
 Words: a *rank* is a position in this communicator (0..size-1); a *global rank* is a
-position in the whole job; a *node* is a host (see topology.py). Collectives are called by
+position in the whole job; a *node* is a host (see core/topology.py). Collectives are called by
 every rank of the communicator, in the same order.
 
 Forms: `x` returns a new tensor and leaves its argument alone; `x_` works in place and
@@ -25,8 +25,9 @@ placeholder (an unchanged copy, say) would look like one to code run on the wron
 It costs no copy, and it is torch.distributed's and MPI's convention (only the root's
 receive buffer means anything). The argument of those ranks is left unchanged.
 
-Which algorithm runs comes from the routing table (routes.py); this class only checks the
-arguments (reductions.py, gathers.py) and hands the call to its runner (runner.py).
+Which algorithm runs comes from the routing table (dispatch/routes.py); this class only
+checks the arguments (reductions.py, gathers.py) and hands the call to its runner
+(dispatch/runner.py).
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plait import devices
-from plait.comm import arguments, gathers, messaging, native, reductions, shm, split
-from plait.comm.engine import Engine
-from plait.comm.request import Request
-from plait.comm.runner import Context, Runner
-from plait.comm.topology import Topology
+from plait.comm import arguments, gathers, messaging, reductions, split
+from plait.comm.backends import process_groups
+from plait.comm.core.request import Request
+from plait.comm.core.topology import Topology
+from plait.comm.dispatch.runner import CallContext, Runner
+from plait.comm.transport.arena import Arena
+from plait.comm.transport.engine import Engine
 
 if TYPE_CHECKING:
     from plait.trace.recorder import Recorder
@@ -61,7 +64,7 @@ class Communicator:
         ranks: list[int],
         nodes: list[str],
         comm_id: int,
-        pg: native.Group | None = None,
+        pg: process_groups.Group | None = None,
     ) -> None:
         """Args:
         engine: the process's engine (shared by every communicator of the process).
@@ -98,7 +101,7 @@ class Communicator:
         return self._runner.seq
 
     @property
-    def arenas(self) -> dict[str, shm.Arena]:
+    def arenas(self) -> dict[str, Arena]:
         """The shared-memory segments made so far ("all": every rank; "local": this host's
         ranks), for tests and benchmarks."""
         return self._runner.arenas
@@ -119,8 +122,8 @@ class Communicator:
         return self._runner.label
 
     def close(self) -> None:
-        """Stop the async worker thread (the engine stays: other communicators share it)."""
-        self._runner.worker.stop()
+        """Stop the call thread of async calls (the engine stays: other communicators share it)."""
+        self._runner.thread.stop()
 
     # ----------------------------------------------------------------- allreduce
     def allreduce(
@@ -215,7 +218,7 @@ class Communicator:
 
     def _reduce(
         self, tensor: Tensor, root: int, op: str, algorithm: str, in_place: bool
-    ) -> Callable[[Context], Tensor | None]:
+    ) -> Callable[[CallContext], Tensor | None]:
         return reductions.reduce(tensor, root, op, algorithm, self.size, in_place)
 
     # ------------------------------------------------------ gather-type collectives

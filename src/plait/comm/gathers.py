@@ -14,18 +14,19 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from plait.comm import arguments, routes
-from plait.comm.agreement import Call
+from plait.comm import arguments
 from plait.comm.algorithms import direct
 from plait.comm.algorithms.ring import bounds_even
-from plait.comm.dtypes import dtype_from_name, on_device
-from plait.comm.ops import check_op, finish_avg
-from plait.comm.runner import Context
+from plait.comm.core.dtypes import dtype_from_name, on_device
+from plait.comm.core.ops import check_op, finish_avg
+from plait.comm.dispatch import auto, routes
+from plait.comm.dispatch.agreement import Call
+from plait.comm.dispatch.runner import CallContext
 
 
 def allgather(
     tensor: torch.Tensor, algorithm: str, check: bool = True, out: torch.Tensor | None = None
-) -> Callable[[Context], tuple[torch.Tensor, list[int]]]:
+) -> Callable[[CallContext], tuple[torch.Tensor, list[int]]]:
     """Every rank's `tensor` joined along dim 0; the call returns it and each rank's dim 0.
 
     `check=False`: the caller promises every rank passes this rank's shape (equal blocks,
@@ -37,7 +38,7 @@ def allgather(
     arguments.with_rows(t, "allgather")
     call = Call.of("allgather", t, algorithm=algorithm)
 
-    def run(ctx: Context) -> tuple[torch.Tensor, list[int]]:
+    def run(ctx: CallContext) -> tuple[torch.Tensor, list[int]]:
         if out is not None:
             ctx.exchange(call, check=check)  # to check only: `out` says the blocks are equal
             dims = [t.shape[0]] * ctx.size
@@ -56,7 +57,7 @@ def allgather(
         if mine.data_ptr() != t.data_ptr():  # not gathering in place
             mine.copy_(t.reshape(-1))
         if flat.numel() and ctx.size > 1:
-            name = routes.resolve("allgather", algorithm, flat, ctx.topology)
+            name = auto.resolve("allgather", algorithm, flat, ctx.topology)
             ctx.run_row("allgather", name, flat, bounds)
         return result, dims
 
@@ -65,7 +66,7 @@ def allgather(
 
 def reduce_scatter(
     tensor: torch.Tensor, op: str, algorithm: str, check: bool = True, scratch: bool = False
-) -> Callable[[Context], torch.Tensor]:
+) -> Callable[[CallContext], torch.Tensor]:
     """The reduction over ranks of `tensor`; the call returns this rank's block of dim 0.
     `scratch`: work in `tensor` itself (contiguous; its contents are undefined after)."""
     t = arguments.tensor(tensor)
@@ -75,7 +76,7 @@ def reduce_scatter(
     call = Call.of("reduce_scatter", t, op=op, algorithm=algorithm)
     base = "sum" if op == "avg" else op
 
-    def run(ctx: Context) -> torch.Tensor:
+    def run(ctx: CallContext) -> torch.Tensor:
         name = ctx.exchange_resolved(call, t, check=check)
         rows = bounds_even(t.shape[0], ctx.size)
         lo, hi = rows[ctx.rank], rows[ctx.rank + 1]
@@ -103,7 +104,7 @@ def reduce_scatter(
 
 def alltoall(
     tensor: torch.Tensor, splits: Sequence[int] | None, size: int
-) -> Callable[[Context], torch.Tensor]:
+) -> Callable[[CallContext], torch.Tensor]:
     """Rows splits[j] of `tensor` to rank j; the call returns what every rank sent here,
     in rank order."""
     t = arguments.with_rows(arguments.tensor(tensor), "alltoall")
@@ -119,7 +120,7 @@ def alltoall(
             )
     call = Call.of("alltoall", t, splits=tuple(sizes))
 
-    def run(ctx: Context) -> torch.Tensor:
+    def run(ctx: CallContext) -> torch.Tensor:
         calls = ctx.exchange(call, needed=True)
         got = [c.splits[ctx.rank] for c in calls] if calls else sizes
         out = t.new_empty((sum(got), *t.shape[1:]))
@@ -132,14 +133,16 @@ def alltoall(
     return run
 
 
-def gather(tensor: torch.Tensor, root: int, size: int) -> Callable[[Context], torch.Tensor | None]:
+def gather(
+    tensor: torch.Tensor, root: int, size: int
+) -> Callable[[CallContext], torch.Tensor | None]:
     """Every rank's `tensor` joined along dim 0 on `root`; the call returns None elsewhere."""
     t = arguments.tensor(tensor)
     root = arguments.root(root, size)
     arguments.with_rows(t, "gather")
     call = Call.of("gather", t, root=root)
 
-    def run(ctx: Context) -> torch.Tensor | None:
+    def run(ctx: CallContext) -> torch.Tensor | None:
         calls = ctx.exchange(call, needed=True)
         if calls is None:
             return t.clone(memory_format=torch.contiguous_format)
@@ -157,14 +160,14 @@ def gather(tensor: torch.Tensor, root: int, size: int) -> Callable[[Context], to
 
 def scatter(
     tensor: torch.Tensor | None, root: int, rank: int, size: int
-) -> Callable[[Context], torch.Tensor]:
+) -> Callable[[CallContext], torch.Tensor]:
     """Root's `tensor` split along dim 0 (others may pass None); the call returns part
     `rank`."""
     root = arguments.root(root, size)
     t = arguments.with_rows(arguments.tensor(tensor), "scatter") if rank == root else None
     call = Call.of("scatter", t, root=root)
 
-    def run(ctx: Context) -> torch.Tensor:
+    def run(ctx: CallContext) -> torch.Tensor:
         calls = ctx.exchange(call, needed=True)
         if calls is None:
             assert t is not None
@@ -186,10 +189,10 @@ def scatter(
     return run
 
 
-def barrier() -> Callable[[Context], None]:
+def barrier() -> Callable[[CallContext], None]:
     """The call returns once every rank has made it."""
 
-    def run(ctx: Context) -> None:
+    def run(ctx: CallContext) -> None:
         if ctx.exchange(Call("barrier")) is None and ctx.size > 1:
             direct.barrier(ctx)
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import warnings
 
 from plait.comm.communicator import Communicator
-from plait.comm.topology import Topology
+from plait.comm.core.topology import Topology
+from plait.comm.world import init
 from plait.errors import PlaitError
 
 AXES = ("dp", "pp", "tp")
@@ -66,9 +67,7 @@ class Mesh:
         self, dp: int = 1, pp: int = 1, tp: int = 1, comm: Communicator | None = None
     ) -> None:
         if comm is None:
-            import plait
-
-            comm = plait.init()
+            comm = init()
         check_shape(dp, pp, tp, comm.size)
         self.comm = comm
         self.shape = {"dp": dp, "pp": pp, "tp": tp}

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from plait.comm import arguments, gathers, reductions
-from plait.comm.device_links import LaneRequest, StagedLink
-from plait.comm.engine import Engine
-from plait.comm.request import Request
-from plait.comm.runner import Runner
+from plait.comm.backends.device_links import LaneRequest, StagedLink
+from plait.comm.core.request import Request
+from plait.comm.dispatch.runner import Runner
+from plait.comm.transport.engine import Engine
 
 _USER_TAG = 1 << 63
 _MAX_USER_TAG = (1 << 32) - 1

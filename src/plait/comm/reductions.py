@@ -3,7 +3,7 @@
 Each function checks its arguments at once (raising before anything is sent) and returns
 the call, `run(ctx) -> result`, for the communicator's runner to issue; the communicator
 gives the four forms (x, x_, x_async, x_async_) by passing a copy or the tensor itself,
-and issuing it blocking or async. The algorithm is the routing table's row (routes.py),
+and issuing it blocking or async. The algorithm is the routing table's row (dispatch/routes.py),
 "auto" resolved by the cost model at run time.
 """
 
@@ -13,14 +13,15 @@ from collections.abc import Callable
 
 import torch
 
-from plait.comm import arguments, routes
-from plait.comm.agreement import Call
-from plait.comm.ops import check_op, finish_avg
-from plait.comm.runner import Context
+from plait.comm import arguments
+from plait.comm.core.ops import check_op, finish_avg
+from plait.comm.dispatch import routes
+from plait.comm.dispatch.agreement import Call
+from plait.comm.dispatch.runner import CallContext
 
 
 def _in_place(
-    ctx: Context,
+    ctx: CallContext,
     t: torch.Tensor,
     collective: str,
     algorithm: str,
@@ -43,7 +44,7 @@ def _in_place(
 
 def allreduce(
     tensor: torch.Tensor, op: str, algorithm: str, check: bool
-) -> Callable[[Context], torch.Tensor]:
+) -> Callable[[CallContext], torch.Tensor]:
     """Reduce `tensor` in place over every rank; the call returns it."""
     t = arguments.tensor(tensor)
     op = check_op(op, t.dtype)
@@ -51,7 +52,7 @@ def allreduce(
     call = Call.of("allreduce", t, op=op, algorithm=algorithm)
     base = "sum" if op == "avg" else op
 
-    def run(ctx: Context) -> torch.Tensor:
+    def run(ctx: CallContext) -> torch.Tensor:
         name = ctx.exchange_resolved(call, t, check=check)
         mean = (lambda buf: finish_avg(buf, ctx.size)) if op == "avg" else None
         return _in_place(ctx, t, "allreduce", name, base, mean)
@@ -61,14 +62,14 @@ def allreduce(
 
 def broadcast(
     tensor: torch.Tensor, root: int, algorithm: str, check: bool, size: int
-) -> Callable[[Context], torch.Tensor]:
+) -> Callable[[CallContext], torch.Tensor]:
     """Overwrite `tensor` with root's, in place; the call returns it."""
     t = arguments.tensor(tensor)
     algorithm = routes.check("broadcast", algorithm)
     root = arguments.root(root, size)
     call = Call.of("broadcast", t, root=root, algorithm=algorithm)
 
-    def run(ctx: Context) -> torch.Tensor:
+    def run(ctx: CallContext) -> torch.Tensor:
         name = ctx.exchange_resolved(call, t, check=check)
         return _in_place(ctx, t, "broadcast", name, root)
 
@@ -77,7 +78,7 @@ def broadcast(
 
 def reduce(
     tensor: torch.Tensor, root: int, op: str, algorithm: str, size: int, in_place: bool
-) -> Callable[[Context], torch.Tensor | None]:
+) -> Callable[[CallContext], torch.Tensor | None]:
     """Reduce onto `root`. The call returns the result on root (in `tensor` itself when
     `in_place`, else a new tensor) and None on the other ranks, whose `tensor` is left
     unchanged (the algorithm's scratch is a copy)."""
@@ -88,7 +89,7 @@ def reduce(
     call = Call.of("reduce", t, op=op, root=root, algorithm=algorithm)
     base = "sum" if op == "avg" else op
 
-    def run(ctx: Context) -> torch.Tensor | None:
+    def run(ctx: CallContext) -> torch.Tensor | None:
         name = ctx.exchange_resolved(call, t)
         buf = arguments.copy(t)  # the result on root; scratch elsewhere
         if ctx.size > 1 and t.numel():

@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from plait.errors import CollectiveMismatchError
 
-if TYPE_CHECKING:
-    from plait.comm.communicator import Communicator
+
+class Parent(Protocol):
+    """What a split asks of the communicator it splits (communicator.py's is one)."""
+
+    rank: int
+    size: int
+
+    def allgather(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
 
 def members(
-    comm: Communicator, ranks: Sequence[int] | None, color: int | None, key: int
+    comm: Parent, ranks: Sequence[int] | None, color: int | None, key: int
 ) -> tuple[list[int], str] | None:
     """The ranks (of `comm`, in their new order) of this rank's new communicator and a name
     for it that its members agree on; None where this rank gets none. See

@@ -11,10 +11,11 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from plait import devices, env
-from plait.comm import cuda, rendezvous
+from plait.comm.backends import cuda
+from plait.comm.bootstrap import connect, rendezvous
+from plait.comm.bootstrap.store import JobStore, make_store
 from plait.comm.communicator import Communicator
-from plait.comm.engine import Engine
-from plait.comm.store import JobStore, make_store
+from plait.comm.transport.engine import Engine
 from plait.errors import PlaitError
 
 _default: Communicator | None = None
@@ -93,7 +94,7 @@ def _join(
             timeout=timedelta(seconds=timeout),
         )
         _owns_torch_group = True
-    socks = rendezvous.connect_mesh(store, world.rank, world.size, world.master_addr, init_timeout)
+    socks = connect.connect_mesh(store, world.rank, world.size, world.master_addr, init_timeout)
     engine = Engine(
         world.rank,
         socks,

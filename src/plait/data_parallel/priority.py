@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from plait.comm.communicator import Communicator
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 
 SLICE_MB = 1.0  # the default slice (ByteScheduler partitions ~4 MB; P3 used 160 KB)
 CREDIT_MB = 2.0  # the default bytes issued and not yet reduced

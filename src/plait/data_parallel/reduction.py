@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from plait.comm.communicator import Communicator
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 
 Parts = Iterator[None]  # a reduction's parts; each yield waits for the collectives issued
 

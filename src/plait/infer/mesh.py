@@ -31,8 +31,8 @@ import time
 import torch
 from torch import nn
 
+from plait.comm.core.request import Request
 from plait.comm.mesh import Mesh
-from plait.comm.request import Request
 from plait.errors import ConfigError
 from plait.pipeline import build
 from plait.pipeline.p2p import recv_tensor, send_tensor

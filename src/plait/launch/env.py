@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from plait.comm import secret
+from plait.comm.bootstrap import secret
 
 
 def rank_env(
@@ -100,7 +100,7 @@ def rank_env(
 
 
 def with_secret(base: Mapping[str, str] | None, nnodes: int) -> dict[str, str]:
-    """`base` (`os.environ` when None) with the job's secret for its ranks (comm/secret.py).
+    """`base` (`os.environ` when None) with its ranks' job secret (comm/bootstrap/secret.py).
 
     A secret the user set (PLAIT_JOB_SECRET, or PLAIT_JOB_SECRET_FILE) is kept and checked
     here, before any rank starts; otherwise a one-host job gets a fresh one, which lives only

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from plait.comm import secret
+from plait.comm.bootstrap import secret
 from plait.errors import PlaitError
 
 SCRIPT = Path(__file__).with_name("netns.sh")

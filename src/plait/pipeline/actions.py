@@ -26,7 +26,7 @@ from torch import nn
 
 from plait import devices
 from plait.comm.communicator import Communicator
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 from plait.pipeline.p2p import recv_tensor, send_tensor
 from plait.pipeline.route import Route
 from plait.pipeline.schedule import Action

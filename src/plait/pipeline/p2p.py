@@ -25,8 +25,8 @@ import torch
 
 from plait import devices
 from plait.comm.communicator import Communicator
-from plait.comm.dtypes import CODES, DTYPES
-from plait.comm.request import Request
+from plait.comm.core.dtypes import CODES, DTYPES
+from plait.comm.core.request import Request
 
 MAX_NDIM = 8
 HEADER = 3 + MAX_NDIM

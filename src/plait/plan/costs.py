@@ -1,11 +1,12 @@
-"""What moving bytes costs: the calibrated alpha-beta model per level (plait.comm.select).
+"""What moving bytes costs: the calibrated alpha-beta model per level (plait.comm's: each
+algorithm's formula in its module, dispatch/calibration.py's measurements).
 
 Two levels, as the hierarchical allreduce has them: *local*, between the ranks of one host
 (shared memory; its collectives' cost is `plait bench collectives --calibrate`'s
 measurements at that world size when there are any, else the alpha-beta formulas with
-`select.DEFAULT`, this machine's constants), and *network*, between hosts (`select.NETWORK`:
+`DEFAULT`, this machine's constants), and *network*, between hosts (`NETWORK`:
 100 us a message, and `--link-rate` for its bandwidth, 1 Gbit/s by default). A collective
-whose ranks span hosts is costed as plait's two-level allreduce (`predict_hierarchical`).
+whose ranks span hosts is costed as plait's two-level allreduce (`hierarchical.allreduce_cost`).
 Point-to-point sends inside a host cost a shared-memory synchronisation plus the bytes at
 `SHM_BETA`; across hosts, the network's alpha + n beta.
 """
@@ -14,17 +15,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plait.comm import select
-from plait.comm.select import DEFAULT, FLAT, NETWORK, Link
+from plait.comm.algorithms import hierarchical, shm
+from plait.comm.algorithms.model import DEFAULT, NETWORK, AlphaBeta
+from plait.comm.dispatch import auto, calibration
 
 
 def _local_allreduce(n: int, p: int) -> float:
     """Seconds of the best flat allreduce of n bytes over p ranks of one host."""
-    measured = select.load_calibration().get(select.world_key(p, 1), {}).get("allreduce", {})
-    times = [select.interpolate(points, n) for points in measured.values() if points]
+    key = calibration.world_key(p, 1)
+    measured = calibration.load_calibration().get(key, {}).get("allreduce", {})
+    times = [calibration.interpolate(points, n) for points in measured.values() if points]
     if times:
         return min(times)
-    return min(select.predict(a, n, p, DEFAULT) for a in FLAT)
+    return min(auto.predict(a, n, p, DEFAULT) for a in auto.FLAT["allreduce"])
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Costs:
     """Communication costs for ranks laid `local` to a host (rank r on host r // local)."""
 
     local: int  # ranks per host
-    network: Link = NETWORK
+    network: AlphaBeta = NETWORK
 
     @classmethod
     def of(cls, local: int, link_bytes_per_s: float | None) -> Costs:
@@ -57,7 +60,7 @@ class Costs:
         hosts = len({self.host(r) for r in ranks})
         if hosts == 1:
             return _local_allreduce(int(n), p)
-        return select.predict_hierarchical(int(n), hosts, p // hosts, self.network)
+        return hierarchical.allreduce_cost(int(n), hosts, p // hosts, self.network)
 
     def allgather(self, n: float, ranks: list[int]) -> float:
         """Seconds of a ring all-gather where every rank contributes n bytes."""
@@ -76,5 +79,5 @@ class Costs:
     def send(self, n: float, src: int, dst: int) -> float:
         """Seconds of a point-to-point send of n bytes."""
         if self.host(src) == self.host(dst):
-            return select.SHM_SYNC + n * select.SHM_BETA
+            return shm.SHM_SYNC + n * shm.SHM_BETA
         return self.network.alpha + n * self.network.beta

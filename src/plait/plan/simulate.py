@@ -51,7 +51,7 @@ from plait.train.parts_ps import DEFAULT_SERVERS
 
 BUCKET_BYTES = 25 * MiB  # DataParallel(bucket_mb=25)'s default
 SLICE_BYTES = 1 * MiB  # --slice-mb's default: P3's slices
-GAMMA = 1 / 4e9  # seconds per byte of an elementwise pass (select.Link's gamma)
+GAMMA = 1 / 4e9  # seconds per byte of an elementwise pass (comm's AlphaBeta.gamma)
 SERVERS = "servers"  # the parameter servers' compute queue (not a link)
 
 

@@ -13,8 +13,8 @@ import sys
 import time
 
 from plait import env
-from plait.comm.rendezvous import job_key, world_from_env
-from plait.comm.store import make_store
+from plait.comm.bootstrap.rendezvous import job_key, world_from_env
+from plait.comm.bootstrap.store import make_store
 from plait.ps.auth import frame_limit
 from plait.ps.config import STORE_CONFIG, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.loop import Router, serve

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from plait.comm import secret
+from plait.comm.bootstrap import secret
 from plait.ps.wire import MAX_HEADER_BYTES, Message, WireError, decode, encode
 
 NO_TAG = b""

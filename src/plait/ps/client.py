@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from plait import env, trace
-from plait.comm.rendezvous import job_key, world_from_env
-from plait.comm.request import Request
-from plait.comm.store import barrier
+from plait.comm.bootstrap.rendezvous import job_key, world_from_env
+from plait.comm.bootstrap.store import barrier
+from plait.comm.core.request import Request
 from plait.ps.auth import frame_limit
 from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.errors import PSError

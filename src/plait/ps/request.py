@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 from plait.errors import PeerFailureError
 from plait.ps.errors import PSError
 from plait.ps.transport import Transport

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait import env
-from plait.comm.rendezvous import job_key, listen_host, world_from_env
-from plait.comm.store import JobStore, make_store
+from plait.comm.bootstrap.rendezvous import job_key, listen_host, world_from_env
+from plait.comm.bootstrap.store import JobStore, make_store
 from plait.ps.auth import frame_limit
 from plait.ps.config import STORE_CONFIG, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.errors import PSError
@@ -33,7 +33,7 @@ class Role:
     rank: int  # worker index 0..W-1 (also its global rank)
     num_workers: int
     num_servers: int
-    store: JobStore  # plait's values signed (comm/store.py)
+    store: JobStore  # plait's values signed (comm/bootstrap/store.py)
     # plait.trace's recorder while a trace records (trace.overstore.start sets it): what a
     # Communicator's `recorder` is to the other strategies, found here by the Client and Step
     recorder: Any = None

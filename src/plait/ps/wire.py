@@ -36,7 +36,7 @@ from typing import Any
 import msgpack
 import torch
 
-from plait.comm.dtypes import FLOATS, NAMES
+from plait.comm.core.dtypes import FLOATS, NAMES
 from plait.errors import PlaitError
 
 VERSION = 2  # 2: a tag frame leads every message on the socket (auth.py)

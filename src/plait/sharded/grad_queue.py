@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from plait.comm.communicator import Communicator
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 from plait.sharded.flat import FlatUnit
 from plait.trace.recorder import waited
 

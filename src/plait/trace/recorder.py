@@ -30,7 +30,7 @@ class Recorder:
 
     Thread safety: `list.append` and a dict insert are atomic in CPython (under the GIL,
     and under free threading, where lists and dicts lock themselves), so the engine's and
-    the communicator's worker threads record without a lock of ours on the hot path.
+    the communicators' call threads record without a lock of ours on the hot path.
     """
 
     __slots__ = ("__weakref__", "backward_end", "events", "offset", "origin", "path", "rank",

@@ -1,4 +1,4 @@
-"""What the job secret costs the engine and the store (comm/handshake.py, comm/store.py),
+"""What the job secret costs the engine and the store (comm/bootstrap/: handshake.py, store.py),
 in one process on loopback, each beside its plain counterpart in the same run, in turns:
 
   connect     a TCP connection a listener has accepted: with the handshake (hello,
@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from plait.bench.auth.ps import MODES, compared
 from plait.bench.turns import rotated, take_turns
-from plait.comm import handshake, secret
-from plait.comm.store import JobStore
+from plait.comm.bootstrap import handshake, secret
+from plait.comm.bootstrap.store import JobStore
 
 _OLD_HELLO = struct.Struct("<8sQQQ")  # magic, token, rank, world size: no proof
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from plait.bench.turns import rotated
-from plait.comm import secret
+from plait.comm.bootstrap import secret
 from plait.ps.auth import frame_limit
 from plait.ps.config import PSConfig
 from plait.ps.loop import Router, serve

@@ -2,7 +2,7 @@
 levels of the hierarchical one, measured on this world and saved for `algorithm="auto"`.
 
 Which rows are flat, and their order, come from the routing table and the cost model
-(plait.comm.routes' rows that plait.comm.select weighs as one level), so a new algorithm is
+(the routing table's flat rows, which auto weighs as one level), so a new algorithm is
 calibrated without a line here.
 """
 
@@ -14,16 +14,17 @@ from typing import Any
 import torch
 
 from plait.bench.collectives.allreduces import measure
-from plait.comm import routes, select
+from plait.comm.dispatch import calibration, routes
 from plait.sizes import parse_sizes
 
 CALIBRATION_SIZES = "4K,64K,512K,2M,8M,32M,64M"
 
 
 def flat_rows() -> list[str]:
-    """The allreduce rows the cost model weighs as one level (select.FLAT), in the routing
-    table's order: native (torch.distributed's, under plait's watchdog) and plait's own."""
-    return [a for a, _ in routes.ROWS["allreduce"] if a in select.FLAT]
+    """The allreduce rows the cost model weighs as one level (the table's flat rows), in the
+    routing table's order: native (torch.distributed's, under plait's watchdog) and plait's
+    own."""
+    return list(routes.flat("allreduce"))
 
 
 def calibrate(comm: Any, repeats: int, budget_s: float, device: torch.device) -> dict[str, Any]:
@@ -34,9 +35,11 @@ def calibrate(comm: Any, repeats: int, budget_s: float, device: torch.device) ->
     data = measure(comm, sizes, fit, repeats, budget_s, device=device)
     points = {a: [[int(s), statistics.median(data[s][a])] for s in data] for a in fit}
     if comm.rank == 0:
-        select.save_calibration(comm.size, comm.num_nodes, "allreduce", points, device=device.type)
+        calibration.save_calibration(
+            comm.size, comm.num_nodes, "allreduce", points, device=device.type
+        )
     comm.barrier()
-    select.load_calibration(reload=True)
+    calibration.load_calibration(reload=True)
     out: dict[str, Any] = {}
     if comm.topology.levels is not None:
         out["levels"] = calibrate_levels(comm, sizes, repeats, budget_s)
@@ -75,7 +78,7 @@ def calibrate_levels(
         ]),
     }  # fmt: skip
     if comm.rank == 0:
-        select.save_levels(comm.size, comm.num_nodes, levels)
+        calibration.save_levels(comm.size, comm.num_nodes, levels)
     comm.barrier()
     return {k: list(v) for k, v in levels.items()}
 

@@ -110,7 +110,7 @@ class CollectivesConfig:
 def algorithms() -> list[str]:
     """What `plait bench collectives` can time: torch.distributed's own allreduce (the peer),
     then plait's: every allreduce row of the routing table, in its order, and auto."""
-    from plait.comm import routes
+    from plait.comm.dispatch import routes
 
     auto, *rows = routes.ACCEPTED["allreduce"]
     return [PEER, *rows, auto]

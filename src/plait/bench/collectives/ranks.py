@@ -8,7 +8,7 @@ turns (in a fresh shuffled order each repeat: bench/turns.py), every timing is t
 rank's, and the report is the median over repeats. `torch` is the peer: raw
 `torch.distributed.all_reduce` (gloo), no plait code on the path. `native` is plait's
 passthrough to the same call, with plait's mismatch check and failure watchdog around it.
-The rows are the routing table's (plait.comm.routes): `shm` (shared memory) runs only where
+The rows are the routing table's (plait.comm.dispatch.routes): `shm` (shared memory) runs only where
 every rank shares a host, `hierarchical` only across hosts with the same number (> 1) of
 ranks each: elsewhere they are left out.
 
@@ -38,7 +38,7 @@ from plait.bench import gpu
 from plait.bench.collectives import calibrate
 from plait.bench.collectives.allreduces import measure, memcpy_bandwidth
 from plait.bench.collectives.config import PEER, CollectivesConfig
-from plait.comm import cuda, routes
+from plait.comm.dispatch import auto, routes
 from plait.comm.world import init, shutdown
 
 
@@ -47,7 +47,9 @@ def _rows(config: CollectivesConfig, comm: Any, transport: str) -> list[str]:
     usable = [PEER, "auto", *routes.usable("allreduce", comm.topology)]
     why = f"it cannot run on {comm.topology}"
     if transport == "nccl":  # shm on CUDA tensors is staged through host memory
-        usable = [a for a in usable if a in (PEER, "auto") or cuda.on_device("allreduce", a)]
+        usable = [
+            a for a in usable if a in (PEER, "auto") or routes.ROUTES["allreduce", a].on_device
+        ]
         why = (
             "on CUDA tensors it is staged through host memory, where the CPU benchmark "
             "(--device cpu) times it"
@@ -96,7 +98,7 @@ def run(config: CollectivesConfig, transport: str = "cpu") -> dict[str, Any] | N
     )
     if transport != "staged":
         out["auto_choice"] = {
-            str(s): routes.choose("allreduce", s, comm.topology, device) for s in sizes
+            str(s): auto.choose("allreduce", s, comm.topology, device) for s in sizes
         }
     shutdown()
     return out if comm.rank == 0 else None

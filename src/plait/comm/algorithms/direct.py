@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from plait.comm.p2p import Channel, sendrecv, wait_all
+from plait.comm.core.channel import Channel, sendrecv, wait_all
 
 
 def gather(

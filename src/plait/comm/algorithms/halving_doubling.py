@@ -23,11 +23,14 @@ ranks end bit-identical.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from plait.comm.algorithms.model import AlphaBeta, Formula
 from plait.comm.algorithms.ring import bounds_even
-from plait.comm.ops import reduce_into
-from plait.comm.p2p import Channel, Request, wait_all
+from plait.comm.core.channel import Channel, Request, wait_all
+from plait.comm.core.ops import reduce_into
 
 
 def allreduce(ch: Channel, buf: torch.Tensor, op: str) -> None:
@@ -93,8 +96,26 @@ def allreduce(ch: Channel, buf: torch.Tensor, op: str) -> None:
         ch.isend(buf, r - 1).wait()
 
 
-#: The routing table's row (routes.py).
+#: The routing table's row (dispatch/routes.py).
 ROUTES = {("allreduce", "halving_doubling"): allreduce}
+
+#: The rows that run on a GPU over NCCL point-to-point (backends/cuda.py): all of them.
+ON_DEVICE = frozenset(ROUTES)
+
+
+def allreduce_cost(n: int, p: int, c: AlphaBeta) -> float:
+    """Predicted seconds of the allreduce of n bytes over p ranks (the module's docstring):
+    2 lg p alpha + 2 (p-1)/p n beta + (p-1)/p n gamma, and 2 alpha + 2 n beta + n gamma more
+    to fold p onto a power of two."""
+    share = (p - 1) / p
+    fold = 0.0 if p & (p - 1) == 0 else 2 * c.alpha + 2 * n * c.beta + n * c.gamma
+    return (
+        2 * math.floor(math.log2(p)) * c.alpha + 2 * share * n * c.beta + share * n * c.gamma + fold
+    )
+
+
+#: The rows' cost formulas (algorithms/model.py), by collective.
+COSTS: dict[str, Formula] = {"allreduce": allreduce_cost}
 
 
 def _exchange(ch: Channel, send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:

@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from plait.comm import select, shm
-from plait.comm.algorithms import ring
+from plait.comm.algorithms import halving_doubling, ring, shm, tree
+from plait.comm.algorithms.model import DEFAULT, AlphaBeta, Formula
 from plait.comm.algorithms.ring import bounds_even
-from plait.comm.p2p import Channel
+from plait.comm.core.channel import Channel
+from plait.comm.transport.arena import Arena
+from plait.comm.transport.shared_memory import allowed
 
 if TYPE_CHECKING:
-    from plait.comm.runner import Context
-    from plait.comm.topology import Topology
+    from plait.comm.algorithms.context import Context
+    from plait.comm.core.topology import Topology
 
 Hosts = Sequence[Sequence[int]]  # each host's communicator ranks, in local-rank order
 
@@ -36,7 +38,7 @@ CrossAllreduce = Callable[[Channel, torch.Tensor, str], None]
 
 
 def allreduce(
-    local: shm.Arena, cross: Channel, buf: torch.Tensor, op: str, across: CrossAllreduce
+    local: Arena, cross: Channel, buf: torch.Tensor, op: str, across: CrossAllreduce
 ) -> None:
     """Reduce 1-D contiguous `buf` over every host's ranks in place.
 
@@ -72,7 +74,7 @@ def _layout(hosts: Hosts, bounds: list[int]) -> tuple[list[int], list[int]]:
 
 
 def reduce_scatter(
-    local: shm.Arena,
+    local: Arena,
     cross: Channel,
     buf: torch.Tensor,
     op: str,
@@ -103,7 +105,7 @@ def reduce_scatter(
 
 
 def allgather(
-    local: shm.Arena,
+    local: Arena,
     cross: Channel,
     out: torch.Tensor,
     bounds: list[int],
@@ -133,7 +135,7 @@ def allgather(
 # ------------------------------------------------------------ rows of the routing table
 def runs_on(topology: Topology) -> bool:
     """Whether the rows can run: several hosts of equal size (> 1), shared memory allowed."""
-    return topology.levels is not None and shm.allowed()
+    return topology.levels is not None and allowed()
 
 
 def allreduce_over_channels(
@@ -155,13 +157,13 @@ def _allreduce_row(ctx: Context, buf: torch.Tensor, op: str) -> None:
         if ctx.topology.levels is None:
             ctx.two_levels(buf.nbytes)  # raises the ShmError that says what it needs
         local_ranks, cross_ranks = ctx.topology.levels or ((), ())
-        name = select.cross_allreduce(buf.nbytes // len(local_ranks), len(cross_ranks))
+        name = cross_allreduce(buf.nbytes // len(local_ranks), len(cross_ranks))
         local, cross = ctx.channel(4, local_ranks), ctx.channel(3, cross_ranks)
         allreduce_over_channels(local, cross, buf, op, ctx.route("allreduce", name))
         return
     arena, cross, hosts = ctx.two_levels(buf.nbytes)
     part_bytes = min(buf.nbytes, arena.slot_bytes)  # what one round moves
-    name = select.cross_allreduce(part_bytes // len(hosts[0]), len(hosts))
+    name = cross_allreduce(part_bytes // len(hosts[0]), len(hosts))
     allreduce(arena, cross, buf, op, ctx.route("allreduce", name))
 
 
@@ -175,9 +177,44 @@ def _reduce_scatter_row(ctx: Context, buf: torch.Tensor, op: str, b: list[int]) 
     return reduce_scatter(arena, cross, buf, op, b, hosts)
 
 
-#: Rows of the routing table (routes.py); they run where `runs_on` says.
+#: Rows of the routing table (dispatch/routes.py); they run where `runs_on` says.
 ROUTES = {
     ("allreduce", "hierarchical"): _allreduce_row,
     ("allgather", "hierarchical"): _allgather_row,
     ("reduce_scatter", "hierarchical"): _reduce_scatter_row,
 }
+
+#: The rows that run on a GPU over NCCL (backends/cuda.py): the allreduce, both levels over
+#: NCCL point-to-point; allgather and reduce_scatter go through shared memory, so a CUDA
+#: tensor is staged through host memory.
+ON_DEVICE = frozenset({("allreduce", "hierarchical")})
+
+#: The rows' flat cost formulas: none, as the allreduce is costed per level
+#: (`allreduce_cost`, which `auto` weighs across hosts: dispatch/auto.py).
+COSTS: dict[str, Formula] = {}
+
+#: The flat allreduces the network level chooses from, in the order ties go: tree moves the
+#: fewest messages in all (as `auto` prefers it, dispatch/auto.py).
+ACROSS: tuple[tuple[str, Formula], ...] = (
+    ("tree", tree.allreduce_cost),
+    ("halving_doubling", halving_doubling.allreduce_cost),
+    ("ring", ring.allreduce_cost),
+)
+
+
+def cross_allreduce(n: int, hosts: int) -> str:
+    """The flat allreduce between hosts in the hierarchical one (n bytes per group)."""
+    return min(ACROSS, key=lambda a: a[1](n, hosts, DEFAULT))[0]
+
+
+def allreduce_cost(n: int, hosts: int, local: int, c: AlphaBeta = DEFAULT) -> float:
+    """Predicted seconds of the two-level allreduce of n bytes over `hosts` x `local` ranks.
+
+    The host level (reduce-scatter, all-gather) takes local + 3 synchronisations and
+    SHM_BETA per byte (shm.py); the network level is the best flat allreduce of n / local
+    bytes over `hosts` ranks, with the network's bandwidth divided among the `local` groups
+    that share it (so its bandwidth term is that of n bytes).
+    """
+    shared = AlphaBeta(alpha=c.alpha, beta=c.beta * local, gamma=c.gamma)
+    cross = min(formula(n // local, hosts, shared) for _, formula in ACROSS)
+    return shm.host_level_cost(n, local) + cross

@@ -22,8 +22,9 @@ from itertools import pairwise
 
 import torch
 
-from plait.comm.ops import reduce_into
-from plait.comm.p2p import Channel, Request, wait_all
+from plait.comm.algorithms.model import AlphaBeta, Formula
+from plait.comm.core.channel import Channel, Request, wait_all
+from plait.comm.core.ops import reduce_into
 
 #: Segment size for pipelining. Measured on the 2-core dev machine, 4 ranks, float32: a 64 MB
 #: allreduce took 242 / 200 / 212 / 218 ms with 1 / 4 / 16 MB segments / none, and a 16 MB
@@ -91,12 +92,26 @@ def _reduce_scatter_row(ch: Channel, buf: torch.Tensor, op: str, bounds: list[in
     return buf[bounds[ch.rank] : bounds[ch.rank + 1]].clone()
 
 
-#: Rows of the routing table (routes.py): the channel of the call is the Context itself.
+#: Rows of the routing table (dispatch/routes.py): the call's context is their channel.
 ROUTES = {
     ("allreduce", "ring"): allreduce,
     ("allgather", "ring"): allgather,
     ("reduce_scatter", "ring"): _reduce_scatter_row,
 }
+
+#: The rows that run on a GPU over NCCL point-to-point (backends/cuda.py): all of them.
+ON_DEVICE = frozenset(ROUTES)
+
+
+def allreduce_cost(n: int, p: int, c: AlphaBeta) -> float:
+    """Predicted seconds of the allreduce of n bytes over p ranks (the module's docstring):
+    2(p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma."""
+    share = (p - 1) / p
+    return 2 * (p - 1) * c.alpha + 2 * share * n * c.beta + share * n * c.gamma
+
+
+#: The rows' cost formulas (algorithms/model.py), by collective.
+COSTS: dict[str, Formula] = {"allreduce": allreduce_cost}
 
 
 def _segment_elems(buf: torch.Tensor, segment_bytes: int | None) -> int:
@@ -181,9 +196,10 @@ def _ring(
     sends[first] = send_block((r - first - 1) % p)
     # With p = 2 the next step's receive target was sent in this very step, so posting early
     # would wait on that send before reducing anything; post it after the reductions instead.
-    # Over NCCL (a channel that batches, device_links.py) a receive posted ahead would join
-    # this step's group, which then needs the peers' next step: a deadlock on the GPU. There
-    # each step's sends and receives are launched as one batch, at the wait on its receive.
+    # Over NCCL (a channel that batches, backends/device_links.py) a receive posted ahead
+    # would join this step's group, which then needs the peers' next step: a deadlock on the
+    # GPU. There each step's sends and receives are launched as one batch, at the wait on its
+    # receive.
     early = p > 2 and not getattr(ch, "batches", False)
     for k in range(first, stop):
         last = k + 1 == stop

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from plait.comm.ops import reduce_into
-from plait.comm.p2p import Channel, Request, wait_all
+from plait.comm.algorithms.model import AlphaBeta, Formula, rounds
+from plait.comm.core.channel import Channel, Request, wait_all
+from plait.comm.core.ops import reduce_into
 
 
 def reduce(ch: Channel, buf: torch.Tensor, op: str, root: int = 0) -> None:
@@ -76,9 +77,33 @@ def allreduce(ch: Channel, buf: torch.Tensor, op: str) -> None:
     broadcast(ch, buf, 0)
 
 
-#: Rows of the routing table (routes.py): the channel of the call is the Context itself.
+#: Rows of the routing table (dispatch/routes.py): the call's context is their channel.
 ROUTES = {
     ("allreduce", "tree"): allreduce,
     ("broadcast", "tree"): broadcast,
     ("reduce", "tree"): reduce,
+}
+
+#: The rows that run on a GPU over NCCL point-to-point (backends/cuda.py): all of them.
+ON_DEVICE = frozenset(ROUTES)
+
+
+def allreduce_cost(n: int, p: int, c: AlphaBeta) -> float:
+    """Predicted seconds of the allreduce of n bytes over p ranks (binomial reduce, then
+    broadcast): 2 lg p (alpha + n beta) + lg p n gamma."""
+    lg = rounds(p)
+    return 2 * lg * (c.alpha + n * c.beta) + lg * n * c.gamma
+
+
+def one_way_cost(n: int, p: int, c: AlphaBeta) -> float:
+    """Predicted seconds of the broadcast (and, its reductions left out, the reduce) of n
+    bytes over p ranks: lg p messages of n bytes each."""
+    return rounds(p) * (c.alpha + n * c.beta)
+
+
+#: The rows' cost formulas (algorithms/model.py), by collective.
+COSTS: dict[str, Formula] = {
+    "allreduce": allreduce_cost,
+    "broadcast": one_way_cost,
+    "reduce": one_way_cost,
 }

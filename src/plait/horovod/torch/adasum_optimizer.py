@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import torch
 
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 from plait.errors import PlaitError
 from plait.horovod.torch.adasum import ADASUM
 from plait.horovod.torch.basics import global_process_set

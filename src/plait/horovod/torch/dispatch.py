@@ -26,8 +26,8 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from plait.comm.communicator import Communicator
-from plait.comm.request import Request
-from plait.comm.worker import Worker
+from plait.comm.core.request import Request
+from plait.comm.dispatch.call_thread import CallThread
 from plait.errors import CollectiveMismatchError, PlaitError
 from plait.horovod.torch import join as joining
 from plait.horovod.torch.exceptions import HorovodInternalError, as_horovod
@@ -58,7 +58,7 @@ class Dispatcher:
     def __init__(self, comm: Communicator, joinable: bool) -> None:
         self.comm = comm
         self._joinable = joinable
-        self._worker = Worker(f"plait-hvd-{id(self):x}")
+        self._worker = CallThread(f"plait-hvd-{id(self):x}")
         self._order = threading.RLock()  # taken to submit, and while running inline
         self._rounds = 0  # ops completed or refused; equal on every rank (joined ranks count too)
         self._join_mode = False  # some rank has joined and every op starts with join.agree

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from plait.comm.agreement import Call, check_enabled
-from plait.comm.dtypes import CODES, DTYPES, NAMES
+from plait.comm.core.dtypes import CODES, DTYPES, NAMES
+from plait.comm.dispatch.agreement import Call, check_enabled
 from plait.errors import CollectiveMismatchError
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import torch
 
-from plait.comm.request import Request
+from plait.comm.core.request import Request
 from plait.errors import PlaitError
 from plait.horovod.torch import timeline
 from plait.horovod.torch.adasum_optimizer import adasum_optimizer

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from plait.comm import routes
+from plait.comm.dispatch import auto
 from plait.horovod.torch.dispatch import Dispatcher, Op
 from plait.horovod.torch.timeline_format import Event, events_of, render
 
@@ -120,7 +120,7 @@ def _algorithm(comm: Any, op: Op[Any]) -> str:
     nbytes = op.numel * itemsize * (comm.size if op.kind == "allgather" else 1)
     device = None if op.device == "cpu" else torch.device(op.device)
     try:
-        return routes.choose(op.kind, nbytes, comm.topology, device)
+        return auto.choose(op.kind, nbytes, comm.topology, device)
     except Exception:  # a choice it cannot make here must not break the call it labels
         return "auto"
 

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from plait import env
-from plait.comm.store import barrier
+from plait.comm.bootstrap.store import barrier
 from plait.train import device
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate_alone
