@@ -16,15 +16,8 @@ END = "<!-- end of imports -->\n"
 
 
 def test_no_import_runs_upward_sideways_or_round_a_circle() -> None:
-    found = layers.violations()
-    new = sorted({line for pair, line in found if pair not in layers.KNOWN})
-    assert not new, "imports against tests/support/layers.py's LAYERS:\n" + "\n".join(new)
-
-
-def test_known_violations_still_exist() -> None:
-    """KNOWN only shrinks: an entry fixed is taken off, so it cannot come back unseen."""
-    gone = layers.KNOWN - {pair for pair, _ in layers.violations()}
-    assert not gone, f"fixed, take them off tests/support/layers.py's KNOWN: {sorted(gone)}"
+    found = sorted({line for _, line in layers.violations()})
+    assert not found, "imports against tests/support/layers.py's LAYERS:\n" + "\n".join(found)
 
 
 def test_every_module_has_a_layer() -> None:

@@ -65,12 +65,6 @@ LAYERS: list[set[str]] = [
     {"errors"},
 ]
 
-#: Violations that exist today and are being removed (issue 31); each is (importer module,
-#: imported module). The list only shrinks: an entry that no longer occurs fails the test
-#: too, so that it is taken off.
-KNOWN: set[tuple[str, str]] = set()
-
-
 @dataclass(frozen=True)
 class Import:
     """One `import` of a plait module: where it is, what it names, and how it runs."""
