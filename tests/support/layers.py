@@ -65,6 +65,7 @@ LAYERS: list[set[str]] = [
     {"errors"},
 ]
 
+
 @dataclass(frozen=True)
 class Import:
     """One `import` of a plait module: where it is, what it names, and how it runs."""
