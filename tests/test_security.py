@@ -56,12 +56,21 @@ def test_secret_file_must_be_private(tmp_path: Path) -> None:
 def test_host_secret_is_private_and_shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     got: list[str] = []
-    threads = [threading.Thread(target=lambda: got.append(secret.host_secret())) for _ in range(8)]
+    failed: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            got.append(secret.host_secret())
+        except BaseException as e:  # a thread's exception would only be a warning
+            failed.append(e)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(set(got)) == 1 and len(got[0]) == 64  # racing makers agree on one
+    assert not failed, failed
+    assert len(got) == 8 and len(set(got)) == 1 and len(got[0]) == 64  # racing makers agree
     where = tmp_path / "plait"
     assert stat.S_IMODE(where.stat().st_mode) == 0o700
     assert stat.S_IMODE((where / "host-secret").stat().st_mode) == 0o600

@@ -30,7 +30,6 @@ import secrets
 import stat
 import struct
 import tempfile
-import time
 
 from plait import env
 from plait.errors import ConfigError
@@ -168,11 +167,10 @@ def host_secret() -> str:
     appears whole or not at all (written aside, then hard-linked into place)."""
     path = os.path.join(host_dir(), _HOST_FILE)
     for _ in range(100):
-        try:
+        # once made the file is never removed, so one that exists can be read; asking
+        # "exists?" only after a failed read raced with the maker that links it meanwhile
+        if os.path.exists(path):
             return _read_private(path, "the host secret")
-        except SecretError:
-            if os.path.exists(path):
-                raise
         aside = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
         fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -183,5 +181,4 @@ def host_secret() -> str:
             pass
         finally:
             os.unlink(aside)
-        time.sleep(0.001)
     raise SecretError(f"could not make or read the host secret in {path}")
