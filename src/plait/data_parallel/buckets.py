@@ -88,6 +88,8 @@ class Bucket:
         self.op = "sum" if self.divisor > 1 else "avg"
         self.flags = self.buffer[total:] if flags else None
         self.pending = len(params)
+        # each parameter's region, shaped like it: views of the buffer, made once
+        self.views = [self.slice(i) for i in range(len(params))]
 
     @property
     def grads(self) -> torch.Tensor:
@@ -101,24 +103,36 @@ class Bucket:
 
     def pack(self) -> None:
         """Copy the gradients in; a missing gradient (unused parameter) counts as zeros."""
-        for i, p in enumerate(self.params):
-            region = self.slice(i)
-            if p.grad is None:
-                region.zero_()
-            elif self.divisor == 1:
-                region.copy_(p.grad)
-            else:  # divided in the gradient's precision, then rounded once into the buffer's
-                torch.div(p.grad, self.divisor, out=region)
+        grads = [p.grad for p in self.params]
+        if self.divisor == 1 and all(g is not None for g in grads):
+            # the usual case as one call: on a GPU one Python call per parameter is one kernel
+            # launch paid from Python, which at small models is what a step costs (DDP
+            # copies in C++); the same copies, so the same bits
+            torch._foreach_copy_(self.views, grads)  # type: ignore[arg-type]
+        else:
+            for region, g in zip(self.views, grads, strict=True):
+                if g is None:
+                    region.zero_()
+                elif self.divisor == 1:
+                    region.copy_(g)
+                else:  # divided in the gradient's precision, then rounded once in the buffer's
+                    torch.div(g, self.divisor, out=region)
         if self.flags is not None:  # one copy (host to device on a GPU), not one per parameter
-            self.flags.copy_(torch.tensor([p.grad is not None for p in self.params]))
+            self.flags.copy_(torch.tensor([g is not None for g in grads]))
 
     def unpack(self) -> None:
         """Write the reduced gradients back; leave alone those no rank produced."""
         used = [True] * len(self.params) if self.flags is None else (self.flags > 0).tolist()
-        for i, p in enumerate(self.params):
-            if not used[i]:
+        grads = [p.grad for p in self.params]
+        if all(used) and all(
+            g is not None and g.dtype == v.dtype for g, v in zip(grads, self.views, strict=True)
+        ):
+            torch._foreach_copy_(grads, self.views)  # type: ignore[arg-type]
+            return
+        for p, region, use in zip(self.params, self.views, used, strict=True):
+            if not use:
                 continue
             if p.grad is None:
-                p.grad = self.slice(i).to(p.dtype, copy=True)
+                p.grad = region.to(p.dtype, copy=True)
             else:
-                p.grad.copy_(self.slice(i))
+                p.grad.copy_(region)
