@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -110,6 +111,20 @@ class Future(Request[T]):
         self._error: BaseException | None = None
         self.started_at: float | None = None
         self.finished_at: float | None = None
+
+    @classmethod
+    def run_now(cls, call: Callable[[], T]) -> Future[T]:
+        """`call` run now, on this thread; its outcome (result or exception) held as a
+        finished request's."""
+        done: Future[T] = cls()
+        done.start()
+        try:
+            result = call()
+        except BaseException as e:
+            done.finish(None, e)
+        else:
+            done.finish(result)
+        return done
 
     def start(self) -> None:
         """Note that the work begins now (for traces)."""
