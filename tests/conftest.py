@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-pytest_plugins = ["netns"]  # hosts, netns_hosts: network namespaces as hosts (tests/netns.py)
+pytest_plugins = ["support.netns"]  # hosts, netns_hosts: network namespaces as hosts
 
 
 def _no_gpu_reason() -> str | None:

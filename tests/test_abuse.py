@@ -23,9 +23,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from listeners import Listener, Watch
 from plait.comm.bootstrap import secret
-from world import free_port, run_world
+from support.listeners import Listener, Watch
+from support.world import free_port, run_world
 
 STRANGER_KEY = secret.key_from("0" * 64, None, one_host=False)
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from fake_channel import FakeChannel, FakeWorld, run_threads
 from plait.comm.algorithms import direct, halving_doubling, ring, tree
 from plait.comm.core.channel import Channel
+from support.fake_channel import FakeChannel, FakeWorld, run_threads
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 OPS = ["sum", "prod", "min", "max"]

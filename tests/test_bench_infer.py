@@ -16,8 +16,7 @@ from plait.bench.infer import runs as infer_runs
 from plait.bench.infer import tables
 from plait.bench.infer.config import InferBenchConfig
 from plait.errors import ConfigError
-
-SRC = Path(__file__).resolve().parents[1] / "src"
+from support.paths import SRC
 
 
 @pytest.mark.parametrize(

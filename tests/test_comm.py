@@ -23,7 +23,7 @@ import torch
 
 from plait import Communicator
 from plait.comm.core.topology import Topology
-from world import run_world
+from support.world import run_world
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64]
 OPS = ["sum", "avg", "min", "max", "prod"]

@@ -19,8 +19,8 @@ import torch
 
 from plait import devices
 from plait.errors import PeerFailureError
-from test_comm_links import every_collective, ordered_messages
-from world import run_world
+from support.comm_links import every_collective, ordered_messages
+from support.world import run_world
 
 pytestmark = pytest.mark.cuda
 

@@ -18,7 +18,7 @@ import plait.errors
 from plait import CollectiveMismatchError, Communicator, PlaitError
 from plait.comm.dispatch import auto
 from plait.comm.transport.shared_memory import ShmError
-from world import run_world
+from support.world import run_world
 
 ALGOS = ["auto", "native", "ring", "halving_doubling", "tree"]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import plait
-from world import run_world
+from support.world import run_world
 
 
 def _params_then_a_local_error(comm):

@@ -38,7 +38,7 @@ from plait.data_parallel.compression import (
 )
 from plait.errors import ConfigError
 from plait.train.config import TrainConfig
-from world import run_world
+from support.world import run_world
 
 WORLD = 3
 ENV = {"PLAIT_TIMEOUT": "60"}

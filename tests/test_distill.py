@@ -34,7 +34,7 @@ from plait.train.loop import train
 from plait.train.mesh_model import MeshModel
 from plait.train.trained import load_run
 from plait.train.workload import ACCURACY, Workload
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
 TEACHER = {"model": "cnn", "data": "synthetic", "steps": 8, "batch_size": 16, "eval_every": 0}

@@ -24,8 +24,8 @@ import pytest
 
 from plait import env
 from plait.cli.main import build_parser
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 200  # the README is a front door; the rest lives in docs/
 

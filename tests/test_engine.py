@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from world import run_world
+from support.world import run_world
 
 MB = 1 << 18  # float32 elements in 1 MiB
 

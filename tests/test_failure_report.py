@@ -15,9 +15,9 @@ import pytest
 
 from plait.launch.failure import RULE, RankFacts, explain
 from plait.train.outdir import resume_hint
+from support.paths import EXAMPLES
+from support.paths import LAUNCH_SCRIPTS as SCRIPTS
 
-SCRIPTS = Path(__file__).parent / "launch_scripts"
-EXAMPLES = Path(__file__).parent.parent / "examples"
 KILL, TERM = -signal.SIGKILL, -signal.SIGTERM
 HEARTBEAT = (
     "plait.errors.PeerFailureError: rank {r} failed: no heartbeat for 2.0 s (process frozen or "

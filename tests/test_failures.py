@@ -29,7 +29,7 @@ import torch
 
 import plait
 from plait import CommTimeoutError, PeerFailureError, PlaitError
-from world import free_port, run_world
+from support.world import free_port, run_world
 
 FAST = {"PLAIT_HEARTBEAT_TIMEOUT": "2"}
 DYING_DELAY = 1.0  # the dying rank waits this long, so the survivors are already blocked

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from plait.cli.main import build_parser
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 STEPS = [

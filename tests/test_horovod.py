@@ -14,83 +14,27 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from plait import Communicator
-from world import run_world
+from support.horovod_checks import (
+    ENV,
+    Checks,
+    data,
+    f64,
+    join_in_training,
+    make_batch,
+    make_model,
+    mse,
+    same_params,
+)
+from support.paths import EXAMPLES
+from support.world import run_world
 
-ENV = {"PLAIT_TIMEOUT": "20"}  # a hang becomes an error with a traceback
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "horovod_mnist_style.py"
-f64 = torch.float64
-
-
-class Checks:
-    """One rank's failed checks, reported together at the end."""
-
-    def __init__(self) -> None:
-        self.failures: list[str] = []
-
-    def close(self, name: str, got: Any, want: Any, rtol: float = 1e-6, atol: float = 1e-6) -> None:
-        # torch.allclose, not torch.testing: importing that costs a second per process here
-        ok = (
-            isinstance(got, torch.Tensor)
-            and got.dtype == want.dtype
-            and got.shape == want.shape
-            and torch.allclose(got, want, rtol=rtol, atol=atol)
-        )
-        if not ok:
-            self.failures.append(f"{name}: got {got!r}, want {want!r}")
-
-    def equal(self, name: str, got: Any, want: Any) -> None:
-        same = (
-            isinstance(got, torch.Tensor)
-            and isinstance(want, torch.Tensor)
-            and got.dtype == want.dtype
-            and got.shape == want.shape
-            and torch.equal(got, want)
-        ) or (not isinstance(want, torch.Tensor) and got == want)
-        if not same:
-            self.failures.append(f"{name}: got {got!r}, want {want!r}")
-
-    def true(self, name: str, cond: object) -> None:
-        if not cond:
-            self.failures.append(name)
-
-    def raises(
-        self,
-        name: str,
-        exc: type[BaseException] | tuple[type[BaseException], ...],
-        fn: Callable[[], object],
-        match: str = "",
-    ) -> BaseException | None:
-        try:
-            fn()
-        except exc as e:
-            if match not in str(e):
-                self.failures.append(f"{name}: {type(e).__name__} without {match!r}: {e}")
-            return e
-        except Exception as e:
-            self.failures.append(f"{name}: raised {type(e).__name__}: {e}")
-            return None
-        self.failures.append(f"{name}: did not raise {exc}")
-        return None
-
-    def done(self, rank: int) -> None:
-        if self.failures:
-            text = "\n".join(self.failures[:40])
-            raise AssertionError(f"rank {rank}: {len(self.failures)} checks failed:\n{text}")
-
-
-def data(
-    shape: tuple[int, ...], seed: int, rank: int, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """Rank `rank`'s input: small integers, exact in every dtype and every reduction."""
-    g = torch.Generator().manual_seed(7919 * seed + rank)
-    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+EXAMPLE = EXAMPLES / "horovod_mnist_style.py"
 
 
 # ------------------------------------------------------------------------ collectives
@@ -367,32 +311,6 @@ def check_gradients(hvd: Any, ck: Checks) -> None:
 
 
 # -------------------------------------------------------------------------- training
-def _model(seed: int = 0, extra: bool = False) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    layers = [torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)]
-    model = torch.nn.Sequential(*layers)
-    if extra:  # a parameter that gets no gradient
-        model.unused = torch.nn.Parameter(torch.ones(2, 2))  # a parameter, not a layer
-    return model.double()
-
-
-def _batch(step: int, n: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of `step`: n*b samples, the same on every rank."""
-    g = torch.Generator().manual_seed(100 + step)
-    return torch.randn(n * b, 6, generator=g, dtype=f64), torch.randn(
-        n * b, 3, generator=g, dtype=f64
-    )
-
-
-def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return ((model(x) - y) ** 2).mean()
-
-
-def _same_params(
-    ck: Checks, name: str, got: torch.nn.Module, want: torch.nn.Module, tol: float = 1e-10
-) -> None:
-    for (pn, p), q in zip(got.named_parameters(), want.parameters(), strict=True):
-        ck.close(f"{name}: {pn}", p.detach(), q.detach(), rtol=tol, atol=tol)
 
 
 def check_optimizer(hvd: Any, ck: Checks) -> None:
@@ -422,7 +340,7 @@ def check_optimizer(hvd: Any, ck: Checks) -> None:
         ("SGD, fp16", sgd, lambda m: {"compression": hvd.Compression.fp16}, 1.0, 2e-3),
     ]
     for name, make, extra, scale, tol in cases:
-        ref, model = _model(), _model()
+        ref, model = make_model(), make_model()
         ref_opt = make(ref.parameters())
         opt = hvd.DistributedOptimizer(
             make(model.parameters()), named_parameters=model.named_parameters(), **extra(model)
@@ -432,14 +350,14 @@ def check_optimizer(hvd: Any, ck: Checks) -> None:
             isinstance(opt, type(ref_opt)) and type(opt).__name__ == type(ref_opt).__name__,
         )
         for step in range(3):
-            x, y = _batch(step, n, b)
+            x, y = make_batch(step, n, b)
             ref_opt.zero_grad()
-            (_loss(ref, x, y) * scale).backward()
+            (mse(ref, x, y) * scale).backward()
             ref_opt.step()
             opt.zero_grad()
-            _loss(model, x[mine], y[mine]).backward()
+            mse(model, x[mine], y[mine]).backward()
             opt.step()
-        _same_params(ck, name, model, ref, tol)
+        same_params(ck, name, model, ref, tol)
         ck.equal(
             f"{name}: state_dict keys",
             set(opt.state_dict()["state"]),
@@ -447,10 +365,10 @@ def check_optimizer(hvd: Any, ck: Checks) -> None:
         )
 
     # buckets start during backward, in bucket order (the overlap)
-    model = _model()
+    model = make_model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=3)
-    x, y = _batch(0, n, b)
-    _loss(model, x[mine], y[mine]).backward()
+    x, y = make_batch(0, n, b)
+    mse(model, x[mine], y[mine]).backward()
     ck.equal("all buckets launched by backward", len(opt._inflight), len(opt._buckets))
     ck.true("three buckets", len(opt._buckets) == 3)
     ck.raises(
@@ -463,24 +381,24 @@ def check_optimizer(hvd: Any, ck: Checks) -> None:
     opt.zero_grad()
 
     # backward_passes_per_step: two half batches accumulate, then one allreduce
-    ref, model = _model(), _model()
+    ref, model = make_model(), make_model()
     ref_opt = sgd(ref.parameters())
     opt = hvd.DistributedOptimizer(sgd(model.parameters()), backward_passes_per_step=2)
     for step in range(2):
-        x, y = _batch(step, n, b)
+        x, y = make_batch(step, n, b)
         ref_opt.zero_grad()
-        _loss(ref, x, y).backward()
+        mse(ref, x, y).backward()
         ref_opt.step()
         opt.zero_grad()
         for i, half in enumerate(
             (slice(r * b, r * b + b // 2), slice(r * b + b // 2, (r + 1) * b))
         ):
-            (_loss(model, x[half], y[half]) / 2).backward()
+            (mse(model, x[half], y[half]) / 2).backward()
             if i == 0:
                 ck.equal("nothing launched after the first pass", len(opt._inflight), 0)
         opt.step()
-    _same_params(ck, "backward_passes_per_step=2", model, ref)
-    loss = _loss(model, x[mine], y[mine])
+    same_params(ck, "backward_passes_per_step=2", model, ref)
+    loss = mse(model, x[mine], y[mine])
     loss.backward(retain_graph=True)
     loss.backward(retain_graph=True)  # the second of backward_passes_per_step=2 launches
     ck.raises(
@@ -490,24 +408,24 @@ def check_optimizer(hvd: Any, ck: Checks) -> None:
     opt.zero_grad()
 
     # Horovod's clipping pattern: synchronize, clip, step inside skip_synchronize
-    ref, model = _model(), _model()
+    ref, model = make_model(), make_model()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5))
     for step in range(2):
-        x, y = _batch(step, n, b)
+        x, y = make_batch(step, n, b)
         ref_opt.zero_grad()
-        _loss(ref, x, y).backward()
+        mse(ref, x, y).backward()
         torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
         ref_opt.step()
         opt.zero_grad()
-        _loss(model, x[mine], y[mine]).backward()
+        mse(model, x[mine], y[mine]).backward()
         opt.synchronize()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
         with opt.skip_synchronize():
             opt.step()
-    _same_params(ck, "clip with skip_synchronize", model, ref)
+    same_params(ck, "clip with skip_synchronize", model, ref)
     opt.zero_grad()
-    _loss(model, x[mine], y[mine]).backward()
+    mse(model, x[mine], y[mine]).backward()
     opt.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -517,14 +435,14 @@ def check_optimizer(hvd: Any, ck: Checks) -> None:
     )
 
     # a parameter without a gradient gets zeros (another rank may have one), no hang
-    model = _model(extra=True)
+    model = make_model(extra=True)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    _loss(model, x[mine], y[mine]).backward()
+    mse(model, x[mine], y[mine]).backward()
     opt.step()
     ck.equal("unused parameter's grad", model.unused.grad, torch.zeros(2, 2, dtype=f64))
 
     # Horovod's argument checks
-    model = _model()
+    model = make_model()
     named = list(model.named_parameters())
     ck.raises(
         "duplicate names",
@@ -594,17 +512,17 @@ def check_functions(hvd: Any, ck: Checks) -> None:
 
     # broadcast_optimizer_state: only the root has stepped, and the lrs differ
     for kind in ("sgd", "adam"):
-        model = _model()
+        model = make_model()
         lr = 0.1 * (r + 1)
         opt = (
             torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
             if kind == "sgd"
             else torch.optim.Adam(model.parameters(), lr=lr, betas=(0.8, 0.9))
         )
-        x, y = _batch(r, n, 2)
+        x, y = make_batch(r, n, 2)
         for _ in range(2 if r == root else (1 if r % 2 else 0)):
             opt.zero_grad()
-            _loss(model, x, y).backward()
+            mse(model, x, y).backward()
             opt.step()
         hvd.broadcast_optimizer_state(opt, root_rank=root)
         sd = opt.state_dict()
@@ -619,17 +537,17 @@ def check_functions(hvd: Any, ck: Checks) -> None:
         ck.equal(f"{kind}: lr", opt.param_groups[0]["lr"], 0.1 * n)
         ck.true(f"{kind}: state for every parameter", len(sd["state"]) == 4)
         opt.step()  # still a working optimizer
-    model = _model()
+    model = make_model()
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
     )
-    x, y = _batch(0, n, 2)
-    _loss(model, x, y).backward()
+    x, y = make_batch(0, n, 2)
+    mse(model, x, y).backward()
     opt.step()
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     ck.equal("DistributedOptimizer lr after broadcast", opt.param_groups[0]["lr"], 0.1)
     opt.zero_grad()
-    _loss(model, x, y).backward()
+    mse(model, x, y).backward()
     opt.step()  # hooks still work after load_state_dict
     lbfgs = torch.optim.LBFGS(model.parameters())
     ck.raises("LBFGS", ValueError, lambda: hvd.broadcast_optimizer_state(lbfgs, 0), "LBFGS")
@@ -695,37 +613,6 @@ def check_join(hvd: Any, ck: Checks) -> None:
         ck.raises("join without the call check", RuntimeError, hvd.join, "PLAIT_CHECK")
     finally:
         del os.environ["PLAIT_CHECK"]
-
-
-def join_in_training(hvd: Any, ck: Checks, n: int, r: int, device: str = "cpu") -> None:
-    """Training with uneven data on `device`: rank r has 1 + r batches, then joins; the
-    result against the one-process reference (also run on GPUs by test_horovod_cuda.py)."""
-    model = torch.nn.Linear(6, 3).double().to(device)
-    torch.nn.init.zeros_(model.weight)
-    torch.nn.init.zeros_(model.bias)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    b = 4
-    for step in range(1 + r):
-        x, y = (t.to(device) for t in _batch(step, n, b))
-        opt.zero_grad()
-        _loss(model, x[r * b : (r + 1) * b], y[r * b : (r + 1) * b]).backward()
-        opt.step()
-    ck.equal("join in training: last", hvd.join(), n - 1)
-    # the reference: at step s the ranks still training add their gradients, / size
-    ref = torch.nn.Linear(6, 3).double()
-    torch.nn.init.zeros_(ref.weight)
-    torch.nn.init.zeros_(ref.bias)
-    for step in range(1 + r):
-        x, y = _batch(step, n, b)
-        grads = []
-        for q in range(step, n):  # rank q trains at step s while s < 1 + q
-            ref.zero_grad()
-            _loss(ref, x[q * b : (q + 1) * b], y[q * b : (q + 1) * b]).backward()
-            grads.append([p.grad.clone() for p in ref.parameters()])
-        with torch.no_grad():
-            for i, p in enumerate(ref.parameters()):
-                p -= 0.1 * sum(g[i] for g in grads) / n
-    _same_params(ck, "join in training", model.cpu(), ref)
 
 
 # ------------------------------------------------------------------------------ tests

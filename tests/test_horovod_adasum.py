@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from plait.horovod.torch import adasum
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "20"}  # a hang becomes an error with a traceback
 

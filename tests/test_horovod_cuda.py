@@ -21,29 +21,21 @@ import pytest
 import torch
 
 from plait import Communicator
-from plait.devices import nccl_problem
-from test_horovod import ENV, Checks, _batch, _loss, _model, _same_params, data, join_in_training
-from world import run_world
+from support.horovod_checks import (
+    RANKS,
+    Checks,
+    data,
+    join_in_training,
+    make_batch,
+    make_model,
+    mse,
+    same_params,
+    world_env,
+)
+from support.world import run_world
 
 pytestmark = pytest.mark.cuda
 TRANSPORTS = ["nccl", "staged"]
-RANKS = 2
-
-
-def world_env(transport: str) -> dict[str, str]:
-    """Two ranks on this machine's GPUs, sharing one if it has one, CUDA tensors by `transport`."""
-    if transport == "nccl":
-        problem = nccl_problem(RANKS)
-        if problem is not None:
-            pytest.skip(f"NCCL cannot run {RANKS} ranks here: {problem}")
-    return {
-        **ENV,
-        "PLAIT_TIMEOUT": "60",  # NCCL's first connection takes seconds
-        "PLAIT_DEVICE": "cuda",
-        "PLAIT_SHARE_GPU": "1",
-        "PLAIT_CUDA_TRANSPORT": transport,
-        "NCCL_MULTI_RANK_GPU_ENABLE": "1",  # read by NCCL >= 2.30 only, where ranks share a GPU
-    }
 
 
 def same(
@@ -208,7 +200,7 @@ def check_training(hvd: Any, ck: Checks, dev: torch.device) -> None:
         ("SGD momentum", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), {}),
         ("Adam, 2 groups", lambda ps: torch.optim.Adam(ps, lr=0.01), {"groups": 2}),
     ):
-        ref, model = _model().to(dev), _model(seed=r).to(dev)  # ranks start apart
+        ref, model = make_model().to(dev), make_model(seed=r).to(dev)  # ranks start apart
         ref_opt = make(ref.parameters())
         opt = hvd.DistributedOptimizer(
             make(model.parameters()), named_parameters=model.named_parameters(), **extra
@@ -222,25 +214,25 @@ def check_training(hvd: Any, ck: Checks, dev: torch.device) -> None:
             p.grad = torch.zeros_like(p)
         ref_opt.step()
         for step in range(3):
-            x, y = (t.to(dev) for t in _batch(step, n, b))
+            x, y = (t.to(dev) for t in make_batch(step, n, b))
             ref_opt.zero_grad()
-            _loss(ref, x, y).backward()
+            mse(ref, x, y).backward()
             ref_opt.step()
             opt.zero_grad()
-            _loss(model, x[mine], y[mine]).backward()
+            mse(model, x[mine], y[mine]).backward()
             opt.step()
-        _same_params(ck, f"{name} on {dev}", model, ref)
+        same_params(ck, f"{name} on {dev}", model, ref)
         ck.true(
             f"{name}: parameters stay on {dev}", all(p.device == dev for p in model.parameters())
         )
 
     # broadcast_optimizer_state where only the root has state: the others allocate it where
     # the root keeps it (moments beside the CUDA parameters, Adam's step on the CPU)
-    model = _model().to(dev)
+    model = make_model().to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1))
     if r == 0:
-        x, y = (t.to(dev) for t in _batch(0, n, b))
-        _loss(model, x, y).backward()
+        x, y = (t.to(dev) for t in make_batch(0, n, b))
+        mse(model, x, y).backward()
         opt.step()
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     state = opt.state_dict()["state"]

@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from test_horovod import ENV, Checks, _batch, _loss, _model, _same_params
-from world import run_world
+from support.horovod_checks import ENV, Checks, make_batch, make_model, mse, same_params
+from support.world import run_world
 
 INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 ALGORITHMS = ("native", "ring", "tree", "halving_doubling", "shm")  # hierarchical: 1 host here
@@ -107,9 +107,9 @@ def check_process_sets(hvd: Any, ck: Checks, comm: Any) -> None:
         x = torch.ones(2, requires_grad=True)  # the gradient reaches the root only
         hvd.broadcast(x * (r + 1), root, process_set=tail).sum().backward()
         ck.equal("broadcast grad", x.grad, torch.full((2,), float(r + 1) if r == root else 0.0))
-        model = _model(seed=r)
+        model = make_model(seed=r)
         hvd.broadcast_parameters(model.state_dict(), root_rank=root, process_set=tail)
-        _same_params(ck, "broadcast_parameters", model, _model(seed=root))
+        same_params(ck, "broadcast_parameters", model, make_model(seed=root))
         opt = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
         hvd.broadcast_optimizer_state(opt, root_rank=root, process_set=tail)
         ck.equal("optimizer state lr", opt.param_groups[0]["lr"], 0.1 * (root + 1))
@@ -120,19 +120,19 @@ def check_process_sets(hvd: Any, ck: Checks, comm: Any) -> None:
             "process set's ranks",
         )
         # DistributedOptimizer on the set averages over its members only
-        model = _model()
+        model = make_model()
         opt = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1), process_set=tail
         )
-        x, y = _batch(0, n, 2)
-        _loss(model, x[2 * r : 2 * r + 2], y[2 * r : 2 * r + 2]).backward()
+        x, y = make_batch(0, n, 2)
+        mse(model, x[2 * r : 2 * r + 2], y[2 * r : 2 * r + 2]).backward()
         opt.step()
-        ref = _model()
-        _loss(ref, x[2:], y[2:]).backward()  # the members' rows: the mean of their means
+        ref = make_model()
+        mse(ref, x[2:], y[2:]).backward()  # the members' rows: the mean of their means
         with torch.no_grad():
             for p in ref.parameters():
                 p -= 0.1 * p.grad
-        _same_params(ck, "DistributedOptimizer on a set", model, ref)
+        same_params(ck, "DistributedOptimizer on a set", model, ref)
     hvd.remove_process_set(tail)
 
 
@@ -170,12 +170,12 @@ def check_optimizer_state(hvd: Any, ck: Checks, comm: Any) -> None:
     does; a stateless optimizer (SGD without momentum) then has nothing to broadcast."""
     r = comm.rank
     for wrap in (False, True):
-        model = _model()
+        model = make_model()
         opt: Any = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1), weight_decay=0.5)
         if wrap:
             opt = hvd.DistributedOptimizer(opt)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
-        ref = _model()
+        ref = make_model()
         ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01 * (r + 1), weight_decay=0.5)
         for p in ref.parameters():
             p.grad = torch.zeros_like(p)
@@ -188,9 +188,9 @@ def check_optimizer_state(hvd: Any, ck: Checks, comm: Any) -> None:
         ck.equal(f"{tag}: root's lr", opt.param_groups[0]["lr"], 0.01)
         ck.equal(f"{tag}: state", len(opt.state_dict()["state"]), 4)
         # each rank steps with its own lr, before the root's options arrive (as in Horovod)
-        _same_params(ck, f"{tag}: the zero step moved the parameters", model, ref, tol=1e-12)
+        same_params(ck, f"{tag}: the zero step moved the parameters", model, ref, tol=1e-12)
     if comm.size == 2:  # Adasum's optimizer (a power of 2 of ranks): only the root has state
-        model = _model()
+        model = make_model()
         adam = torch.optim.Adam(model.parameters())
         if r == 0:
             for p in model.parameters():
@@ -200,7 +200,7 @@ def check_optimizer_state(hvd: Any, ck: Checks, comm: Any) -> None:
         hvd.broadcast_optimizer_state(opt, root_rank=0)  # rank 1's zero step: no collective
         steps = [int(e["step"]) for e in opt.state_dict()["state"].values()]
         ck.equal("Adasum optimizer: the root's state", steps, [1] * 4)
-    model = _model()
+    model = make_model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1))
     hvd.broadcast_optimizer_state(sgd, root_rank=0)
     ck.equal("stateless SGD: lr not broadcast", sgd.param_groups[0]["lr"], 0.1 * (r + 1))

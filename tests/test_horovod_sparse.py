@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from world import run_world
+from support.world import run_world
 
 ROWS, DIM = 7, 3
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from test_horovod import Checks
-from world import run_world
+from support.horovod_checks import Checks
+from support.world import run_world
 
 f64, f32 = torch.float64, torch.float32
 TOL = {f64: 1e-10, f32: 2e-5}
@@ -231,6 +231,6 @@ def test_sync_batch_norm_matches_one_process(size: int) -> None:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("transport", ["nccl", "staged"])
 def test_sync_batch_norm_on_cuda_tensors(transport: str) -> None:
-    from test_horovod_cuda import world_env
+    from support.horovod_checks import world_env
 
     run_world(2, battery, SECTIONS, "cuda", timeout=220, env=world_env(transport))

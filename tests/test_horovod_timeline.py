@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from plait import Communicator
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "20"}
 LATE = 0.05  # rank 1 issues the named allreduce this much later than rank 0 (seconds)

@@ -30,6 +30,7 @@ from plait.train import checkpoint, models
 from plait.train.data.base import LanguageModelling
 from plait.train.gpt import GPTConfig
 from plait.train.workload import TOKEN_LOSS, Workload, cross_entropy
+from support.paths import ROOT
 
 SMALL = GPTConfig(n_layer=1, n_head=2, n_embd=16)
 
@@ -273,8 +274,7 @@ def test_pipeline_and_tensor_parallel_workers_equal_one_process(
 
 
 def test_a_run_of_the_users_own_workload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    repo = Path(__file__).resolve().parents[1]
-    monkeypatch.chdir(repo)  # --workload examples/custom_workload.py:make is relative to it
+    monkeypatch.chdir(ROOT)  # --workload examples/custom_workload.py:make is relative to it
     run = tmp_path / "run"
     done = _plait("train", "--workload", "examples/custom_workload.py:make", "--steps", "3",
                   "--workers", "1", "--out", str(run))  # fmt: skip

@@ -31,7 +31,7 @@ from plait.infer.mesh import MeshForward
 from plait.trace.recorder import Recorder
 from plait.train import workloads
 from plait.train.gpt import GPT, GPTConfig
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
 f64 = torch.float64

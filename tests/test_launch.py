@@ -14,24 +14,8 @@ from pathlib import Path
 import pytest
 
 from plait.launch import launch
-
-SCRIPTS = Path(__file__).parent / "launch_scripts"
-TESTS = Path(__file__).parent
-
-
-def plait_run(
-    *args: str, cwd: Path | None = None, timeout: float = 30, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run `python -m plait run ARGS...` (in environment `env`, this one's when None) and
-    capture its output."""
-    return subprocess.run(
-        [sys.executable, "-m", "plait", "run", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-    )
+from support.commands import plait_run
+from support.paths import LAUNCH_SCRIPTS as SCRIPTS
 
 
 def alive(pid: int) -> bool:
@@ -76,7 +60,15 @@ def test_env_contract_args_and_prefixes() -> None:
 @pytest.mark.timeout(60)
 def test_module_and_master_overrides() -> None:
     res = plait_run(
-        "-n", "2", "--master-port", "29999", "-m", "launch_scripts.print_env", "--x", "1", cwd=TESTS
+        "-n",
+        "2",
+        "--master-port",
+        "29999",
+        "-m",
+        "launch_scripts.print_env",
+        "--x",
+        "1",
+        cwd=SCRIPTS.parent,
     )
     assert res.returncode == 0, res.stderr
     for r in range(2):

@@ -7,14 +7,14 @@ import io
 import re
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from plait.launch import launch, rank_env
-from test_launch import plait_run
+from support.commands import plait_run
+from support.paths import LAUNCH_SCRIPTS
 
-SCRIPT = Path(__file__).parent / "launch_scripts" / "roles.py"
+SCRIPT = LAUNCH_SCRIPTS / "roles.py"
 
 
 def _envs(stdout: str) -> dict[str, dict[str, str]]:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from plait import Communicator
-from world import run_world
+from support.world import run_world
 
 RANKS = 16
 ROWS = ("native", "shm", "ring", "halving_doubling", "tree", "auto")  # allreduce, one host

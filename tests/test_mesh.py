@@ -10,7 +10,7 @@ import torch
 from plait import Communicator, Mesh
 from plait.comm.core.topology import Topology
 from plait.comm.mesh import MeshError, check_shape, coordinates, hosts_spanned
-from world import run_world
+from support.world import run_world
 
 
 def test_tp_varies_fastest_then_pp_then_dp() -> None:

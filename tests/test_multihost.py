@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from netns import LOCK, Hosts, unavailable
-from netns import SCRIPT as NETNS_SCRIPT
 from plait.launch import launch, rank_env
-from test_launch import plait_run
+from support.commands import plait_run
+from support.netns import LOCK, Hosts, unavailable
+from support.netns import SCRIPT as NETNS_SCRIPT
+from support.paths import LAUNCH_SCRIPTS as SCRIPTS
 
-SCRIPTS = Path(__file__).parent / "launch_scripts"
 CHECK = SCRIPTS / "multihost_check.py"
 PORT = 29500  # the namespaces are fresh: nothing else listens there
 

@@ -25,8 +25,8 @@ from plait.train.config import TrainConfig
 from plait.train.loop import train
 from plait.train.mesh_model import MeshModel
 from plait.train.workload import stages
-from test_optim import MAKE, PER_RANK, STEPS, gap, make, reference, run
-from world import run_world
+from support.optim_reference import MAKE, PER_RANK, STEPS, gap, make, reference, run
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from plait import Communicator, Mesh
 from plait.pipeline import Pipeline, build, simulate, split_sizes
-from world import run_world
+from support.world import run_world
 
 f64 = torch.float64
 LAYERS = 8  # 4 x (Linear, Tanh)

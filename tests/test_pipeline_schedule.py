@@ -27,6 +27,7 @@ from plait.pipeline import (
     zb_h1,
 )
 from plait.pipeline.route import Route, lanes_agree
+from support.pipeline_grid import idle_share_on_grid
 
 SIZES = [(p, m) for p in range(1, 5) for m in range(1, 9)]
 
@@ -43,17 +44,6 @@ def test_bubble_matches_fill_drain_formula(name: str, p: int, m: int) -> None:
     tl = simulate(build(name, p, m), f_time=1.0, b_time=1.0)
     assert tl.bubble == (p - 1) / (m + p - 1)  # exact: whole-number times
     assert tl.makespan == 2 * (m + p - 1)
-
-
-def idle_share_on_grid(
-    name: str, p: int, m: int, f_time: int = 1, b_time: int = 2, w_time: int = 0, parts: int = 1
-) -> float:
-    """The idle share of schedule `name`, counted cell by cell on its printed grid."""
-    rows = grid(build(name, p, m, parts), f_time, b_time, w_time).splitlines()
-    steps = len(rows[0].split()) - 1  # "step 0 1 2 ..."
-    cells = [row.split()[2:] for row in rows[1:]]  # "rank", "s", then one token per step
-    assert [len(r) for r in cells] == [steps] * p, rows
-    return sum(r.count(".") for r in cells) / (p * steps)
 
 
 @pytest.mark.parametrize("name", FILL_DRAIN)

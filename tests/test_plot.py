@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import synthetic_trace as st
 from plait.cli.main import main
 from plait.errors import ConfigError, MissingExtraError
 from plait.plots import breakdown
+from support import synthetic_trace as st
 
 try:
     import matplotlib  # noqa: F401

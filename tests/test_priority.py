@@ -33,7 +33,7 @@ from plait.data_parallel.scheduled import ScheduledOptimizer
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.loop import train
-from world import run_world
+from support.world import run_world
 
 SLICE_MB = 4096 / 2**20  # 512 float64 elements: the model below has 6 slices
 

@@ -26,7 +26,7 @@ from plait.ps.server import Server
 from plait.ps.sharding import ParamSpec, specs_to_json
 from plait.ps.transport import Transport
 from plait.ps.wire import Message, decode, encode
-from ps_world import run_ps_world
+from support.ps_world import run_ps_world
 
 pytestmark = pytest.mark.timeout(120)
 KEY, WRONG = b"k" * 32, b"w" * 32

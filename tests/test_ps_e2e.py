@@ -21,7 +21,7 @@ from plait.errors import PeerFailureError
 from plait.ps.config import store_server_key
 from plait.ps.wire import Message, decode, encode
 from plait.train.data.sampler import GlobalBatchSampler
-from ps_world import authenticate, run_ps_world
+from support.ps_world import authenticate, run_ps_world
 
 pytestmark = pytest.mark.timeout(120)
 GLOBAL_BATCH, STEPS = 8, 6

@@ -31,7 +31,7 @@ from plait.ps.transport import Transport
 from plait.ps.wire import Message, decode, encode
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
-from ps_world import run_ps_world
+from support.ps_world import run_ps_world
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import plait.ps as ps
-from ps_world import PSWorld, run_ps_world
+from support.ps_world import PSWorld, run_ps_world
 
 pytestmark = pytest.mark.timeout(120)
 EVERY, STEPS, KILL_AT = 4, 40, 10

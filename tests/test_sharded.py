@@ -21,7 +21,7 @@ import plait
 from plait import Communicator, ShardedDataParallel
 from plait.data_parallel import UnusedParametersError
 from plait.sharded.layout import Layout
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "30"}
 PER_RANK = 3  # samples per rank per micro-batch

@@ -23,8 +23,7 @@ from plait.cli.main import main
 from plait.sharded import checkpoint
 from plait.sharded.layout import Layout, Unit
 from plait.train.errors import CheckpointError
-
-ROOT = Path(__file__).resolve().parents[1]
+from support.paths import ROOT
 
 # odd sizes: 20, 8, 1 and 35 elements, none a multiple of 2, 3 or 4 but 20 and 8; "tiny"
 # has fewer elements than ranks (ranks 1-3 of 4 hold padding only); "b.s" is 0-dim

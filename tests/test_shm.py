@@ -17,7 +17,7 @@ from plait import Communicator
 from plait.comm.algorithms import shm
 from plait.comm.transport import arena
 from plait.comm.transport.shared_memory import SHM_DIR
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)

@@ -22,7 +22,7 @@ import torch
 
 from plait import Communicator, PeerFailureError
 from plait.comm.transport import shm_pipe
-from world import run_world
+from support.world import run_world
 
 KB = 256  # float32 elements in 1 KiB
 

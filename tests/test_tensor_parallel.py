@@ -21,7 +21,7 @@ from plait.tensor_parallel import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
-from world import run_world
+from support.world import run_world
 
 f64 = torch.float64
 

@@ -2,11 +2,12 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parent / "launch_scripts" / "allreduce_check.py"
+from support.paths import LAUNCH_SCRIPTS
+
+SCRIPT = LAUNCH_SCRIPTS / "allreduce_check.py"
 
 
 @pytest.mark.timeout(120)
@@ -32,7 +33,7 @@ def test_same_script_under_both_launchers(launcher):
 
 @pytest.mark.timeout(120)
 def test_plait_run_shows_the_raising_rank_last_not_its_victims():
-    script = Path(__file__).parent / "launch_scripts" / "raise_in_collective.py"
+    script = LAUNCH_SCRIPTS / "raise_in_collective.py"
     proc = subprocess.run(
         [sys.executable, "-m", "plait", "run", "-n", "3", str(script)],
         capture_output=True,

@@ -34,7 +34,7 @@ from plait.trace import overstore
 from plait.train.config import TrainConfig
 from plait.train.loop import train
 from plait.train.steps.compute import Compute
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
 WIDTH, LAYERS, BATCH = 192, 6, 256  # 145 KiB per layer: 3 buckets at bucket_mb=0.15

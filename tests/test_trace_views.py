@@ -17,7 +17,7 @@ from torch import nn
 from plait import Communicator, DataParallel, trace
 from plait.train.config import TrainConfig
 from plait.train.loop import train
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
 WIDTH = 128  # 64 KiB per layer: 2 buckets or more at bucket_mb=0.07

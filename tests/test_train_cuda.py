@@ -31,8 +31,8 @@ import plait
 from plait import Communicator, DataParallel
 from plait.train.config import TrainConfig
 from plait.train.loop import train
-from test_data_parallel import Branchy, equivalence_run
-from world import run_world
+from support.dp_reference import Branchy, equivalence_run
+from support.world import run_world
 
 pytestmark = pytest.mark.cuda
 

@@ -24,7 +24,7 @@ from plait.train import checkpoint
 from plait.train.config import TrainConfig
 from plait.train.errors import NonFiniteLossError
 from plait.train.loop import train
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
 GPT_SMALL = {"model": "gpt", "data": "synthetic", "steps": 12, "batch_size": 4,

@@ -30,8 +30,8 @@ from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.loop import train
 from plait.train.mesh_model import MeshModel
-from test_pipeline_schedule import idle_share_on_grid
-from world import run_world
+from support.pipeline_grid import idle_share_on_grid
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
 GPT = {"model": "gpt", "data": "synthetic", "steps": 5, "batch_size": 8, "eval_every": 0,

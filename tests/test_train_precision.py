@@ -29,7 +29,7 @@ from plait.train.errors import ConfigError
 from plait.train.loop import train
 from plait.train.precision import LossScaler
 from plait.train.steps.compute import Compute
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "120"}
 MLP = {"model": "mlp", "steps": 12, "batch_size": 24, "eval_every": 6}

@@ -28,10 +28,10 @@ from plait.train.data.sampler import GlobalBatchSampler
 from plait.train.errors import ConfigError
 from plait.train.loop import train
 from plait.train.workload import ACCURACY, TOKEN_LOSS, Workload, load, stages
-from world import run_world
+from support.paths import EXAMPLES, ROOT
+from support.world import run_world
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = f"{ROOT / 'examples' / 'custom_workload.py'}:make"
+EXAMPLE = f"{EXAMPLES / 'custom_workload.py'}:make"
 ENV = {"PLAIT_TIMEOUT": "60"}
 RUN = {"workload": EXAMPLE, "steps": 8, "batch_size": 32, "lr_decay": "none",
        "eval_every": 0, "log_every": 4}  # fmt: skip

@@ -18,7 +18,7 @@ from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.gpt import GPT, GPTConfig
 from plait.train.loop import train
-from world import run_world
+from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
 GPT_SMALL = {"model": "gpt", "data": "synthetic", "steps": 8, "batch_size": 12,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from world import WorldError, run_world
+from support.world import WorldError, run_world
 
 
 def _shutdown_raises(comm: Any) -> int:
@@ -73,7 +73,7 @@ def _ps_job(role: Any, ckpt: str) -> int:
 
 @pytest.mark.timeout(120)
 def test_a_ps_world_passes_only_if_its_servers_exit_cleanly(tmp_path: Any) -> None:
-    from ps_world import run_ps_world
+    from support.ps_world import run_ps_world
 
     assert run_ps_world(1, 1, _ps_job, str(tmp_path / "fine"), timeout=60) == [0]
     with pytest.raises(AssertionError, match=r"--- rank 1:(?s:.*)Error"):

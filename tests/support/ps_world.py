@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from world import CONTEXT, free_port
+from support.world import CONTEXT, free_port
 
 # only effective if no test has started the fork server yet; harmless otherwise
 CONTEXT.set_forkserver_preload(["torch", "plait", "plait.ps"])

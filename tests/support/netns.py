@@ -38,7 +38,9 @@ from typing import IO
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "netns.sh"
+from support.paths import ROOT
+
+SCRIPT = ROOT / "scripts" / "netns.sh"
 LOCK = Path("/tmp/plait-netns.lock")
 SUBNET = "10.77.0"
 IFNAME = "eth0"  # every host's interface has this name (scripts/netns.sh)
