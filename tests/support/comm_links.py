@@ -1,5 +1,5 @@
 """Rank bodies that send every collective, and ordered messages, over the links CUDA tensors
-take: run on CPU tensors (tests/test_comm_links.py) and on CUDA ones (test_comm_cuda.py)."""
+take: run on CPU tensors (tests/world/test_comm_links.py) and on CUDA ones (test_comm_cuda.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _inputs(rank: int, n: int = 1000) -> torch.Tensor:
 def every_collective(comm: object, device: str = "cpu") -> dict[str, object]:
     """Each collective and algorithm on small-integer inputs on `device`, against the
     one-process result; and how many engine messages a ring allreduce cost, how many rows
-    were staged. Also run on CUDA tensors by tests/test_comm_cuda.py."""
+    were staged. Also run on CUDA tensors by tests/world/test_comm_cuda.py."""
     import plait.comm.backends.cuda as cuda_module
 
     staged = []
@@ -82,7 +82,7 @@ def every_collective(comm: object, device: str = "cpu") -> dict[str, object]:
 def ordered_messages(comm: object, device: str = "cpu") -> dict[str, object]:
     """Ordered messages (the pipeline's payloads) on `device` between neighbours, both ways at
     once: received in sending order whatever their tags, and over the lanes, not the engine
-    (also run on CUDA tensors, over NCCL, by tests/test_comm_cuda.py)."""
+    (also run on CUDA tensors, over NCCL, by tests/world/test_comm_cuda.py)."""
     r, p, on = comm.rank, comm.size, torch.device(device)
     comm.connect_lanes()  # every rank: the lanes' groups (NCCL's, or gloo's under the hook)
     before = sum(s for s, _ in comm.engine.counts().values())

@@ -35,7 +35,7 @@ def equivalence_run(
     device: torch.device | None = None,
 ) -> tuple[float, DataParallel]:
     """5 steps of DataParallel and of the one-process reference, both on `device` (the CPU
-    by default; tests/test_train_cuda.py runs it on a GPU): the largest parameter
+    by default; tests/world/test_train_cuda.py runs it on a GPU): the largest parameter
     difference, and the DataParallel model."""
     on = device or torch.device("cpu")
     # each rank starts from different weights: DataParallel must broadcast rank 0's

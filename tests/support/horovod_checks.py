@@ -6,14 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 import torch
 
-from plait.devices import nccl_problem
-
 ENV = {"PLAIT_TIMEOUT": "20"}  # a hang becomes an error with a traceback
-
-
 f64 = torch.float64
 
 
@@ -139,22 +134,3 @@ def join_in_training(hvd: Any, ck: Checks, n: int, r: int, device: str = "cpu") 
             for i, p in enumerate(ref.parameters()):
                 p -= 0.1 * sum(g[i] for g in grads) / n
     same_params(ck, "join in training", model.cpu(), ref)
-
-
-RANKS = 2
-
-
-def world_env(transport: str) -> dict[str, str]:
-    """Two ranks on this machine's GPUs, sharing one if it has one, CUDA tensors by `transport`."""
-    if transport == "nccl":
-        problem = nccl_problem(RANKS)
-        if problem is not None:
-            pytest.skip(f"NCCL cannot run {RANKS} ranks here: {problem}")
-    return {
-        **ENV,
-        "PLAIT_TIMEOUT": "60",  # NCCL's first connection takes seconds
-        "PLAIT_DEVICE": "cuda",
-        "PLAIT_SHARE_GPU": "1",
-        "PLAIT_CUDA_TRANSPORT": transport,
-        "NCCL_MULTI_RANK_GPU_ENABLE": "1",  # read by NCCL >= 2.30 only, where ranks share a GPU
-    }

@@ -1,5 +1,5 @@
 """Spawn a parameter-server world (W workers + S servers) of forked processes for the
-tests/test_ps_*.py files.
+parameter-server tests in tests/world/.
 
 Ranks [0, W) run fn(role, *args) and report its result; ranks [W, W+S) run ps.init(),
 which serves and exits the process. Every world has a deadline, and a world passes only if

@@ -5,7 +5,7 @@ runs many checks inside it. Every world has a deadline: a hang fails the test wi
 each rank was doing instead of blocking the suite, and so does a rank that finished but
 whose process does not exit by itself. Like every forked multiprocessing child, a rank's
 process ends with os._exit: atexit hooks and interpreter teardown do not run, so test those
-with real scripts (as tests/test_failures.py does).
+with real scripts (as tests/e2e/test_failures_script.py does).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def run_world(
     tolerate = set(tolerate)
     port = free_port()
     # CPU unless a test asks for a GPU: on a GPU machine `auto` would give each rank one,
-    # and more ranks than GPUs is an error there (tests/test_*_cuda.py set PLAIT_DEVICE)
+    # and more ranks than GPUs is an error there (tests/world/test_*_cuda.py set PLAIT_DEVICE)
     world_env = {**os.environ, "OMP_NUM_THREADS": "1", "PLAIT_DEVICE": "cpu", **(env or {})}
     out, ends = CONTEXT.Queue(), CONTEXT.Queue()  # each rank's report; how its shutdown went
     procs = [

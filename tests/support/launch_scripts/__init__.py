@@ -1,1 +1,1 @@
-"""Scripts that tests/test_launch.py runs under `plait run` (importable for `-m`)."""
+"""Scripts that tests/e2e/test_launch.py runs under `plait run` (importable for `-m`)."""
