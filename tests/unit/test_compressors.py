@@ -11,15 +11,7 @@ import pytest
 import torch
 
 from plait.data_parallel import spec
-from plait.data_parallel.compression import (
-    MAKERS,
-    Cast,
-    PowerSGD,
-    TopK,
-    kept,
-    make,
-    orthogonalize,
-)
+from plait.data_parallel.compression import MAKERS, Cast, PowerSGD, TopK, kept, make, orthogonalize
 from plait.errors import ConfigError
 from plait.train.config import TrainConfig
 from support.compression_reference import orth

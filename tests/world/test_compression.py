@@ -23,10 +23,7 @@ from torch import nn
 
 from plait import Communicator
 from plait.data_parallel import DataParallel
-from plait.data_parallel.compression import (
-    PowerSGD,
-    TopK,
-)
+from plait.data_parallel.compression import PowerSGD, TopK
 from support.compression_reference import orth
 from support.world import run_world
 
