@@ -13,10 +13,20 @@ f64 = torch.float64
 
 
 class Checks:
-    """One rank's failed checks, reported together at the end."""
+    """One rank's failed checks, kept by section (`begin`) and reported together at the end, so
+    that a failure names the part of a battery that broke."""
 
     def __init__(self) -> None:
-        self.failures: list[str] = []
+        self.section = ""
+        self.failures: dict[str, list[str]] = {}
+
+    def begin(self, section: str) -> None:
+        """The checks from here on belong to `section`."""
+        self.section = section
+        self.failures[section] = []
+
+    def fail(self, text: str) -> None:
+        self.failures[self.section].append(text)
 
     def close(self, name: str, got: Any, want: Any, rtol: float = 1e-6, atol: float = 1e-6) -> None:
         # torch.allclose, not torch.testing: importing that costs a second per process here
@@ -27,7 +37,7 @@ class Checks:
             and torch.allclose(got, want, rtol=rtol, atol=atol)
         )
         if not ok:
-            self.failures.append(f"{name}: got {got!r}, want {want!r}")
+            self.fail(f"{name}: got {got!r}, want {want!r}")
 
     def equal(self, name: str, got: Any, want: Any) -> None:
         same = (
@@ -38,11 +48,11 @@ class Checks:
             and torch.equal(got, want)
         ) or (not isinstance(want, torch.Tensor) and got == want)
         if not same:
-            self.failures.append(f"{name}: got {got!r}, want {want!r}")
+            self.fail(f"{name}: got {got!r}, want {want!r}")
 
     def true(self, name: str, cond: object) -> None:
         if not cond:
-            self.failures.append(name)
+            self.fail(name)
 
     def raises(
         self,
@@ -55,18 +65,30 @@ class Checks:
             fn()
         except exc as e:
             if match not in str(e):
-                self.failures.append(f"{name}: {type(e).__name__} without {match!r}: {e}")
+                self.fail(f"{name}: {type(e).__name__} without {match!r}: {e}")
             return e
         except Exception as e:
-            self.failures.append(f"{name}: raised {type(e).__name__}: {e}")
+            self.fail(f"{name}: raised {type(e).__name__}: {e}")
             return None
-        self.failures.append(f"{name}: did not raise {exc}")
+        self.fail(f"{name}: did not raise {exc}")
         return None
 
-    def done(self, rank: int) -> None:
-        if self.failures:
-            text = "\n".join(self.failures[:40])
-            raise AssertionError(f"rank {rank}: {len(self.failures)} checks failed:\n{text}")
+    def run(self, hvd: Any, sections: dict[str, Callable[..., None]], *args: Any) -> None:
+        """Each section in turn: section(hvd, self, *args)."""
+        for name, check in sections.items():
+            self.begin(name)
+            check(hvd, self, *args)
+
+
+def assert_section(failures: list[dict[str, list[str]]], section: str) -> None:
+    """Every rank passed `section` (`failures`: each rank's Checks.failures)."""
+    assert all(section in mine for mine in failures), f"no rank ran {section!r}"
+    failed = [
+        f"rank {rank}: {len(mine[section])} checks failed:\n" + "\n".join(mine[section][:40])
+        for rank, mine in enumerate(failures)
+        if mine[section]
+    ]
+    assert not failed, "\n".join(failed)
 
 
 def data(

@@ -1,8 +1,11 @@
-"""The Communicator's errors: calls that disagree across ranks, invalid arguments, the hierarchy.
+"""The Communicator's errors in real worlds: calls that disagree across ranks, invalid arguments.
 
 A mismatch must raise the same CollectiveMismatchError on every rank, naming what each rank
 passed, and leave the ranks in step: the next collective works. Invalid arguments raise
 ValueError or TypeError before anything is sent, with the accepted values in the message.
+One world of 3 ranks runs every disagreement once and reports by section, one test each; a
+world of one runs the invalid arguments. The hierarchy of the errors is in
+tests/unit/test_errors.py.
 """
 
 from __future__ import annotations
@@ -147,10 +150,13 @@ def _in_step(comm: Communicator, i: int, failures: list[str], after: str) -> Non
         failures.append(f"allreduce after {after}: {got}")
 
 
-def mismatches(comm: Communicator) -> dict[str, str]:
-    """Run every mismatch on every rank; return the messages (identical on every rank)."""
+def mismatches(comm: Communicator) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Run every mismatch on every rank, then the other calls that must keep the ranks in
+    step: each section's failures on this rank, and the mismatch messages (identical on
+    every rank)."""
     p, r = comm.size, comm.rank
-    failures: list[str] = []
+    sections: dict[str, list[str]] = {}
+    failures = sections["mismatches"] = []
     messages: dict[str, str] = {}
     for i, (name, call, pieces) in enumerate(MISMATCHES):
         try:
@@ -168,6 +174,7 @@ def mismatches(comm: Communicator) -> dict[str, str]:
         _in_step(comm, i, failures, name)
 
     # arguments every rank gets wrong raise before anything is sent: still in step
+    failures = sections["invalid_op"] = []
     try:
         comm.allreduce(_x(), op="mean")
         failures.append("op='mean': no ValueError")
@@ -177,6 +184,7 @@ def mismatches(comm: Communicator) -> dict[str, str]:
 
     # PLAIT_CHECK=0 (set alike on every rank, here between two calls) skips the check, but
     # the exchanges that carry what a collective needs still catch a mismatch
+    failures = sections["unchecked"] = []
     os.environ["PLAIT_CHECK"] = "0"
     try:
         for name, call, _ in MISMATCHES:
@@ -191,6 +199,7 @@ def mismatches(comm: Communicator) -> dict[str, str]:
         del os.environ["PLAIT_CHECK"]
 
     # shared memory asked for where it is turned off: ShmError on every rank, saying why
+    failures = sections["shm_off"] = []
     saved = os.environ.get("PLAIT_SHM")
     os.environ["PLAIT_SHM"] = "0"
     try:
@@ -202,10 +211,8 @@ def mismatches(comm: Communicator) -> dict[str, str]:
             os.environ["PLAIT_SHM"] = saved
     _in_step(comm, 3, failures, "shared memory off")
 
-    failures += _invalid_p2p(comm)
-    if failures:
-        raise AssertionError(f"rank {r}:\n" + "\n".join(failures))
-    return messages
+    sections["invalid_p2p"] = _invalid_p2p(comm)
+    return sections, messages
 
 
 def _invalid_p2p(comm: Communicator) -> list[str]:
@@ -316,12 +323,48 @@ def invalid_arguments(comm: Communicator) -> None:
 
 
 # ------------------------------------------------------------------------------ tests
+Mismatches = list[tuple[dict[str, list[str]], dict[str, str]]]  # each rank's (failures, messages)
+
+
+@pytest.fixture(scope="module")
+def three_ranks() -> Mismatches:
+    return run_world(3, mismatches, timeout=75, env={"PLAIT_TIMEOUT": "10"})
+
+
+def _passed(ranks: Mismatches, section: str) -> None:
+    failed = [
+        f"rank {r}:\n" + "\n".join(f[section]) for r, (f, _) in enumerate(ranks) if f[section]
+    ]
+    assert not failed, "\n".join(failed)
+
+
 @pytest.mark.timeout(90)
-def test_mismatch_raises_on_every_rank_and_keeps_ranks_in_step() -> None:
-    messages = run_world(3, mismatches, timeout=75, env={"PLAIT_TIMEOUT": "10"})
+def test_mismatch_raises_on_every_rank_and_keeps_ranks_in_step(three_ranks: Mismatches) -> None:
+    _passed(three_ranks, "mismatches")
+    messages = [m for _, m in three_ranks]
     assert set(messages[0]) == {name for name, _, _ in MISMATCHES}
     for name in messages[0]:
         assert messages[1][name] == messages[0][name] == messages[2][name], name
+
+
+@pytest.mark.timeout(90)
+def test_an_invalid_op_raises_before_anything_is_sent(three_ranks: Mismatches) -> None:
+    _passed(three_ranks, "invalid_op")
+
+
+@pytest.mark.timeout(90)
+def test_without_the_check_the_exchanges_still_catch_a_mismatch(three_ranks: Mismatches) -> None:
+    _passed(three_ranks, "unchecked")
+
+
+@pytest.mark.timeout(90)
+def test_shared_memory_turned_off_is_refused_on_every_rank(three_ranks: Mismatches) -> None:
+    _passed(three_ranks, "shm_off")
+
+
+@pytest.mark.timeout(90)
+def test_invalid_point_to_point_calls_name_the_accepted_values(three_ranks: Mismatches) -> None:
+    _passed(three_ranks, "invalid_p2p")
 
 
 @pytest.mark.timeout(60)

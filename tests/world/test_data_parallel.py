@@ -1,9 +1,10 @@
 """plait.DataParallel against a single process training on the whole global batch.
 
-Each world runs every check in `battery` once. Every rank also trains the single-process
-reference itself (same initial weights, the full global batch; tests/support/dp_reference.py),
-so the comparison needs no communication and the same body runs at 2, 3 and 4 ranks. The
-bucket plan, without a world, is in tests/unit/test_dp_buckets.py.
+Each world runs every check in `battery` once, and each test asserts one of them on every
+rank. Every rank also trains the single-process reference itself (same initial weights, the
+full global batch; tests/support/dp_reference.py), so the comparison needs no communication
+and the same body runs at 2, 3 and 4 ranks. The bucket plan, without a world, is in
+tests/unit/test_dp_buckets.py.
 """
 
 from __future__ import annotations
@@ -21,12 +22,6 @@ from support.dp_reference import PER_RANK, Branchy, equivalence_run, global_batc
 from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "30"}
-
-
-# ------------------------------------------------------------------------ pure parts
-
-
-# ---------------------------------------------------------------------- the world
 
 
 def train_equivalence(
@@ -132,13 +127,28 @@ def battery(comm: Communicator) -> dict[str, Any]:
     return results
 
 
-@pytest.mark.parametrize("size", [2, 3, 4])
-def test_matches_single_process_reference(size: int) -> None:
-    results = run_world(size, battery, timeout=150, env=ENV)
-    for r in results:
-        for key in ("sgd-f64", "adam-f64", "adam-f64-after-backward", "no_sync+clip"):
-            assert r[key] < 1e-12, (key, r[key])
+Ranks = list[dict[str, Any]]  # each rank's battery results
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4])
+def world(request: pytest.FixtureRequest) -> Ranks:
+    return run_world(request.param, battery, timeout=150, env=ENV)
+
+
+@pytest.mark.parametrize("key", ["sgd-f64", "adam-f64", "adam-f64-after-backward", "no_sync+clip"])
+def test_matches_single_process_reference(world: Ranks, key: str) -> None:
+    for r in world:
+        assert r[key] < 1e-12, (key, r[key])
+
+
+def test_float32_in_one_bucket_matches_within_its_rounding(world: Ranks) -> None:
+    for r in world:
         assert r["sgd-f32-one-bucket"] < 1e-5
+
+
+def test_unused_parameters_are_named_or_averaged_with_zeros(world: Ranks) -> None:
+    size = len(world)
+    for r in world:
         unused = r["unused"]
         assert "2 parameter(s) got no gradient" in unused["error"]
         assert "sometimes.bias, sometimes.weight." in unused["error"]
@@ -147,9 +157,17 @@ def test_matches_single_process_reference(size: int) -> None:
         assert unused["sometimes"] == pytest.approx([3 / size] * 2)
         assert unused["used"] == pytest.approx([3.0] * 2)
         assert unused["nowhere"] is None
+
+
+def test_replicas_that_differ_are_named_with_their_ranks(world: Ranks) -> None:
+    size = len(world)
+    for r in world:
         assert f"rank {size - 1}: 'weight' (2, 5)" in r["mismatch"]
         assert "rank 0: 'weight' (2, 4)" in r["mismatch"]
-    assert all(r["buffers"] == results[0]["buffers"] for r in results)
+
+
+def test_buffers_follow_rank_0(world: Ranks) -> None:
+    assert all(r["buffers"] == world[0]["buffers"] for r in world)
 
 
 def _overlap_battery(comm: Communicator) -> dict[str, Any]:

@@ -1,640 +1,217 @@
 """plait.horovod.torch in real worlds of 2-4 processes, checked as Horovod's own tests check.
 
 Every body runs at any world size (results are compared with formulas in the size, Horovod
-style: `allreduce(t, op=Sum) == t * size`). A world is spawned once per test and runs many
-checks; failed checks are collected and reported together. Training checks compare against
-a single process that sees the whole batch (float64, tight tolerance).
+style: `allreduce(t, op=Sum) == t * size`). A world is spawned once per size and runs the
+sections of `battery` in order; each rank collects its failed checks by section, and each
+test below asserts one section on every rank. Training checks compare against a single
+process that sees the whole batch (float64, tight tolerance). The sections are in
+tests/support/horovod_collectives.py and horovod_training.py.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 
 from plait import Communicator
-from support.horovod_checks import (
-    ENV,
-    Checks,
-    data,
-    f64,
-    join_in_training,
-    make_batch,
-    make_model,
-    mse,
-    same_params,
-)
+from support import horovod_collectives as collectives
+from support import horovod_training as training
+from support.horovod_checks import ENV, Checks, assert_section
 from support.world import run_world
 
+pytestmark = pytest.mark.timeout(90)
 
-# ------------------------------------------------------------------------ collectives
-def check_collectives(hvd: Any, ck: Checks) -> None:
-    import plait
-
-    n, r = hvd.size(), hvd.rank()
-    ck.equal("local", (hvd.local_rank(), hvd.local_size()), (r, n))
-    ck.equal("cross (one node)", (hvd.cross_rank(), hvd.cross_size()), (0, 1))
-    ck.true("flags", hvd.gloo_built() and hvd.gloo_enabled() and not hvd.mpi_enabled())
-    ck.true("homogeneous", hvd.is_homogeneous() and hvd.is_initialized())
-    # build facts, as Horovod's: this torch's NCCL (a version code, 0 without), CUDA or not
-    ck.equal("nccl_built", bool(hvd.nccl_built()), torch.distributed.is_nccl_available())
-    ck.equal("cuda_built", hvd.cuda_built(), torch.version.cuda is not None)
-
-    # every op, both dtypes, with and without scaling (Horovod: pre before, post after)
-    for dtype in (torch.float32, torch.int64):
-        xs = [data((4, 3), 1, q, dtype) for q in range(n)]
-        x = xs[r].clone()
-        stack = torch.stack(xs)
-        ck.equal(f"Sum {dtype}", hvd.allreduce(x, op=hvd.Sum), stack.sum(0))
-        ck.equal(f"Min {dtype}", hvd.allreduce(x, op=hvd.Min), stack.amin(0))
-        ck.equal(f"Max {dtype}", hvd.allreduce(x, op=hvd.Max), stack.amax(0))
-        ck.equal(f"Product {dtype}", hvd.allreduce(x, op=hvd.Product), stack.prod(0))
-        ck.equal(f"input unchanged {dtype}", x, xs[r])
-        scaled = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0)
-        ck.equal(f"Sum pre*post {dtype}", scaled, stack.sum(0) * 6)
-    xs = [data((5,), 2, q) for q in range(n)]
-    ck.close("Average (default op)", hvd.allreduce(xs[r]), torch.stack(xs).mean(0))
-    got = hvd.allreduce(xs[r], prescale_factor=0.5, postscale_factor=4.0)
-    ck.close("Average pre/post", got, torch.stack(xs).mean(0) * 2)
-    ones = torch.ones(3, dtype=torch.int32)
-    ck.equal(
-        "int prescale truncates",
-        hvd.allreduce(ones, op=hvd.Sum, prescale_factor=1.5),
-        torch.full((3,), n, dtype=torch.int32),
-    )
-    # op=hvd.Adasum: tests/unit/test_horovod_adasum.py
-    ck.raises("op and average", ValueError, lambda: hvd.allreduce(xs[r], average=True, op=hvd.Sum))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ck.close("average=False", hvd.allreduce(xs[r], average=False), torch.stack(xs).sum(0))
-    ck.true("average= is deprecated", any(w.category is DeprecationWarning for w in caught))
-
-    # fp16 compression: sent as float16, returned in the input's dtype
-    xs = [data((6,), 3, q) / 4 for q in range(n)]
-    got = hvd.allreduce(xs[r], op=hvd.Sum, compression=hvd.Compression.fp16)
-    ck.equal("fp16 compression keeps dtype", got.dtype, torch.float32)
-    ck.close("fp16 compression", got, torch.stack(xs).sum(0), atol=1e-3, rtol=1e-3)
-    half, ctx = hvd.Compression.fp16.compress(xs[r])
-    ck.equal("fp16 compress", half.dtype, torch.float16)
-    ck.equal("fp16 decompress", hvd.Compression.fp16.decompress(half, ctx).dtype, torch.float32)
-    ints = torch.arange(3)
-    ck.equal("fp16 leaves ints", hvd.Compression.fp16.compress(ints)[0], ints)
-    # bf16 (plait's): float32's range, so a sum fp16 would overflow (65504) stays finite;
-    # the result is the exact sum up to bf16's rounding (2^-8 relative at most) of each
-    # term and partial sum, each at most n * 1e5 here
-    big = [x * 1e5 for x in xs]
-    got = hvd.allreduce(big[r], op=hvd.Sum, compression=hvd.Compression.bf16)
-    exact = torch.stack(big).sum(0)
-    ck.equal("bf16 compression keeps dtype", got.dtype, torch.float32)
-    ck.true("bf16 does not overflow", bool(torch.isfinite(got).all()))
-    ck.close("bf16 compression", got, exact, rtol=0, atol=n * n * 2**-8 * 1e5)
-    ck.true("bf16 rounds", not torch.equal(got, exact))
-    ck.equal("bf16 compress", hvd.Compression.bf16.compress(xs[r])[0].dtype, torch.bfloat16)
-    ck.equal("bf16 leaves ints", hvd.Compression.bf16.compress(ints)[0], ints)
-
-    # in place, async, poll and synchronize
-    xs = [data((3, 2), 4, q) for q in range(n)]
-    x = xs[r].clone()
-    ck.true("allreduce_ returns its argument", hvd.allreduce_(x, op=hvd.Sum) is x)
-    ck.equal("allreduce_", x, torch.stack(xs).sum(0))
-    view = xs[r].clone().t()  # not contiguous
-    hvd.allreduce_(view, op=hvd.Max)
-    ck.equal("allreduce_ on a transposed view", view, torch.stack(xs).amax(0).t())
-    h1 = hvd.allreduce_async(xs[r], op=hvd.Sum, postscale_factor=0.5)
-    y = xs[r].clone()
-    h2 = hvd.allreduce_async_(y, op=hvd.Min)
-    h3 = hvd.allgather_async(xs[r])
-    ck.true("handles are ints", all(isinstance(h, int) for h in (h1, h2, h3)))
-    ck.true("poll gives a bool", isinstance(hvd.poll(h1), bool))
-    ck.equal("async gather", hvd.synchronize(h3), torch.cat(xs))
-    ck.true("earlier handles finished first", hvd.poll(h1) and hvd.poll(h2))
-    ck.equal("async allreduce", hvd.synchronize(h1), torch.stack(xs).sum(0) * 0.5)
-    ck.true("async in place returns the tensor", hvd.synchronize(h2) is y)
-    ck.equal("async in place", y, torch.stack(xs).amin(0))
-    ck.true("synchronize of a spent handle", hvd.synchronize(h1) is None)
-    ck.raises("poll of a spent handle", ValueError, lambda: hvd.poll(h1))
-
-    # grouped: one buffer per dtype
-    a = [data((2, 2), 5, q) for q in range(n)]
-    b = [data((3,), 6, q, torch.int64) for q in range(n)]
-    c = [data((1,), 7, q) for q in range(n)]
-    want = [torch.stack(v).sum(0) for v in (a, b, c)]
-    got = hvd.grouped_allreduce([a[r], b[r], c[r]], op=hvd.Sum)
-    for i in range(3):
-        ck.equal(f"grouped_allreduce {i}", got[i], want[i])
-    mine = [a[r].clone(), b[r].clone(), c[r].clone()]
-    out = hvd.grouped_allreduce_(mine, op=hvd.Sum)
-    ck.true(
-        "grouped_allreduce_ returns its tensors",
-        all(o is m for o, m in zip(out, mine, strict=True)),
-    )
-    for i in range(3):
-        ck.equal(f"grouped_allreduce_ {i}", mine[i], want[i])
-    h = hvd.grouped_allreduce_async([a[r], c[r]], prescale_factor=2.0)
-    got = hvd.synchronize(h)
-    ck.close("grouped async Average", got[0], torch.stack(a).mean(0) * 2)
-    mine = [a[r].clone(), b[r].clone()]
-    hvd.synchronize(hvd.grouped_allreduce_async_(mine, op=hvd.Sum))
-    ck.equal("grouped async in place", mine[1], want[1])
-    got = hvd.grouped_allreduce([a[r], c[r]], op=hvd.Sum, compression=hvd.Compression.fp16)
-    ck.close("grouped fp16", got[1], want[2])
-
-    # allgather with a different dim 0 per rank (rank 0 sends none)
-    parts = [torch.full((q, 2), float(q)) for q in range(n)]
-    ck.equal("allgather uneven", hvd.allgather(parts[r]), torch.cat(parts))
-    got = hvd.synchronize(hvd.grouped_allgather_async([parts[r], parts[r][:, :1].long()]))
-    ck.equal("grouped_allgather_async", got[1], torch.cat(parts)[:, :1].long())
-    ck.equal("grouped_allgather", hvd.grouped_allgather([parts[r]])[0], torch.cat(parts))
-
-    # broadcast from every root; a bad root names the valid range
-    for root in range(n):
-        xs = [data((2, 3), 8 + root, q) for q in range(n)]
-        ck.equal(f"broadcast root {root}", hvd.broadcast(xs[r], root), xs[root])
-        y = xs[r].clone()
-        hvd.broadcast_(y, root_rank=root)
-        ck.equal(f"broadcast_ root {root}", y, xs[root])
-        y = xs[r].clone()
-        ck.equal(
-            f"broadcast_async_ {root}", hvd.synchronize(hvd.broadcast_async_(y, root)), xs[root]
-        )
-        ck.equal(
-            f"broadcast_async {root}", hvd.synchronize(hvd.broadcast_async(xs[r], root)), xs[root]
-        )
-    ck.raises("bad root", ValueError, lambda: hvd.broadcast(torch.ones(1), n), f"[0, {n})")
-    ck.raises("negative root", ValueError, lambda: hvd.broadcast_(torch.ones(1), -1), f"[0, {n})")
-
-    # alltoall: rank r sends q+1 rows to rank q, each row holding (sender, receiver)
-    splits = [q + 1 for q in range(n)]
-    rows = torch.tensor([[r, q] for q in range(n) for _ in range(q + 1)], dtype=torch.float32)
-    out, received = hvd.alltoall(rows, splits=splits)
-    want = torch.tensor([[q, r] for q in range(n) for _ in range(r + 1)], dtype=torch.float32)
-    ck.equal("alltoall", out, want)
-    ck.equal("alltoall received splits", received, torch.full((n,), r + 1, dtype=torch.int32))
-    out, received = hvd.synchronize(
-        hvd.alltoall_async(rows, torch.tensor(splits, dtype=torch.int32))
-    )
-    ck.equal("alltoall_async", out, want)
-    even = torch.arange(2 * n, dtype=torch.float32) + 100 * r
-    ck.equal(
-        "alltoall without splits",
-        hvd.alltoall(even),
-        torch.tensor([100.0 * q + 2 * r + i for q in range(n) for i in range(2)]),
-    )
-    ck.raises("alltoall bad splits", ValueError, lambda: hvd.alltoall(rows, splits=[1] * (n + 1)))
-
-    # reducescatter: lower ranks get the extra row when dim 0 does not divide evenly
-    xs = [data((2 * n + 1, 2), 9, q) for q in range(n)]
-    total = torch.stack(xs).sum(0)
-    mine = total.tensor_split(n)[r]
-    ck.equal("reducescatter Sum", hvd.reducescatter(xs[r], op=hvd.Sum), mine)
-    ck.close("reducescatter Average (default)", hvd.reducescatter(xs[r]), mine / n)
-    got = hvd.reducescatter(xs[r], op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
-    ck.close("reducescatter scaled", got, mine / 2)
-    ck.equal(
-        "reducescatter_async", hvd.synchronize(hvd.reducescatter_async(xs[r], op=hvd.Sum)), mine
-    )
-    got = hvd.grouped_reducescatter([xs[r], xs[r][:, :1]], op=hvd.Sum)
-    ck.equal("grouped_reducescatter", got[1], total[:, :1].tensor_split(n)[r])
-    got = hvd.synchronize(hvd.grouped_reducescatter_async([xs[r]], op=hvd.Sum))
-    ck.equal("grouped_reducescatter_async", got[0], mine)
-
-    # objects, barrier
-    ck.equal(
-        "broadcast_object", hvd.broadcast_object({"from": r}, root_rank=n - 1), {"from": n - 1}
-    )
-    ck.equal("allgather_object", hvd.allgather_object(("rank", r)), [("rank", q) for q in range(n)])
-    hvd.barrier()
-
-    # ranks that disagree fail alike on every rank, under both Horovod's and plait's names
-    e = ck.raises(
-        "mismatched shapes", hvd.HorovodInternalError, lambda: hvd.allreduce(torch.ones(r + 1))
-    )
-    ck.true("mismatch is plait's error too", isinstance(e, plait.CollectiveMismatchError))
-    ck.true("mismatch is a RuntimeError", isinstance(e, RuntimeError))
-    h = hvd.allreduce_async(torch.ones(2, r + 1))
-    ck.raises("async mismatch", plait.CollectiveMismatchError, lambda: hvd.synchronize(h))
-    ck.equal(
-        "usable after a mismatch",
-        hvd.allreduce(torch.ones(2), op=hvd.Sum),
-        torch.full((2,), float(n)),
-    )
-
-    # process sets: the even ranks, and the last two
-    evens = hvd.add_process_set([q for q in range(n) if q % 2 == 0])
-    last = hvd.ProcessSet([n - 2, n - 1])
-    if n == 2:  # the same ranks as the global set: Horovod refuses duplicates too
-        ck.raises("duplicate process set", ValueError, lambda: hvd.add_process_set(last), "exists")
-    else:
-        hvd.add_process_set(last)
-    ck.equal("process set size", evens.size(), len(range(0, n, 2)))
-    if evens.included():
-        got = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=evens)
-        ck.equal("allreduce on a process set", got, torch.full((1,), float(evens.size())))
-        ck.equal("process set rank", evens.rank(), r // 2)
-    else:
-        ck.raises("non-member", ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=evens))
-    if last.included():
-        got = hvd.allgather(torch.tensor([r]), process_set=last)
-        ck.equal("allgather on a process set", got, torch.tensor([n - 2, n - 1]))
-    ck.true(
-        "remove_process_set", hvd.remove_process_set(evens) and not hvd.remove_process_set(evens)
-    )
-    # the timeline's own checks: tests/world/test_horovod_timeline.py
+Failures = dict[str, list[str]]  # one rank's failed checks by section
 
 
-def check_gradients(hvd: Any, ck: Checks) -> None:
-    n, r = hvd.size(), hvd.rank()
-    # allreduce: the gradient is the same allreduce of the gradient (Horovod's definition)
-    for op, factor in ((hvd.Sum, n), (hvd.Average, 1)):
-        x = torch.ones(4, requires_grad=True)
-        hvd.allreduce(x * 2, op=op).backward(torch.ones(4))
-        ck.close(f"allreduce grad op {op}", x.grad, torch.full((4,), 2.0 * factor))
-    x = torch.ones(3, requires_grad=True)
-    hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0).backward(
-        torch.ones(3) * (r + 1)
-    )
-    ck.close("allreduce grad scaled", x.grad, torch.full((3,), 6.0 * sum(range(1, n + 1))))
-    x = torch.ones(3, requires_grad=True)
-    out = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)
-    out.sum().backward()
-    ck.close("fp16 allreduce grad", x.grad, torch.full((3,), float(n)))
-    # grouped allreduce
-    xs = [torch.ones(2, requires_grad=True), torch.ones(3, dtype=f64, requires_grad=True)]
-    outs = hvd.grouped_allreduce(xs, op=hvd.Sum)
-    (outs[0].sum() + outs[1].sum()).backward()
-    ck.close("grouped grad 0", xs[0].grad, torch.full((2,), float(n)))
-    ck.close("grouped grad 1", xs[1].grad, torch.full((3,), float(n), dtype=f64))
-    # allgather: Average allreduce of the gradient, this rank's rows (Horovod's test: rows
-    # of rank q carry gradient q, the same on every rank, so rank r gets r back)
-    sizes = [q + 1 for q in range(n)]
-    x = torch.randn(sizes[r], 3, requires_grad=True)
-    grad = torch.cat([torch.full((s, 3), float(q)) for q, s in enumerate(sizes)])
-    hvd.allgather(x).backward(grad)
-    ck.close("allgather grad", x.grad, torch.full((sizes[r], 3), float(r)))
-    x = torch.zeros(2, requires_grad=True)
-    hvd.allgather(x).backward(torch.full((2 * n,), float(r)))  # differs per rank: averaged
-    ck.close("allgather grad averaged", x.grad, torch.full((2,), (n - 1) / 2))
-    # broadcast: the Average allreduce on the root, zeros elsewhere
-    for root in range(n):
-        x = torch.ones(3, requires_grad=True)
-        hvd.broadcast(x, root).backward(torch.full((3,), float(r)))
-        want = (n - 1) / 2 if r == root else 0.0
-        ck.close(f"broadcast grad root {root}", x.grad, torch.full((3,), want))
-    # reducescatter: Sum's gradient is size * allgather(grad), Average's allgather(grad)
-    for op, factor in ((hvd.Sum, n), (hvd.Average, 1)):
-        x = torch.ones(2 * n, 2, requires_grad=True)
-        hvd.reducescatter(x, op=op).backward(torch.ones(2, 2))
-        ck.close(f"reducescatter grad op {op}", x.grad, torch.full((2 * n, 2), float(factor)))
-    # alltoall: the gradient goes back to where each row came from
-    splits = [q + 1 for q in range(n)]
-    x = torch.zeros(sum(splits), requires_grad=True)
-    out, _ = hvd.alltoall(x, splits=splits)
-    out.backward(torch.arange(out.numel(), dtype=torch.float32) + 100 * r)
-    # rank q received r+1 rows from us, at offset sum over senders before us of (q+1)
-    want = torch.cat(
-        [
-            torch.arange(r * (q + 1), (r + 1) * (q + 1), dtype=torch.float32) + 100 * q
-            for q in range(n)
-        ]
-    )
-    ck.close("alltoall grad", x.grad, want)
-
-
-# -------------------------------------------------------------------------- training
-
-
-def check_optimizer(hvd: Any, ck: Checks) -> None:
-    """N ranks with batch b end where one process with batch N*b ends (float64)."""
-    n, r, b = hvd.size(), hvd.rank(), 4
-    mine = slice(r * b, (r + 1) * b)
-    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)  # noqa: E731
-    adam = lambda ps: torch.optim.Adam(ps, lr=0.01)  # noqa: E731
-    cases: list[tuple[str, Any, Callable[[torch.nn.Module], dict[str, Any]], float, float]] = [
-        ("SGD momentum", sgd, lambda m: {}, 1.0, 1e-10),
-        ("Adam", adam, lambda m: {}, 1.0, 1e-10),
-        (
-            "Adam, 2 groups, predivide 2",
-            adam,
-            lambda m: {"groups": 2, "gradient_predivide_factor": 2.0},
-            1.0,
-            1e-10,
-        ),
-        (
-            "SGD, a group per parameter",
-            sgd,
-            lambda m: {"groups": [[p] for p in m.parameters()]},
-            1.0,
-            1e-10,
-        ),
-        ("SGD, op=Sum", sgd, lambda m: {"op": hvd.Sum}, float(n), 1e-10),
-        ("SGD, fp16", sgd, lambda m: {"compression": hvd.Compression.fp16}, 1.0, 2e-3),
-    ]
-    for name, make, extra, scale, tol in cases:
-        ref, model = make_model(), make_model()
-        ref_opt = make(ref.parameters())
-        opt = hvd.DistributedOptimizer(
-            make(model.parameters()), named_parameters=model.named_parameters(), **extra(model)
-        )
-        ck.true(
-            f"{name}: isinstance",
-            isinstance(opt, type(ref_opt)) and type(opt).__name__ == type(ref_opt).__name__,
-        )
-        for step in range(3):
-            x, y = make_batch(step, n, b)
-            ref_opt.zero_grad()
-            (mse(ref, x, y) * scale).backward()
-            ref_opt.step()
-            opt.zero_grad()
-            mse(model, x[mine], y[mine]).backward()
-            opt.step()
-        same_params(ck, name, model, ref, tol)
-        ck.equal(
-            f"{name}: state_dict keys",
-            set(opt.state_dict()["state"]),
-            set(ref_opt.state_dict()["state"]),
-        )
-
-    # buckets start during backward, in bucket order (the overlap)
-    model = make_model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=3)
-    x, y = make_batch(0, n, b)
-    mse(model, x[mine], y[mine]).backward()
-    ck.equal("all buckets launched by backward", len(opt._inflight), len(opt._buckets))
-    ck.true("three buckets", len(opt._buckets) == 3)
-    ck.raises(
-        "zero_grad with allreduces outstanding",
-        AssertionError,
-        opt.zero_grad,
-        "before optimizer.step()",
-    )
-    opt.step()
-    opt.zero_grad()
-
-    # backward_passes_per_step: two half batches accumulate, then one allreduce
-    ref, model = make_model(), make_model()
-    ref_opt = sgd(ref.parameters())
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()), backward_passes_per_step=2)
-    for step in range(2):
-        x, y = make_batch(step, n, b)
-        ref_opt.zero_grad()
-        mse(ref, x, y).backward()
-        ref_opt.step()
-        opt.zero_grad()
-        for i, half in enumerate(
-            (slice(r * b, r * b + b // 2), slice(r * b + b // 2, (r + 1) * b))
-        ):
-            (mse(model, x[half], y[half]) / 2).backward()
-            if i == 0:
-                ck.equal("nothing launched after the first pass", len(opt._inflight), 0)
-        opt.step()
-    same_params(ck, "backward_passes_per_step=2", model, ref)
-    loss = mse(model, x[mine], y[mine])
-    loss.backward(retain_graph=True)
-    loss.backward(retain_graph=True)  # the second of backward_passes_per_step=2 launches
-    ck.raises(
-        "a pass too many", AssertionError, lambda: loss.backward(), "backward_passes_per_step"
-    )
-    opt.synchronize()
-    opt.zero_grad()
-
-    # Horovod's clipping pattern: synchronize, clip, step inside skip_synchronize
-    ref, model = make_model(), make_model()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5))
-    for step in range(2):
-        x, y = make_batch(step, n, b)
-        ref_opt.zero_grad()
-        mse(ref, x, y).backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
-        ref_opt.step()
-        opt.zero_grad()
-        mse(model, x[mine], y[mine]).backward()
-        opt.synchronize()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
-        with opt.skip_synchronize():
-            opt.step()
-    same_params(ck, "clip with skip_synchronize", model, ref)
-    opt.zero_grad()
-    mse(model, x[mine], y[mine]).backward()
-    opt.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        opt.step()  # synchronize() then step() without skip_synchronize: Horovod warns
-    ck.true(
-        "step after synchronize warns", any("skip_synchronize" in str(w.message) for w in caught)
-    )
-
-    # a parameter without a gradient gets zeros (another rank may have one), no hang
-    model = make_model(extra=True)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    mse(model, x[mine], y[mine]).backward()
-    opt.step()
-    ck.equal("unused parameter's grad", model.unused.grad, torch.zeros(2, 2, dtype=f64))
-
-    # Horovod's argument checks
-    model = make_model()
-    named = list(model.named_parameters())
-    ck.raises(
-        "duplicate names",
-        ValueError,
-        lambda: hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1),
-            named_parameters=[("w", p) for _, p in named],
-        ),
-        "duplicates: w",
-    )
-    ck.raises(
-        "unnamed parameters",
-        ValueError,
-        lambda: hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named[:1]
-        ),
-        "not named",
-    )
-    ck.raises(
-        "names not tuples",
-        ValueError,
-        lambda: hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=[[k, v] for k, v in named]
-        ),
-        "tuples",
-    )
-    ck.raises(
-        "bad groups",
-        ValueError,
-        lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=-1),
-        "non-negative",
-    )
-    ck.raises(
-        "predivide with Sum",
-        ValueError,
-        lambda: hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum, gradient_predivide_factor=2.0
-        ),
-    )
-    # op=hvd.Adasum: tests/unit/test_horovod_adasum.py
-
-
-def check_functions(hvd: Any, ck: Checks) -> None:
-    n, r = hvd.size(), hvd.rank()
-    root = n - 1
-
-    # broadcast_parameters: a state_dict with buffers (an int64 one too), and named pairs
-    def net(seed: int) -> torch.nn.Module:
-        torch.manual_seed(seed)
-        m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
-        m[1].running_mean += seed
-        m[1].num_batches_tracked += seed
-        return m
-
-    model, want = net(r), net(root)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=root)
-    for (k, v), w in zip(model.state_dict().items(), want.state_dict().values(), strict=True):
-        ck.equal(f"broadcast_parameters {k}", v, w)
-    model = net(r)
-    hvd.broadcast_parameters(list(model.named_parameters()), root_rank=0)
-    ck.equal("broadcast named parameters", model[0].weight.detach(), net(0)[0].weight.detach())
-    ck.raises(
-        "broadcast_parameters of a tensor",
-        ValueError,
-        lambda: hvd.broadcast_parameters(torch.ones(1), 0),
-    )
-
-    # broadcast_optimizer_state: only the root has stepped, and the lrs differ
-    for kind in ("sgd", "adam"):
-        model = make_model()
-        lr = 0.1 * (r + 1)
-        opt = (
-            torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-            if kind == "sgd"
-            else torch.optim.Adam(model.parameters(), lr=lr, betas=(0.8, 0.9))
-        )
-        x, y = make_batch(r, n, 2)
-        for _ in range(2 if r == root else (1 if r % 2 else 0)):
-            opt.zero_grad()
-            mse(model, x, y).backward()
-            opt.step()
-        hvd.broadcast_optimizer_state(opt, root_rank=root)
-        sd = opt.state_dict()
-        flat = (
-            sd["param_groups"],
-            {k: {n: v.tolist() for n, v in e.items()} for k, e in sd["state"].items()},
-        )
-        everyone = hvd.allgather_object(flat)
-        ck.true(
-            f"{kind}: every rank has the root's state", all(e == everyone[root] for e in everyone)
-        )
-        ck.equal(f"{kind}: lr", opt.param_groups[0]["lr"], 0.1 * n)
-        ck.true(f"{kind}: state for every parameter", len(sd["state"]) == 4)
-        opt.step()  # still a working optimizer
-    model = make_model()
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
-    )
-    x, y = make_batch(0, n, 2)
-    mse(model, x, y).backward()
-    opt.step()
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
-    ck.equal("DistributedOptimizer lr after broadcast", opt.param_groups[0]["lr"], 0.1)
-    opt.zero_grad()
-    mse(model, x, y).backward()
-    opt.step()  # hooks still work after load_state_dict
-    lbfgs = torch.optim.LBFGS(model.parameters())
-    ck.raises("LBFGS", ValueError, lambda: hvd.broadcast_optimizer_state(lbfgs, 0), "LBFGS")
-
-
-# ------------------------------------------------------------------------------ join
-def check_join(hvd: Any, ck: Checks) -> None:
-    n, r = hvd.size(), hvd.rank()
-    # Horovod's own join test: the first rank to join contributes zeros; Average still
-    # divides by the full size; join returns the last rank to join, the same everywhere
-    for first in (0, n - 1):
-        a = data((5,), 20, 0)
-        b = data((3, 4), 21, 0)
-        if r == first:
-            last = hvd.join()
-        else:
-            ha, hb = hvd.allreduce_async(a, op=hvd.Average), hvd.allreduce_async(b, op=hvd.Average)
-            ck.close(f"join first={first}: a", hvd.synchronize(ha), a * (n - 1) / n)
-            ck.close(f"join first={first}: b", hvd.synchronize(hb), b * (n - 1) / n)
-            last = hvd.join()
-        ck.true(f"join first={first}: last is not the first", last != first)
-        ck.equal(
-            f"join first={first}: same answer everywhere", hvd.allgather_object(last), [last] * n
-        )
-
-    # barrier and min/max are served; allgather, broadcast and alltoall are refused on the
-    # ranks that call them (Horovod: "... is not supported with Join at this time"), while
-    # the joined rank stays joined, and the job goes on
-    if r == 0:
-        last = hvd.join()
-    else:
-        refused = [
-            ("allgather", lambda: hvd.allgather(torch.full((r, 2), float(r)))),
-            ("broadcast", lambda: hvd.broadcast(torch.tensor([float(r)]), n - 1)),
-            ("alltoall", lambda: hvd.alltoall(torch.ones(n))),
-            ("broadcast from the joined rank", lambda: hvd.broadcast(torch.ones(1), 0)),
-            ("broadcast_object", lambda: hvd.broadcast_object(r, n - 1)),
-        ]
-        for what, call in refused:
-            e = ck.raises(
-                f"join: {what} refused", hvd.HorovodInternalError, call, "not supported with Join"
-            )
-            ck.true(f"join: {what} names the joined rank", e is not None and "[0]" in str(e))
-        hvd.barrier()
-        ck.equal(
-            "join: Max ignores the joined rank",
-            hvd.allreduce(torch.tensor([-5.0 - r]), op=hvd.Max),
-            torch.tensor([-6.0]),
-        )
-        ck.equal(
-            "join: Sum over the others",
-            hvd.allreduce(torch.ones(1), op=hvd.Sum),
-            torch.tensor([n - 1.0]),
-        )
-        last = hvd.join()
-    ck.equal("join: ties go to the highest rank", last, n - 1)
-
-    join_in_training(hvd, ck, n, r)
-
-    # join learns from plait's call check: without it, join refuses at once (no hang)
-    os.environ["PLAIT_CHECK"] = "0"
-    try:
-        ck.raises("join without the call check", RuntimeError, hvd.join, "PLAIT_CHECK")
-    finally:
-        del os.environ["PLAIT_CHECK"]
-
-
-# ------------------------------------------------------------------------------ tests
-def battery(comm: Communicator, sections: list[str]) -> None:
-    import plait.horovod.torch as hvd
-
-    ck = Checks()
+def check_init(hvd: Any, ck: Checks, comm: Communicator) -> None:
     hvd.init()
     hvd.init()  # idempotent, like Horovod's
     ck.equal("size", hvd.size(), comm.size)
     ck.equal("rank", hvd.rank(), comm.rank)
-    for name in sections:
-        globals()[f"check_{name}"](hvd, ck)
+
+
+def check_shutdown(hvd: Any, ck: Checks) -> None:
     hvd.shutdown()
     ck.true("shutdown", not hvd.is_initialized())
     ck.raises("size after shutdown", ValueError, hvd.size, "use hvd.init()")
-    ck.done(comm.rank)
 
 
-ALL = ["collectives", "gradients", "optimizer", "functions", "join"]
+def _sections(*modules: Any) -> list[str]:
+    """The sections of `modules`, in the order they are written (the order they run)."""
+    return [name[6:] for m in modules for name in vars(m) if name.startswith("check_")]
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("size", [2, 3])
-def test_horovod_api(size: int) -> None:
-    run_world(size, battery, ALL, timeout=80, env=ENV)
+ALL = _sections(collectives, training)
+# four ranks train and join only (DistributedOptimizer's sections, then join's)
+AT_FOUR = [
+    *("optimizer", "overlap", "accumulation", "clipping", "unused_parameter"),
+    *("optimizer_arguments", "join", "join_refusals", "join_in_training"),
+    "join_without_the_call_check",
+]
+WORLDS = {2: ALL, 3: ALL, 4: AT_FOUR}  # size -> the sections its world runs
 
 
-@pytest.mark.timeout(90)
-def test_training_and_join_at_four_ranks() -> None:
-    run_world(4, battery, ["optimizer", "join"], timeout=80, env=ENV)
+def battery(comm: Communicator, sections: list[str]) -> Failures:
+    """hvd.init(), the sections in order, hvd.shutdown(): each section's failed checks."""
+    import plait.horovod.torch as hvd
+
+    checks: dict[str, Callable[..., None]] = {}
+    for name in sections:
+        module = collectives if hasattr(collectives, f"check_{name}") else training
+        checks[name] = getattr(module, f"check_{name}")
+    ck = Checks()
+    ck.begin("init")
+    check_init(hvd, ck, comm)
+    ck.run(hvd, checks)
+    ck.begin("shutdown")
+    check_shutdown(hvd, ck)
+    return ck.failures
+
+
+@pytest.fixture(scope="module")
+def world(request: pytest.FixtureRequest) -> list[Failures]:
+    """The world of `request.param` ranks, spawned once for every test that asks for it."""
+    size = request.param
+    return run_world(size, battery, WORLDS[size], timeout=80, env=ENV)
+
+
+every_world = pytest.mark.parametrize("world", list(WORLDS), indirect=True)
+two_and_three = pytest.mark.parametrize("world", [2, 3], indirect=True)  # not in AT_FOUR
+
+
+@every_world
+def test_init_is_idempotent_and_knows_the_world(world: list[Failures]) -> None:
+    assert_section(world, "init")
+
+
+@two_and_three
+def test_facts_about_the_job(world: list[Failures]) -> None:
+    assert_section(world, "facts")
+
+
+@two_and_three
+def test_allreduce_every_op_with_and_without_scaling(world: list[Failures]) -> None:
+    assert_section(world, "allreduce_ops")
+
+
+@two_and_three
+def test_fp16_and_bf16_compression(world: list[Failures]) -> None:
+    assert_section(world, "compression")
+
+
+@two_and_three
+def test_in_place_async_poll_and_synchronize(world: list[Failures]) -> None:
+    assert_section(world, "async")
+
+
+@two_and_three
+def test_grouped_allreduce(world: list[Failures]) -> None:
+    assert_section(world, "grouped")
+
+
+@two_and_three
+def test_allgather_of_uneven_rows(world: list[Failures]) -> None:
+    assert_section(world, "allgather")
+
+
+@two_and_three
+def test_broadcast_from_every_root(world: list[Failures]) -> None:
+    assert_section(world, "broadcast")
+
+
+@two_and_three
+def test_alltoall_with_and_without_splits(world: list[Failures]) -> None:
+    assert_section(world, "alltoall")
+
+
+@two_and_three
+def test_reducescatter(world: list[Failures]) -> None:
+    assert_section(world, "reducescatter")
+
+
+@two_and_three
+def test_objects_and_the_barrier(world: list[Failures]) -> None:
+    assert_section(world, "objects")
+
+
+@two_and_three
+def test_mismatched_calls_fail_alike_on_every_rank(world: list[Failures]) -> None:
+    assert_section(world, "mismatch")
+
+
+@two_and_three
+def test_process_sets(world: list[Failures]) -> None:
+    assert_section(world, "process_sets")
+
+
+@two_and_three
+def test_the_gradient_of_every_collective(world: list[Failures]) -> None:
+    assert_section(world, "gradients")
+
+
+@every_world
+def test_distributed_optimizer_trains_like_one_process(world: list[Failures]) -> None:
+    assert_section(world, "optimizer")
+
+
+@every_world
+def test_buckets_start_during_backward(world: list[Failures]) -> None:
+    assert_section(world, "overlap")
+
+
+@every_world
+def test_backward_passes_per_step_accumulate(world: list[Failures]) -> None:
+    assert_section(world, "accumulation")
+
+
+@every_world
+def test_clipping_inside_skip_synchronize(world: list[Failures]) -> None:
+    assert_section(world, "clipping")
+
+
+@every_world
+def test_a_parameter_without_a_gradient_gets_zeros(world: list[Failures]) -> None:
+    assert_section(world, "unused_parameter")
+
+
+@every_world
+def test_distributed_optimizer_checks_its_arguments(world: list[Failures]) -> None:
+    assert_section(world, "optimizer_arguments")
+
+
+@two_and_three
+def test_broadcast_parameters(world: list[Failures]) -> None:
+    assert_section(world, "broadcast_parameters")
+
+
+@two_and_three
+def test_broadcast_optimizer_state(world: list[Failures]) -> None:
+    assert_section(world, "broadcast_optimizer_state")
+
+
+@every_world
+def test_join_answers_the_last_rank_everywhere(world: list[Failures]) -> None:
+    assert_section(world, "join")
+
+
+@every_world
+def test_join_serves_barrier_and_min_max_and_refuses_the_rest(world: list[Failures]) -> None:
+    assert_section(world, "join_refusals")
+
+
+@every_world
+def test_join_in_training_with_uneven_data(world: list[Failures]) -> None:
+    assert_section(world, "join_in_training")
+
+
+@every_world
+def test_join_without_the_call_check_refuses_at_once(world: list[Failures]) -> None:
+    assert_section(world, "join_without_the_call_check")
+
+
+@every_world
+def test_shutdown_ends_the_session(world: list[Failures]) -> None:
+    assert_section(world, "shutdown")

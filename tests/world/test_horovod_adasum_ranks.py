@@ -1,8 +1,9 @@
 """hvd.Adasum across ranks against references written here from the paper's formula (Maleki
 et al., MLSys 2021; tests/support/adasum_reference.py), combined over ranks along the binary
-tree ((0,1), (2,3)), then ((01), (23)). One world per size runs every multi-rank check; the
-optimizer is compared with a single process that plays every rank (its own optimizer state
-each, as in Horovod's delta optimizer). Three ranks are refused, as Horovod refuses them."""
+tree ((0,1), (2,3)), then ((01), (23)). One world per size runs every multi-rank check
+once; each test asserts one of them on every rank. The optimizer is compared with a single
+process that plays every rank (its own optimizer state each, as in Horovod's delta
+optimizer). Three ranks are refused, as Horovod refuses them."""
 
 from __future__ import annotations
 
@@ -183,28 +184,57 @@ def _battery(comm: Any) -> dict[str, Any]:
     return out
 
 
+Ranks = list[dict[str, Any]]  # each rank's battery results
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def world(request: pytest.FixtureRequest) -> Ranks:
+    return run_world(request.param, _battery, timeout=100, env=ENV)
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("size", [2, 4])
-def test_adasum_in_worlds_of_2_and_4(size: int) -> None:
-    results = run_world(size, _battery, timeout=100, env=ENV)
-    first = results[0]
-    wants = {which: reference_training(size, which) for which in OPTIMIZERS}
-    for r, res in enumerate(results):
+def test_a_fused_buffer_treats_each_tensor_alone(world: Ranks) -> None:
+    first = world[0]
+    for r, res in enumerate(world):
         torch.testing.assert_close(res["fused"], res["fused_want"], rtol=1e-6, atol=1e-6)
         assert torch.equal(res["fused"], first["fused"]), f"rank {r} differs from rank 0"
-        for key in ("allreduce", "scaled", "allreduce_", "async", "async_", "float64", "grad"):
-            got, want = res[key]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "key", ["allreduce", "scaled", "allreduce_", "async", "async_", "float64", "grad"]
+)
+def test_every_form_of_allreduce(world: Ranks, key: str) -> None:
+    for r, res in enumerate(world):
+        got, want = res[key]
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=key)
+        assert torch.equal(got, world[0][key][0]), f"{key}: rank {r} differs from rank 0"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("key", ["grouped", "grouped_"])
+def test_grouped_allreduce(world: Ranks, key: str) -> None:
+    for res in world:
+        for got, want in zip(*res[key], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=key)
-            assert torch.equal(got, first[key][0]), f"{key}: rank {r} differs from rank 0"
-        for key in ("grouped", "grouped_"):
-            for got, want in zip(*res[key], strict=True):
-                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=key)
-        for which, want in wants.items():
-            got = res[f"train_{which}"]
-            for g, w in zip(got, want, strict=True):
-                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
-            for g, g0 in zip(got, first[f"train_{which}"], strict=True):
-                assert torch.equal(g, g0), f"{which}: rank {r}'s parameters differ"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("which", list(OPTIMIZERS))
+def test_the_optimizer_trains_like_one_process_playing_every_rank(world: Ranks, which: str) -> None:
+    want = reference_training(len(world), which)
+    for r, res in enumerate(world):
+        got = res[f"train_{which}"]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        for g, g0 in zip(got, world[0][f"train_{which}"], strict=True):
+            assert torch.equal(g, g0), f"{which}: rank {r}'s parameters differ"
+
+
+@pytest.mark.timeout(120)
+def test_join_refuses_adasum(world: Ranks) -> None:
+    size = len(world)
+    for r, res in enumerate(world):
         if r != size - 1:
             assert res["join"].startswith("HorovodInternalError: Adasum allreduce is not "), res
         assert res["joined_last"] == size - 2  # the last to call (the refused Adasum)

@@ -20,6 +20,7 @@ from plait import Communicator
 from support.cuda import RANKS, world_env
 from support.horovod_checks import (
     Checks,
+    assert_section,
     data,
     join_in_training,
     make_batch,
@@ -29,7 +30,7 @@ from support.horovod_checks import (
 )
 from support.world import run_world
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.timeout(240)]
 TRANSPORTS = ["nccl", "staged"]
 
 
@@ -38,7 +39,7 @@ def same(
 ) -> None:
     """`got` is on `dev` and equals (or, with `tol`, is close to) the CPU tensor `want`."""
     if not isinstance(got, torch.Tensor):
-        ck.failures.append(f"{name}: got a {type(got).__name__}, not a tensor")
+        ck.fail(f"{name}: got a {type(got).__name__}, not a tensor")
         return
     ck.equal(f"{name}: device", got.device, dev)
     if tol:
@@ -298,7 +299,16 @@ def check_join(hvd: Any, ck: Checks, dev: torch.device) -> None:
 
 
 # ------------------------------------------------------------------------------ tests
-def cuda_battery(comm: Communicator, sections: list[str]) -> None:
+SECTIONS = {
+    "collectives": check_collectives,
+    "gradients": check_gradients,
+    "training": check_training,
+    "join": check_join,
+}
+
+
+def cuda_battery(comm: Communicator) -> dict[str, list[str]]:
+    """Every section in one world: each section's failed checks on this rank."""
     import plait.horovod.torch as hvd
 
     ck = Checks()
@@ -306,14 +316,27 @@ def cuda_battery(comm: Communicator, sections: list[str]) -> None:
     # the usual script's line; modulo the GPU count because the ranks may share one GPU
     torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
-    for name in sections:
-        globals()[f"check_{name}"](hvd, ck, dev)
+    ck.run(hvd, SECTIONS, dev)
     hvd.shutdown()
-    ck.done(comm.rank)
+    return ck.failures
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_horovod_on_cuda_tensors(transport: str) -> None:
-    sections = ["collectives", "gradients", "training", "join"]
-    run_world(RANKS, cuda_battery, sections, timeout=220, env=world_env(transport))
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def world(request: pytest.FixtureRequest) -> list[dict[str, list[str]]]:
+    return run_world(RANKS, cuda_battery, timeout=220, env=world_env(request.param))
+
+
+def test_every_collective_on_cuda_tensors(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "collectives")
+
+
+def test_the_gradient_of_every_collective_on_cuda(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "gradients")
+
+
+def test_training_on_cuda_ends_where_one_process_ends(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "training")
+
+
+def test_join_on_cuda(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "join")

@@ -4,7 +4,8 @@ Each rank builds the global batch itself (every rank's samples, a different numb
 rank), runs the reference on all of it, and its SyncBatchNorm on its own rows: outputs,
 input gradients, weight/bias gradients summed over ranks and running statistics must
 match. One world per size runs the whole battery (a world costs seconds); size 1 checks the
-plain batch-norm path. The CUDA test runs the same helpers on GPU tensors.
+plain batch-norm path. Two more worlds, marked `cuda`, run the same sections on GPU tensors.
+Each test asserts one section on every rank of every world.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from support.horovod_checks import Checks
+from support.horovod_checks import Checks, assert_section
 from support.world import run_world
 
 f64, f32 = torch.float64, torch.float32
@@ -202,10 +203,16 @@ def check_training(hvd: Any, ck: Checks, dev: torch.device) -> None:
             ck.equal(f"trained {pn}", p.cpu(), q)
 
 
-SECTIONS = ["equivalence", "errors", "collectives_per_call", "training"]
+SECTIONS = {
+    "equivalence": check_equivalence,
+    "errors": check_errors,
+    "collectives_per_call": check_collectives_per_call,
+    "training": check_training,
+}
 
 
-def battery(comm: Any, sections: list[str], device: str) -> None:
+def battery(comm: Any, device: str) -> dict[str, list[str]]:
+    """Every section in one world: each section's failed checks on this rank."""
     import plait.horovod.torch as hvd
 
     ck = Checks()
@@ -215,22 +222,44 @@ def battery(comm: Any, sections: list[str], device: str) -> None:
         dev = torch.device("cuda", torch.cuda.current_device())
     else:
         dev = torch.device("cpu")
-    for name in sections:
-        globals()[f"check_{name}"](hvd, ck, dev)
+    ck.run(hvd, SECTIONS, dev)
     hvd.shutdown()
-    ck.done(comm.rank)
+    return ck.failures
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("size", [1, 2, 3])
-def test_sync_batch_norm_matches_one_process(size: int) -> None:
-    run_world(size, battery, SECTIONS, "cpu", timeout=100, env={"PLAIT_TIMEOUT": "20"})
+# one world per id: CPU worlds of 1-3 ranks; 2 ranks on GPUs, per way CUDA tensors travel
+WORLDS = [
+    pytest.param("cpu-1", marks=pytest.mark.timeout(120)),
+    pytest.param("cpu-2", marks=pytest.mark.timeout(120)),
+    pytest.param("cpu-3", marks=pytest.mark.timeout(120)),
+    pytest.param("cuda-nccl", marks=[pytest.mark.cuda, pytest.mark.timeout(240)]),
+    pytest.param("cuda-staged", marks=[pytest.mark.cuda, pytest.mark.timeout(240)]),
+]
 
 
-@pytest.mark.cuda
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("transport", ["nccl", "staged"])
-def test_sync_batch_norm_on_cuda_tensors(transport: str) -> None:
+@pytest.fixture(scope="module", params=WORLDS)
+def world(request: pytest.FixtureRequest) -> list[dict[str, list[str]]]:
+    device, _, how = request.param.partition("-")
+    if device == "cpu":
+        return run_world(int(how), battery, "cpu", timeout=100, env={"PLAIT_TIMEOUT": "20"})
     from support.cuda import world_env
 
-    run_world(2, battery, SECTIONS, "cuda", timeout=220, env=world_env(transport))
+    return run_world(2, battery, "cuda", timeout=220, env=world_env(how))
+
+
+def test_every_kind_of_input_matches_one_process(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "equivalence")
+
+
+def test_errors_are_raised_on_every_rank_together(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "errors")
+
+
+def test_one_allgather_forward_and_one_allreduce_backward(
+    world: list[dict[str, list[str]]],
+) -> None:
+    assert_section(world, "collectives_per_call")
+
+
+def test_training_ends_where_one_process_ends(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "training")

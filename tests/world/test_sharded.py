@@ -4,8 +4,8 @@ Each world runs `battery` once; every rank also trains the single-process refere
 (same initial weights, the whole global batch, the same torch optimizer), so the same body
 runs at 2, 3 and 4 ranks. float64 throughout, so "equal" is tight. The structure of the
 communication is counted too: which collectives each stage issues, how many gathers, and
-how many units' full parameters stage 3 holds at once. The layout alone is in
-tests/unit/test_sharded_layout.py.
+how many units' full parameters stage 3 holds at once. Each test asserts one of these on
+every rank of every world. The layout alone is in tests/unit/test_sharded_layout.py.
 """
 
 from __future__ import annotations
@@ -174,11 +174,17 @@ def battery(comm: Communicator) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("size", [2, 3, 4])
-def test_sharded_matches_single_process(size: int) -> None:
-    results = run_world(size, battery, env=ENV, timeout=240)
-    units = BLOCKS + 1  # the blocks and the root (inp, out)
-    for rank, r in enumerate(results):
+UNITS = BLOCKS + 1  # the blocks and the root (inp, out)
+Ranks = list[dict[str, Any]]  # each rank's battery results
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4])
+def world(request: pytest.FixtureRequest) -> Ranks:
+    return run_world(request.param, battery, env=ENV, timeout=240)
+
+
+def test_every_stage_and_optimizer_trains_like_one_process(world: Ranks) -> None:
+    for rank, r in enumerate(world):
         for stage in (1, 2, 3):
             for opt in ("sgd", "adamw"):
                 assert r[f"diff-{stage}-{opt}"] < 1e-12, (
@@ -188,31 +194,59 @@ def test_sharded_matches_single_process(size: int) -> None:
                     r[f"diff-{stage}-{opt}"],
                 )
                 assert r[f"moved-{stage}-{opt}"] > 1e-3
-        assert r["stage3-freed"] == [False] * units
-        assert r["diff-checkpointed"] < 1e-12
+
+
+def test_stage_3_frees_every_unit_and_pads_with_zeros(world: Ranks) -> None:
+    for r in world:
+        assert r["stage3-freed"] == [False] * UNITS
         assert all(p == 0 for p in r["padding"])
+
+
+def test_activation_checkpointing_trains_like_one_process(world: Ranks) -> None:
+    for r in world:
+        assert r["diff-checkpointed"] < 1e-12
+
+
+def test_stages_1_and_2_gather_and_reduce_scatter_each_unit_once_per_step(world: Ranks) -> None:
+    for r in world:
         # two steps: stage 1-2 gather every unit once per step and reduce-scatter each once
         for stage in (1, 2):
             calls = r[f"calls-{stage}-1-True"]
-            assert calls.get("reduce_scatter") == 2 * units, calls
-            assert calls.get("allgather") == 2 * units, calls
+            assert calls.get("reduce_scatter") == 2 * UNITS, calls
+            assert calls.get("allgather") == 2 * UNITS, calls
             assert "allreduce" not in calls, calls
-        assert r["grads-held-1"] == [True] * units  # stage 1 keeps full gradients
-        assert r["grads-held-2"] == [False] * units  # stage 2 only the shards
+        assert r["grads-held-1"] == [True] * UNITS  # stage 1 keeps full gradients
+        assert r["grads-held-2"] == [False] * UNITS  # stage 2 only the shards
+
+
+def test_stage_3_gathers_each_block_twice_and_holds_prefetch_plus_one(world: Ranks) -> None:
+    for r in world:
         for prefetch in (0, 1, 2):
             calls = r[f"calls-3-{prefetch}-True"]
             # the root once, each block twice but the last (kept from forward to backward)
             assert calls.get("allgather") == 2 * (1 + 2 * BLOCKS - 1), (prefetch, calls)
-            assert calls.get("reduce_scatter") == 2 * units
+            assert calls.get("reduce_scatter") == 2 * UNITS
             assert r[f"peak-3-{prefetch}-True"] == min(prefetch + 1, BLOCKS)
-        assert r["calls-3-1-False"].get("allgather") == 2 * units  # kept from forward
-        assert r["eval"] < 1e-12 and r["eval-freed"] == [False] * units
+        assert r["calls-3-1-False"].get("allgather") == 2 * UNITS  # kept from forward
+
+
+def test_evaluation_equals_the_reference_and_frees_everything(world: Ranks) -> None:
+    for r in world:
+        assert r["eval"] < 1e-12 and r["eval-freed"] == [False] * UNITS
+
+
+def test_load_state_dict_then_state_dict_gives_the_same_tensors(world: Ranks) -> None:
+    for r in world:
         assert r["load"] == 0.0
+
+
+def test_unused_parameters_are_named_or_given_zeros(world: Ranks) -> None:
+    for rank, r in enumerate(world):
         assert "spare.weight, spare.bias" in r["unused"] and f"rank {rank}" in r["unused"]
         assert r["unused-ok"] == make(unused=True).state_dict()["spare.weight"].tolist()
-    layout = Layout.from_json(results[0]["layout"])
+
+
+def test_the_layout_names_the_units(world: Ranks) -> None:
+    layout = Layout.from_json(world[0]["layout"])
     assert [u.name for u in layout.units] == ["blocks.0", "blocks.1", "blocks.2", ""]
     assert layout.units[-1].numel == 3 * WIDTH + WIDTH + WIDTH * 2 + 2
-
-
-# -------------------------------------------------------------------- pure layout
