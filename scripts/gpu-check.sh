@@ -14,7 +14,7 @@
 #   train-cuda          plait bench train --device cuda: plait DataParallel vs DDP over NCCL
 #   collectives-cpu-8   plait bench collectives -n 8 (CPU tensors)
 #   collectives-cpu-16  plait bench collectives -n 16 (CPU tensors)
-#   many-ranks          pytest tests/test_many_ranks.py: 16 ranks on one host, every collective
+#   many-ranks          pytest tests/world/test_many_ranks.py: 16 ranks on one host, every collective
 # About 10-15 minutes on a 16-core H100 machine, 28 at the time limits. Where one command
 # may run 10 minutes at most, split the steps over calls with --only (e.g. `--only tests`,
 # then `--only collectives-cuda,train-cuda`, then the CPU steps), one report each.
@@ -164,7 +164,7 @@ step collectives-cpu-8 150 "$PY" -m plait bench collectives -n 8 --sizes 4K,64K,
     --repeats 5 --budget 2 --markdown --json "$DIR/gpu-check-collectives-cpu-8.json"
 step collectives-cpu-16 210 "$PY" -m plait bench collectives -n 16 --sizes 4K,64K,1M,16M \
     --repeats 5 --budget 2 --markdown --json "$DIR/gpu-check-collectives-cpu-16.json"
-step many-ranks 240 "$PY" -m pytest -v -rs -p no:cacheprovider tests/test_many_ranks.py
+step many-ranks 240 "$PY" -m pytest -v -rs -p no:cacheprovider tests/world/test_many_ranks.py
 [ "$DRY" = 1 ] && exit 0
 
 # ------------------------------------------------------------------------------- report

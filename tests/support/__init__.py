@@ -1,0 +1,1 @@
+"""Harnesses and helpers the tests share, imported as `support.X` (tests/ is on the path)."""

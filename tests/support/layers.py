@@ -13,7 +13,7 @@ together, and a circle through one is still a circle a reader has to untangle.
     python tests/support/layers.py            # every violation, one per line
     python tests/support/layers.py --table    # the import table docs/architecture.md holds
 
-tests/test_layers.py fails on any violation, naming the file, line and imported name, and
+tests/unit/test_layers.py fails on any violation, naming the file, line and imported name, and
 on a docs/architecture.md whose table is not this file's output.
 """
 

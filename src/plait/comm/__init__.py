@@ -1,5 +1,5 @@
 """plait.comm: ranks, collectives and the transports under them. A map of the package, in
-its layers from the top down; each imports only the layers below it (tests/test_layers.py):
+its layers from the top down; each imports only the layers below it (tests/unit/test_layers.py):
 
 The user's surface (this folder)
     mesh.py          Mesh: a communicator's ranks on a (dp, pp, tp) grid

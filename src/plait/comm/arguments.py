@@ -1,7 +1,7 @@
 """Checks of what users pass to a collective, raised before anything is sent.
 
 A bad argument raises on the rank that passed it, at the call, and consumes no sequence
-number, so the communicator stays usable (tests/test_comm_errors.py).
+number, so the communicator stays usable (tests/world/test_comm_errors.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ one part this is the plain pipeline: rank r's input comes from rank r-1.
 `lanes_agree` checks what ordered transports need (NCCL matches messages between two ranks
 by their order, not their tags; see plait.pipeline.p2p): between every pair of ranks the
 messages go out in the order the receiver asks for them. The built schedules all pass it
-(tests/test_pipeline_schedule.py); `Pipeline` checks it on GPUs before it runs one.
+(tests/unit/test_pipeline_schedule.py); `Pipeline` checks it on GPUs before it runs one.
 """
 
 from __future__ import annotations

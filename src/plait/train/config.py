@@ -258,7 +258,7 @@ class TrainConfig:
 
     def _check_mesh(self) -> None:
         """--pp/--tp: the strategy's mesh Step; interleaved and zb-h1 only with what they were
-        tested with (tests/test_train_mesh.py); --tp only on a model it can split."""
+        tested with (tests/world/test_train_mesh.py); --tp only on a model it can split."""
         if not self.mesh.on_mesh:
             return
         self.row.check_mesh()

@@ -20,7 +20,7 @@ The ranks of one dp index read the same slice of the global batch (the first sta
 inputs, the last its targets); the loss exists on the last stage only. Gradient clipping
 takes the norm of the whole model's gradient across tp and pp (`clip_grad_norm_`). With a
 fixed seed the losses equal a single process's on the same global batch, up to float
-rounding (tests/test_train_mesh.py).
+rounding (tests/world/test_train_mesh.py).
 """
 
 from __future__ import annotations

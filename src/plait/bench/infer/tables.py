@@ -1,7 +1,7 @@
 """`plait bench infer`'s report: the tables, the bars and the students' figures.
 
 Every function here takes the figures as plain dicts (timings.py's rows), so the bars
-are checked on made-up figures without a model (tests/test_bench_infer.py).
+are checked on made-up figures without a model (tests/unit/test_bench_infer.py).
 """
 
 from __future__ import annotations

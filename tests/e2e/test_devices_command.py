@@ -1,0 +1,69 @@
+"""`--device` through the command line: torch's build read without importing it, `--device
+cuda` without a GPU one line and exit status 2, `--device cpu` trains and says so, and
+--help lists the options (the device choice itself is in tests/unit/test_devices.py; what
+needs a GPU in tests/world/test_train_cuda.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from plait.train import device as train_device
+
+
+def test_the_installed_torch_build_is_read_without_importing_it() -> None:
+    cpu_only = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+    assert train_device.cpu_only_torch() == cpu_only
+    code = "import sys; from plait.train import device; device.cpu_only_torch(); " + (
+        "device.check('auto', 0, 4); print('torch' in sys.modules)"
+    )
+    if cpu_only:  # auto on a CPU-only build: nothing to check, and torch stays unloaded
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.stdout.strip() == "False", out.stderr
+
+
+def _plait(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "plait", *args],
+        capture_output=True, text=True, timeout=110, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.timeout(120)
+def test_device_cuda_without_a_gpu_is_one_line_and_exit_2() -> None:
+    res = _plait("train", "--device", "cuda")
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("plait train: error: device cuda was asked for")
+    assert "--device cpu" in lines[0] and "Traceback" not in res.stderr
+    assert res.stdout == ""  # no worker was started
+    bad = _plait("train", env={"PLAIT_DEVICE": "gpu"})
+    assert bad.returncode == 2 and "PLAIT_DEVICE 'gpu'" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.timeout(120)
+def test_device_cpu_trains_and_says_so(tmp_path: Path) -> None:
+    figures = tmp_path / "run.json"
+    res = _plait("train", "--device", "cpu", "--workers", "2", "--steps", "4",
+                 "--data", "synthetic", "--json", str(figures))  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(figures.read_text())
+    assert (data["device"], data["world_size"], data["steps"]) == ("cpu", 2, 4)
+    assert all(v == v for v in data["losses"])  # finite, not NaN
+    assert ", on cpu" in res.stdout  # the run's header names where it ran
+
+
+def test_help_lists_the_device_options() -> None:
+    res = _plait("train", "--help")
+    assert res.returncode == 0
+    assert "--device {auto,cpu,cuda}" in res.stdout and "--tf32" in res.stdout
+    assert "PLAIT_DEVICE" in res.stdout

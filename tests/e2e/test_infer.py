@@ -1,0 +1,263 @@
+"""`plait infer`: a trained run applied to inputs, against the model's own forward.
+
+The backbone: whatever the number of workers, the lines written equal those of one process
+applying the loaded model batch by batch, in input order, and the held-out metric equals
+the one the run measured at its end. Also: sharded checkpoints, int8 and bf16, the kinds of
+--data, a worker that dies (reported by shard, or retried), and the command line.
+
+Two small runs are trained once for the module (`plait train --out`, in subprocesses). What
+loads in this process without a worker is in tests/unit/test_infer_load.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from plait.errors import ConfigError
+from plait.infer import InferError, load_run, model_bytes, predict, prepare
+from plait.infer.rows import lines
+from support.paths import ROOT
+
+DEADLINE = 120  # seconds for any one subprocess
+
+
+def _plait(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "plait", *args]
+    environ = {**os.environ, **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, env=environ)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("runs")
+    made = {"mlp": root / "mlp", "gpt": root / "gpt"}
+    # trained on the CPU wherever the tests run: on a GPU machine `auto` would give each of
+    # the two workers a GPU, and one GPU is refused to two ranks (PLAIT_SHARE_GPU)
+    done = _plait("train", "--model", "mlp", "--steps", "30", "--workers", "1",
+                  "--device", "cpu", "--out", str(made["mlp"]))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    done = _plait("train", "--model", "gpt", "--data", "synthetic", "--steps", "4",
+                  "--batch-size", "8", "--workers", "2", "--zero", "1",
+                  "--device", "cpu", "--out", str(made["gpt"]))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return made
+
+
+def _reference(run: Path, data: str = "val", batch: int = 256) -> list[str]:
+    """The lines one process writes by calling the loaded model on each batch."""
+    trained = load_run(run)
+    d = trained.workload.data
+    count = d.num_val if data == "val" else d.num_train
+    read = d.val_batch if data == "val" else d.train_batch
+    found = []
+    with torch.no_grad():
+        for lo in range(0, count, batch):
+            x, y = read(torch.arange(lo, min(lo + batch, count)))
+            found += lines(lo, trained.model(x), y)
+    return found
+
+
+def test_one_worker_writes_the_models_own_predictions_in_order(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "p.jsonl"
+    result = predict(runs["mlp"], out=out, batch_size=100)
+    written = out.read_text().splitlines(keepends=True)
+    assert written == _reference(runs["mlp"], batch=100)
+    rows = [json.loads(line) for line in written]
+    assert [r["index"] for r in rows] == list(range(result.examples))
+    assert set(rows[0]) == {"index", "class", "probability", "target"}
+    # the metric over the held-out set is the one the run measured at its end
+    assert result.metric == pytest.approx(load_run(runs["mlp"]).metric, abs=1e-9)
+    assert len(result.latencies_ms) == 4  # 360 inputs in batches of 100
+    assert not out.with_name(out.name + ".parts").exists()  # the shards are gone
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_write_what_one_process_writes(
+    runs: dict[str, Path], tmp_path: Path, workers: int
+) -> None:
+    out = tmp_path / "p.jsonl"
+    result = predict(runs["gpt"], out=out, data="train", limit=50, workers=workers, batch_size=8)
+    assert out.read_text().splitlines(keepends=True) == _reference(runs["gpt"], "train", 8)[:50]
+    assert result.examples == 50 and result.workers == workers
+    first = json.loads(out.read_text().splitlines()[0])
+    assert set(first) == {"index", "next", "loss"} and len(first["next"]) == 64
+
+
+def test_a_sharded_run_loads_as_its_consolidated_weights(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    trained = load_run(runs["gpt"])
+    assert trained.sharded and trained.step == 4
+    done = _plait("checkpoint", "consolidate", str(runs["gpt"]), "-o", str(tmp_path / "w.pt"))
+    assert done.returncode == 0, done.stderr
+    weights = torch.load(tmp_path / "w.pt", weights_only=True)
+    for name, value in trained.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+
+
+def test_int8_and_bf16_are_smaller_and_close(runs: dict[str, Path], tmp_path: Path) -> None:
+    trained = load_run(runs["mlp"])
+    x, _ = trained.workload.data.val_batch(torch.arange(64))
+    fp32 = trained.model(x)
+    for quantize, precision, tol in (("int8", "fp32", 0.1), ("none", "bf16", 0.1)):
+        made = prepare(trained.model, quantize, precision)
+        assert model_bytes(made) < 0.6 * model_bytes(trained.model)
+        out = made(x)
+        assert out.dtype == torch.float32
+        assert (out - fp32).abs().max() < tol * fp32.abs().max()
+        agree = (out.argmax(1) == fp32.argmax(1)).float().mean()
+        assert agree > 0.95, (quantize, precision, agree)
+    assert trained.model(x).equal(fp32)  # prepare copies: the loaded model is untouched
+    result = predict(runs["mlp"], out=tmp_path / "q.jsonl", quantize="int8")
+    assert result.model_bytes < 0.6 * model_bytes(trained.model)
+    assert abs(result.metric - trained.metric) < 0.03  # type: ignore[operator]
+
+
+def test_data_files(runs: dict[str, Path], tmp_path: Path) -> None:
+    trained = load_run(runs["mlp"])
+    x, y = trained.workload.data.val_batch(torch.arange(10))
+    torch.save(x, tmp_path / "x.pt")
+    torch.save({"inputs": x, "targets": y}, tmp_path / "xy.pt")
+    (tmp_path / "x.pt.txt").write_text("text")
+    plain = predict(runs["mlp"], out=tmp_path / "a.jsonl", data=str(tmp_path / "x.pt"))
+    rows = [json.loads(r) for r in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert plain.metric is None and plain.examples == 10 and "target" not in rows[0]
+    assert [r["class"] for r in rows] == trained.model(x).argmax(1).tolist()
+    labelled = predict(runs["mlp"], out=tmp_path / "b.jsonl", data=str(tmp_path / "xy.pt"))
+    assert labelled.metric == pytest.approx((trained.model(x).argmax(1) == y).float().mean().item())
+    with pytest.raises(ConfigError, match="vocabulary has 64 < 256 tokens"):
+        predict(runs["gpt"], out=tmp_path / "c.jsonl", data=str(tmp_path / "x.pt.txt"))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"data": "missing.pt"}, "expected val, train or a file; there is no such file"),
+        ({"data": "TEXT"}, "a model that is not a language model reads a .pt file"),
+        ({"data": "BAD.pt"}, "expected a tensor of inputs or a dict with 'inputs'"),
+        ({"workers": 3, "pp": 2}, "workers 3 % (pp 2 * tp 1) = 1 != 0"),
+        ({"quantize": "int8", "tp": 2, "workers": 2}, "the int8 layers are not tensor-parallel"),
+        ({"batch_size": 0}, "batch_size 0 < 1"),
+        ({"quantize": "int8", "device": "cuda"}, "torch's dynamic int8 layers run on the CPU"),
+    ],
+)
+def test_bad_input_is_one_clear_error(
+    runs: dict[str, Path], tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    (tmp_path / "TEXT").write_text("not images")
+    torch.save({"x": torch.ones(2)}, tmp_path / "BAD.pt")
+    data = options.get("data")
+    if data is not None:
+        options = {**options, "data": str(tmp_path / data)}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        predict(runs["mlp"], out=tmp_path / "p.jsonl", **options)
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_a_dead_worker_is_named_and_its_shard_retried(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAIT_INFER_DIE", "1:1")  # worker 1 dies after one batch, once
+    out = tmp_path / "p.jsonl"
+    options = {"data": "train", "limit": 40, "workers": 2, "batch_size": 8}
+    with pytest.raises(InferError) as failed:
+        predict(runs["gpt"], out=out, **options)
+    said = str(failed.value)
+    assert "shard 1 (inputs 20..39): worker 1 killed by SIGKILL" in said
+    assert "Written: inputs 0..19" in said and "--retry 1" in said
+    parts = out.with_name(out.name + ".parts")
+    assert not out.exists() and (parts / "shard-00000.jsonl").is_file()  # nothing lost
+    reference = _reference(runs["gpt"], "train", 8)[:40]
+    # the same job again predicts only the shard that was lost
+    monkeypatch.delenv("PLAIT_INFER_DIE")
+    again = predict(runs["gpt"], out=out, **options)
+    assert again.reused == [0] and again.predicted == 20 and not parts.exists()
+    assert out.read_text().splitlines(keepends=True) == reference
+    # --retry gives the dead worker's shard to a new worker within the job
+    monkeypatch.setenv("PLAIT_INFER_DIE", "1:1")
+    result = predict(runs["gpt"], out=tmp_path / "r.jsonl", retry=1, **options)
+    assert result.retried == [1] and result.reused == []
+    assert (tmp_path / "r.jsonl").read_text().splitlines(keepends=True) == reference
+    # another job (here: another batch size) does not reuse what an earlier one left
+    monkeypatch.delenv("PLAIT_INFER_DIE")
+    predict(runs["gpt"], out=out, **{**options, "batch_size": 4})
+    assert out.read_text().splitlines(keepends=True) == _reference(runs["gpt"], "train", 4)[:40]
+
+
+def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    out, figures = tmp_path / "p.jsonl", tmp_path / "f.json"
+    done = _plait("infer", "--from", str(runs["mlp"]), "--out", str(out), "--workers", "2",
+                  "--json", str(figures))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "wrote 360 predictions" in done.stdout and "held-out accuracy" in done.stdout
+    assert "(the run measured" in done.stdout  # the held-out figure beside the run's own
+    assert "360/360 inputs" in done.stderr  # progress, on stderr
+    fig = json.loads(figures.read_text())
+    for key in ("examples_per_s", "latency_p50_ms", "latency_p99_ms", "metric", "model_bytes"):
+        assert key in fig
+    bad = _plait("infer", "--out", str(out))
+    assert bad.returncode == 2 and "--from DIR is required" in bad.stderr
+
+
+def test_pipeline_and_tensor_parallel_workers_equal_one_process(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    reference = [json.loads(r) for r in _reference(runs["gpt"], "train", 8)[:24]]
+    options = {"data": "train", "limit": 24, "batch_size": 8}
+    # dp 2 x pp 2: the pipeline's stages run the same float ops as the whole model
+    out = tmp_path / "pp.jsonl"
+    predict(runs["gpt"], out=out, workers=4, pp=2, chunks=3, **options)
+    assert [json.loads(r) for r in out.read_text().splitlines()] == reference
+    # tp 2: the row-parallel layers sum partial products, which rounds differently
+    out = tmp_path / "tp.jsonl"
+    result = predict(runs["gpt"], out=out, workers=2, tp=2, **options)
+    rows = [json.loads(r) for r in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(24))
+    assert max(abs(r["loss"] - s["loss"]) for r, s in zip(rows, reference, strict=True)) < 1e-4
+    assert result.metric == pytest.approx(sum(r["loss"] for r in reference) / 24, abs=1e-4)
+
+
+def test_a_run_of_the_users_own_workload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # --workload examples/custom_workload.py:make is relative to it
+    run = tmp_path / "run"
+    done = _plait("train", "--workload", "examples/custom_workload.py:make", "--steps", "3",
+                  "--workers", "1", "--out", str(run))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = predict(run, out=tmp_path / "p.jsonl")
+    assert result.metric == pytest.approx(load_run(run).metric, abs=1e-9)
+    monkeypatch.chdir(tmp_path)  # elsewhere the relative path does not resolve: say why
+    with pytest.raises(ConfigError, match="run it where the run was trained"):
+        predict(run, out=tmp_path / "q.jsonl")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where there is no GPU")
+def test_cuda_without_a_gpu_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="device cuda was asked for"):
+        predict(runs["mlp"], out=tmp_path / "p.jsonl", device="cuda", workers=2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_gpu_predicts_what_the_cpu_does(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    monkeypatch.setenv("PLAIT_SHARE_GPU", "1")  # two workers may share one GPU
+    options = {"data": "train", "limit": 40, "batch_size": 8, "workers": workers}
+    cpu = predict(runs["gpt"], out=tmp_path / "cpu.jsonl", device="cpu", **options)
+    gpu = predict(runs["gpt"], out=tmp_path / "gpu.jsonl", device="cuda", **options)
+    a = [json.loads(r) for r in (tmp_path / "cpu.jsonl").read_text().splitlines()]
+    b = [json.loads(r) for r in (tmp_path / "gpu.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in b] == list(range(40))
+    assert max(abs(r["loss"] - s["loss"]) for r, s in zip(a, b, strict=True)) < 1e-3
+    assert gpu.metric == pytest.approx(cpu.metric, abs=1e-3)  # type: ignore[arg-type]

@@ -1,1 +1,0 @@
-"""Scripts that tests/test_launch.py runs under `plait run` (importable for `-m`)."""

@@ -1,0 +1,83 @@
+"""`plait train --strategy ps`: options and their checks, the recipe -> servers mapping, and
+the roles under a launcher (whole jobs are in tests/e2e/test_train_ps_command.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from plait.ps.config import PSConfig
+from plait.train import job
+from plait.train.config import TrainConfig
+from plait.train.errors import ConfigError
+
+
+def _config(**options: Any) -> TrainConfig:
+    return TrainConfig.from_options(options)
+
+
+def test_ps_defaults_and_allreduce_leaves_them_unset() -> None:
+    c = _config(strategy="ps")
+    assert c.ps is not None and c.servers == 2
+    assert (c.ps.mode, c.ps.staleness, c.ps.stale_policy) == ("sync", 4, "accept")
+    s = _config(strategy="ps", ps_mode="ssp", workers=2)
+    assert s.ps is not None and s.ps.staleness == 4 and s.ps.warm_start_steps == 0
+    a = TrainConfig()
+    assert (a.servers, a.ps) == (None, None)
+    d = _config(strategy="ps", ps_mode="async", stale_policy="drop", staleness=2)
+    assert d.ps is not None and (d.ps.staleness, d.ps.drop_bound) == (2, 2)
+    assert TrainConfig.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+    # the ps options are PSConfig's own: declared once, with one default
+    assert d.options()["staleness"] == 2 and PSConfig().staleness == c.ps.staleness
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"servers": 2}, "--servers applies to --strategy ps only, not strategy allreduce"),
+        ({"ps_mode": "async", "staleness": 3}, "--ps-mode, --staleness apply to --strategy ps"),
+        ({"strategy": "ps", "servers": 0}, "servers 0 < 1"),
+        ({"strategy": "ps", "ps_mode": "ssp", "staleness": -1}, "staleness (tau) must be >= 0"),
+        ({"strategy": "ps", "staleness": 2}, "staleness 2 applies to --ps-mode ssp"),
+        ({"strategy": "ps", "ps_mode": "bsp"}, "mode must be one of sync, async, ssp; got 'bsp'"),
+        ({"strategy": "ps", "ps_mode": "ssp", "stale_policy": "x"}, "one of accept, drop"),
+        ({"strategy": "ps", "stale_policy": "drop"}, "apply to --ps-mode async or ssp"),
+        ({"strategy": "ps", "ps_mode": "async", "warm_start_steps": -1}, "warm_start_steps"),
+        ({"strategy": "ps", "out": "/tmp/x"}, "not supported with --strategy ps yet"),
+    ],
+)
+def test_bad_ps_options_say_what_is_wrong(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _config(**options)
+    assert message in str(err.value)
+
+
+def test_recipes_map_onto_the_servers_optimizers() -> None:
+    sgd = _config(strategy="ps", ps_mode="ssp", staleness=3, lr=0.2).ps
+    assert sgd is not None
+    assert (sgd.optimizer, sgd.momentum, sgd.weight_decay, sgd.lr) == ("sgd", 0.9, 1e-4, 0.2)
+    assert (sgd.mode, sgd.staleness, sgd.drop_bound) == ("ssp", 3, None)
+    adam = _config(strategy="ps", model="gpt", ps_mode="async", stale_policy="drop",
+                   staleness=5).ps  # fmt: skip
+    assert adam is not None
+    assert (adam.optimizer, adam.betas, adam.weight_decay) == ("adam", (0.9, 0.95), 0.0)
+    assert (adam.stale_policy, adam.drop_bound) == ("drop", 5)
+
+
+def test_under_a_launcher_the_last_ranks_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    monkeypatch.setenv("PLAIT_SERVERS", "1")
+    c = job.configure({"strategy": "ps", "data": "synthetic"})
+    assert (c.workers, c.servers) == (4, 1)
+    with pytest.raises(ConfigError, match="servers 2 != PLAIT_SERVERS 1"):
+        job.configure({"strategy": "ps", "servers": 2, "data": "synthetic"})
+    with pytest.raises(ConfigError, match=r"workers 2 != WORLD_SIZE 5 - servers 1"):
+        job.configure({"strategy": "ps", "workers": 2, "data": "synthetic"})
+    monkeypatch.delenv("PLAIT_SERVERS")
+    c = job.configure({"strategy": "ps", "servers": 3, "batch_size": 8, "data": "synthetic"})
+    assert (c.workers, c.servers) == (2, 3)
+    with pytest.raises(ConfigError, match="pass --servers S"):
+        job.configure({"strategy": "ps", "data": "synthetic"})

@@ -1,0 +1,199 @@
+"""plait.ps end to end: real worker and server processes on loopback.
+
+Each world is W workers + S servers (W + S <= 5) forked from a server that has imported
+torch (tests/support/ps_world.py), so a world costs about a second, not ten.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+import torch
+import zmq
+
+import plait.ps as ps
+from plait.comm.bootstrap.rendezvous import job_key, world_from_env
+from plait.errors import PeerFailureError
+from plait.ps.config import store_server_key
+from plait.ps.wire import Message, decode, encode
+from plait.train.data.sampler import GlobalBatchSampler
+from support.ps_world import authenticate, run_ps_world
+
+pytestmark = pytest.mark.timeout(120)
+GLOBAL_BATCH, STEPS = 8, 6
+
+
+def _model(dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(
+        dtype
+    )
+
+
+def _data(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(64, 6, generator=g).to(dtype), torch.randint(0, 3, (64,), generator=g)
+
+
+def _sync_job(role: ps.Role, optimizer: str, dtype: torch.dtype) -> list[Any]:
+    cfg = ps.PSConfig(
+        mode="sync", optimizer=optimizer, lr=0.05, momentum=0.9, weight_decay=0.01, slice_mb=0.0005
+    )
+    x, y = _data(dtype)
+    sampler = GlobalBatchSampler(len(x), GLOBAL_BATCH, seed=3)
+    model = _model(dtype)
+    client = ps.Client(model.named_parameters(), cfg, role)
+    assert len({k.server for k in client.plan.keys}) == role.num_servers  # spread over all
+    for step in range(STEPS):
+        idx = sampler.shard(step, role.rank, role.num_workers)
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        client.push_pull(None)
+    client.close()
+    return [p.detach().tolist() for p in model.parameters()]  # no tensors through a Queue
+
+
+def _reference(optimizer: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    """One process, the global batch, the torch optimizer: what DataParallel computes."""
+    x, y = _data(dtype)
+    sampler = GlobalBatchSampler(len(x), GLOBAL_BATCH, seed=3)
+    ref = _model(dtype)
+    opt: torch.optim.Optimizer
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
+    else:
+        opt = torch.optim.Adam(ref.parameters(), lr=0.05, weight_decay=0.01)
+    for step in range(STEPS):
+        idx = sampler.indices(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x[idx]), y[idx]).backward()
+        opt.step()
+    return [p.detach() for p in ref.parameters()]
+
+
+@pytest.mark.parametrize(
+    "optimizer,dtype,tol", [("sgd", torch.float32, 1e-6), ("adam", torch.float64, 1e-12)]
+)
+def test_sync_equals_allreduce_data_parallel(
+    optimizer: str, dtype: torch.dtype, tol: float
+) -> None:
+    ref = _reference(optimizer, dtype)
+    for params in run_ps_world(2, 2, _sync_job, optimizer, dtype):
+        for a, b in zip(params, ref, strict=True):
+            torch.testing.assert_close(torch.tensor(a, dtype=dtype), b, rtol=tol, atol=tol)
+
+
+def _ssp_job(role: ps.Role, tau: int) -> dict[str, Any]:
+    model = _model(torch.float32)
+    client = ps.Client(
+        model.named_parameters(), ps.PSConfig(mode="ssp", staleness=tau, slice_mb=0.0005), role
+    )
+    for _ in range(16):
+        if role.rank == role.num_workers - 1:
+            time.sleep(0.05)  # the deliberately slow worker
+        client.push_pull([torch.ones_like(p) * 1e-3 for p in model.parameters()])
+        assert client.clock == _ + 1
+    stats = client.stats()
+    client.close()
+    return stats
+
+
+def test_ssp_staleness_bound_with_a_slow_worker() -> None:
+    tau, workers = 2, 3
+    results = run_ps_world(workers, 1, _ssp_job, tau)
+    stats = max(results, key=lambda s: s["applied_gradients"])  # read last: saw every push
+    assert stats["applied_gradients"] == 16 * workers and stats["dead_workers"] == []
+    for s in results:
+        assert s["max_clock_staleness"] <= tau and s["max_staleness"] <= (workers - 1) * (
+            2 * tau + 1
+        ), s
+    assert stats["max_clock_staleness"] > 0 and stats["max_staleness"] > 0, stats
+
+
+def _death_job(role: ps.Role, mode: str) -> Any:
+    model = _model(torch.float32)
+    cfg = ps.PSConfig(mode=mode, staleness=1, worker_timeout_s=1.0, slice_mb=0.0005)
+    client = ps.Client(model.named_parameters(), cfg, role)
+    grads = [torch.ones_like(p) * 1e-3 for p in model.parameters()]
+    start = time.monotonic()
+    for step in range(60):
+        if role.rank == 2 and step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == 3:
+            start = time.monotonic()
+        try:
+            client.push_pull(grads)
+        except PeerFailureError as e:
+            client.close()
+            return ("failed", e.rank, time.monotonic() - start, str(e))
+        time.sleep(0.04)
+    stats = client.stats()
+    client.close()
+    return ("ok", stats)
+
+
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_a_dead_worker_does_not_stop_async_or_ssp(mode: str) -> None:
+    results = run_ps_world(3, 1, _death_job, mode, tolerate=[2])
+    for r in results[:2]:
+        assert r[0] == "ok", r
+    assert results[0][1]["dead_workers"] == [2]
+
+
+def test_sync_survivors_get_peer_failure_naming_the_dead_worker() -> None:
+    results = run_ps_world(3, 1, _death_job, "sync", tolerate=[2])
+    for r in results[:2]:
+        assert r[0] == "failed" and r[1] == 2, r
+        assert r[2] < 6.0, r  # worker_timeout_s=1 s plus detection, not a hang
+        assert "worker 2" in r[3]
+
+
+def _bad_messages_job(role: ps.Role) -> list[str]:
+    model = _model(torch.float32)
+    client = ps.Client(model.named_parameters(), ps.PSConfig(mode="async"), role)
+    ctx = zmq.Context()
+    endpoint = "tcp://" + role.store.get(store_server_key(0)).decode()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(2)]
+    sessions = []
+    for sock, worker in zip(socks, (0, 99), strict=True):  # an authenticated peer's mistakes
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sessions.append(authenticate(sock, job_key(world_from_env()), worker))
+    key = client.plan.keys[0]
+    good = torch.zeros(key.numel)
+    bad: list[list[Any]] = [
+        [b"\xc1garbage"],  # not msgpack
+        [b"\x80" * 2_000_000],  # oversized header
+        encode(Message("push", 10**6, 0, [999], [torch.zeros(3)], [0], clock=1)),  # unknown key
+        encode(Message("push", 10**6, 0, [key.key], [torch.zeros(key.numel + 1)], [0])),
+        encode(Message("push", 10**6, 0, [key.key], [good], [0]))[:1],  # missing frame
+        [*encode(Message("push", 10**6, 0, [key.key], [good], [0]))[:1], b"\0" * 5],  # size
+        encode(Message("pull", 10**6, 99)),  # a worker that does not exist
+    ]
+    reasons = []
+    for i, parts in enumerate(bad):
+        sock, session = (socks[1], sessions[1]) if i == len(bad) - 1 else (socks[0], sessions[0])
+        sock.send_multipart(session.seal(parts))
+        assert sock.poll(5000), "no error reply"
+        what, frames = session.open(sock.recv_multipart())
+        reply = decode(frames)
+        assert what == "message" and reply.op == "error", reply
+        reasons.append(str(reply.meta["reason"]))
+    for sock in socks:
+        sock.close()
+    ctx.term()
+    client.push_pull([torch.zeros_like(p) for p in model.parameters()])  # still serving
+    client.close()
+    return reasons
+
+
+def test_bad_messages_get_error_replies_and_the_server_keeps_serving() -> None:
+    reasons = run_ps_world(1, 1, _bad_messages_job)[0]
+    assert "msgpack" in reasons[0] and "header is" in reasons[1]
+    assert "unknown keys [999]" in reasons[2] and "shape" in reasons[3]
+    assert "tensor frames" in reasons[4] and "needs" in reasons[5]
+    assert "worker 99" in reasons[6]
