@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -173,38 +174,62 @@ def _only_loopback(seen: set[Listener], store_port: int) -> None:
     assert {listener.address for listener in seen} <= {"127.0.0.1", "::1"}, seen
 
 
-STRATEGIES = [
-    ("allreduce", ["--workers", "2"]),
-    ("zero-3", ["--workers", "2", "--zero", "3"]),
-    (
-        "pp x tp",
-        ["--workers", "4", "--pp", "2", "--tp", "2", "--model", "gpt-small", "--steps", "2"],
-    ),
-    ("ps", ["--workers", "2", "--strategy", "ps", "--servers", "1"]),
-]
+STRATEGIES = {
+    "allreduce": ["--workers", "2"],
+    "zero-3": ["--workers", "2", "--zero", "3"],
+    "pp x tp": ["--workers", "4", "--pp", "2", "--tp", "2", "--model", "gpt-small", "--steps", "2"],
+    "ps": ["--workers", "2", "--strategy", "ps", "--servers", "1"],
+}
+
+
+@dataclass
+class _Job:
+    """One `plait train` job of a strategy, its output, and the listeners seen while it ran."""
+
+    secret: str
+    cwd: Path
+    proc: subprocess.Popen[str]
+    watch: Watch
+    out: str = ""
+    seen: set[Listener] = field(default_factory=set)
+
+
+@pytest.fixture(scope="module")
+def strategy_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, _Job]:
+    """Every strategy's job, all four at once: a job spends most of its time starting
+    processes one after another (each imports torch) while a core would be idle."""
+    jobs: dict[str, _Job] = {}
+    for name, flags in STRATEGIES.items():
+        job_secret = secrets.token_hex(32)
+        cwd = tmp_path_factory.mktemp("strategy")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "plait", "train", "--model", "mlp", "--steps", "6",
+             "--batch-size", "16", "--json", "run.json", *flags],
+            env={**os.environ, "PLAIT_JOB_SECRET": job_secret, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+        )  # fmt: skip
+        jobs[name] = _Job(job_secret, cwd, proc, Watch(proc.pid))
+    try:
+        for job in jobs.values():
+            job.out, _ = job.proc.communicate(timeout=200)
+            job.seen = job.watch.stop()
+    finally:
+        for job in jobs.values():
+            job.proc.kill()
+            job.seen = job.watch.stop()
+    return jobs
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("flags", [f for _, f in STRATEGIES], ids=[n for n, _ in STRATEGIES])
-def test_no_listener_on_every_interface(flags: list[str], tmp_path: Path) -> None:
-    job_secret = secrets.token_hex(32)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "plait", "train", "--model", "mlp", "--steps", "6",
-         "--batch-size", "16", "--json", "run.json", *flags],
-        env={**os.environ, "PLAIT_JOB_SECRET": job_secret, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-    )  # fmt: skip
-    watch = Watch(proc.pid)
-    try:
-        out, _ = proc.communicate(timeout=200)
-    finally:
-        proc.kill()
-        seen = watch.stop()
-    assert proc.returncode == 0, out[-3000:]
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_no_listener_on_every_interface(strategy_jobs: dict[str, _Job], name: str) -> None:
+    job = strategy_jobs[name]
+    assert job.proc.returncode == 0, job.out[-3000:]
+    seen, watch = job.seen, job.watch
     assert seen and watch.samples > 3, "the job's listeners were never sampled"
     wild = [listener for listener in seen if listener.wildcard]
     assert not wild, f"listening on every interface: {wild}"
     assert {listener.address for listener in seen} <= {"127.0.0.1", "::1"}, seen
-    assert job_secret not in out
-    written = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert written and not [p for p in written if job_secret.encode() in p.read_bytes()]
+    assert job.secret not in job.out
+    written = [p for p in job.cwd.rglob("*") if p.is_file()]
+    assert written and not [p for p in written if job.secret.encode() in p.read_bytes()]

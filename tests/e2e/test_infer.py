@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 
+from plait.cli.main import main as plait_command
 from plait.errors import ConfigError
 from plait.infer import InferError, load_run, model_bytes, predict, prepare
 from plait.infer.rows import lines
@@ -42,28 +44,45 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = {"mlp": root / "mlp", "gpt": root / "gpt"}
     # trained on the CPU wherever the tests run: on a GPU machine `auto` would give each of
     # the two workers a GPU, and one GPU is refused to two ranks (PLAIT_SHARE_GPU)
-    done = _plait("train", "--model", "mlp", "--steps", "30", "--workers", "1",
-                  "--device", "cpu", "--out", str(made["mlp"]))  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    done = _plait("train", "--model", "gpt", "--data", "synthetic", "--steps", "4",
-                  "--batch-size", "8", "--workers", "2", "--zero", "1",
-                  "--device", "cpu", "--out", str(made["gpt"]))  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    commands = {
+        "mlp": ["--model", "mlp", "--steps", "30", "--workers", "1"],
+        "gpt": ["--model", "gpt", "--data", "synthetic", "--steps", "4", "--batch-size", "8",
+                "--workers", "2", "--zero", "1"],
+    }  # fmt: skip
+    # the two runs train at the same time: each command spends much of its time importing
+    # torch in one process after another, while the other core would be idle
+    started: dict[str, subprocess.Popen[str]] = {}
+    for name, flags in commands.items():
+        cmd = [sys.executable, "-m", "plait", "train", *flags, "--device", "cpu",
+               "--out", str(made[name])]  # fmt: skip
+        started[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True)  # fmt: skip
+    try:
+        for proc in started.values():
+            _, err = proc.communicate(timeout=DEADLINE)
+            assert proc.returncode == 0, err
+    finally:
+        for proc in started.values():
+            proc.kill()
     return made
 
 
-def _reference(run: Path, data: str = "val", batch: int = 256) -> list[str]:
-    """The lines one process writes by calling the loaded model on each batch."""
+def _reference(
+    run: Path, data: str = "val", batch: int = 256, limit: int | None = None
+) -> list[str]:
+    """The lines one process writes by calling the loaded model on each batch; with
+    `limit`, the first `limit` of them, computing only the batches that hold them (the gpt
+    run's training set has 3124 windows: computing them all cost most of this file's time)."""
     trained = load_run(run)
     d = trained.workload.data
     count = d.num_val if data == "val" else d.num_train
     read = d.val_batch if data == "val" else d.train_batch
     found = []
     with torch.no_grad():
-        for lo in range(0, count, batch):
+        for lo in range(0, count if limit is None else min(limit, count), batch):
             x, y = read(torch.arange(lo, min(lo + batch, count)))
             found += lines(lo, trained.model(x), y)
-    return found
+    return found[:limit]
 
 
 def test_one_worker_writes_the_models_own_predictions_in_order(
@@ -88,7 +107,8 @@ def test_workers_write_what_one_process_writes(
 ) -> None:
     out = tmp_path / "p.jsonl"
     result = predict(runs["gpt"], out=out, data="train", limit=50, workers=workers, batch_size=8)
-    assert out.read_text().splitlines(keepends=True) == _reference(runs["gpt"], "train", 8)[:50]
+    reference = _reference(runs["gpt"], "train", 8, limit=50)
+    assert out.read_text().splitlines(keepends=True) == reference
     assert result.examples == 50 and result.workers == workers
     first = json.loads(out.read_text().splitlines()[0])
     assert set(first) == {"index", "next", "loss"} and len(first["next"]) == 64
@@ -99,8 +119,10 @@ def test_a_sharded_run_loads_as_its_consolidated_weights(
 ) -> None:
     trained = load_run(runs["gpt"])
     assert trained.sharded and trained.step == 4
-    done = _plait("checkpoint", "consolidate", str(runs["gpt"]), "-o", str(tmp_path / "w.pt"))
-    assert done.returncode == 0, done.stderr
+    # `plait checkpoint consolidate`'s own code, in this process: the command's process and
+    # what it prints are tested in tests/e2e/test_sharded_checkpoint_command.py
+    argv = ["checkpoint", "consolidate", str(runs["gpt"]), "-o", str(tmp_path / "w.pt")]
+    assert plait_command(argv) == 0
     weights = torch.load(tmp_path / "w.pt", weights_only=True)
     for name, value in trained.model.state_dict().items():
         assert torch.equal(value, weights[name]), name
@@ -178,7 +200,8 @@ def test_a_dead_worker_is_named_and_its_shard_retried(
     assert "Written: inputs 0..19" in said and "--retry 1" in said
     parts = out.with_name(out.name + ".parts")
     assert not out.exists() and (parts / "shard-00000.jsonl").is_file()  # nothing lost
-    reference = _reference(runs["gpt"], "train", 8)[:40]
+    left = shutil.copytree(parts, tmp_path / "left")  # what this job left, for another job
+    reference = _reference(runs["gpt"], "train", 8, limit=40)
     # the same job again predicts only the shard that was lost
     monkeypatch.delenv("PLAIT_INFER_DIE")
     again = predict(runs["gpt"], out=out, **options)
@@ -189,10 +212,16 @@ def test_a_dead_worker_is_named_and_its_shard_retried(
     result = predict(runs["gpt"], out=tmp_path / "r.jsonl", retry=1, **options)
     assert result.retried == [1] and result.reused == []
     assert (tmp_path / "r.jsonl").read_text().splitlines(keepends=True) == reference
-    # another job (here: another batch size) does not reuse what an earlier one left
+    # another job (here: another batch size) does not reuse what an earlier one left: the
+    # first attempt's finished shard 0, put where this job's output keeps its shards
     monkeypatch.delenv("PLAIT_INFER_DIE")
-    predict(runs["gpt"], out=out, **{**options, "batch_size": 4})
-    assert out.read_text().splitlines(keepends=True) == _reference(runs["gpt"], "train", 4)[:40]
+    other = tmp_path / "o.jsonl"
+    shutil.copytree(left, other.with_name(other.name + ".parts"))
+    result = predict(runs["gpt"], out=other, **{**options, "batch_size": 4})
+    assert result.reused == [] and result.predicted == 40
+    assert other.read_text().splitlines(keepends=True) == _reference(
+        runs["gpt"], "train", 4, limit=40
+    )
 
 
 def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -213,7 +242,7 @@ def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:
 def test_pipeline_and_tensor_parallel_workers_equal_one_process(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
-    reference = [json.loads(r) for r in _reference(runs["gpt"], "train", 8)[:24]]
+    reference = [json.loads(r) for r in _reference(runs["gpt"], "train", 8, limit=24)]
     options = {"data": "train", "limit": 24, "batch_size": 8}
     # dp 2 x pp 2: the pipeline's stages run the same float ops as the whole model
     out = tmp_path / "pp.jsonl"

@@ -1,7 +1,8 @@
 """Multi-host jobs on one machine: two network namespaces as hosts (tests/support/netns.py).
 
 `plait run --nnodes` and torchrun's static multi-node rendezvous each start 2 hosts x 2
-ranks; every rank checks plait's view of the hosts and a cross-host allreduce. A third test
+ranks; every rank checks plait's view of the hosts and a cross-host allreduce. A third job
+has a rank fail on one host; the three jobs run at once on one set of hosts. Another test
 checks that scripts/netns.sh's rate limit is in place. The flags' errors are tested without
 namespaces; the environment `--nnodes` gives each rank is in tests/unit/test_rank_env.py.
 """
@@ -14,14 +15,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from plait.launch import launch
 from support.commands import plait_run
-from support.netns import LOCK, Hosts, unavailable
+from support.netns import LOCK, Hosts, hosts_up, unavailable
 from support.netns import SCRIPT as NETNS_SCRIPT
 from support.paths import LAUNCH_SCRIPTS as SCRIPTS
 
@@ -29,27 +31,73 @@ CHECK = SCRIPTS / "multihost_check.py"
 PORT = 29500  # the namespaces are fresh: nothing else listens there
 
 
-def _run_on_hosts(hosts: Hosts, argv: Callable[[int], Sequence[str]], timeout: float) -> list[str]:
-    """Start argv(i) on every host, wait for all; return each host's output (stdout+stderr)."""
-    procs = [
-        hosts.run(i, argv(i), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for i in range(hosts.count)
-    ]
-    deadline = time.monotonic() + timeout
+def _plait_run(hosts: Hosts, host: int, port: int, nproc: int, script: Path) -> list[str]:
+    return [sys.executable, "-m", "plait", "run", "-n", str(nproc), "--nnodes", "2",
+            "--node-rank", str(host), "--master-addr", hosts.addr(0),
+            "--master-port", str(port), str(script)]  # fmt: skip
+
+
+def _torchrun(hosts: Hosts, host: int, port: int, nproc: int, script: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+            "--node-rank", str(host), "--nproc-per-node", str(nproc), "--master-addr",
+            hosts.addr(0), "--master-port", str(port), str(script)]  # fmt: skip
+
+
+# name: (the launcher's command on a host, ranks per host, the script); each job has its own
+# master port on the same two hosts
+JOBS = {
+    "plait run": (_plait_run, 2, CHECK),
+    "torchrun": (_torchrun, 2, CHECK),
+    "failing": (_plait_run, 1, SCRIPTS / "raise_in_collective.py"),  # rank 1, on host 1, raises
+}
+
+
+@dataclass
+class Ended:
+    """How a job's launcher ended on each host: exit status (None: did not finish), output."""
+
+    codes: list[int | None]
+    outs: list[str]
+
+    def succeeded(self) -> list[str]:
+        """Each host's output (stdout+stderr), once every host's launcher exited 0."""
+        assert self.codes == [0] * len(self.codes), "\n".join(
+            f"host {i} {'did not finish' if code is None else f'exited {code}'}:\n{out[-3000:]}"
+            for i, (code, out) in enumerate(zip(self.codes, self.outs, strict=True))
+        )
+        return self.outs
+
+
+def _wait(hosts: Hosts, procs: list[subprocess.Popen[bytes]], deadline: float) -> Ended:
+    codes: list[int | None] = []
     outs = []
-    for i, proc in enumerate(procs):
+    for proc in procs:
         try:
             out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            codes.append(proc.returncode)
         except subprocess.TimeoutExpired:
-            hosts.stop()
+            hosts.stop()  # every job's processes: those that ended keep their account
             out, _ = proc.communicate()
-            pytest.fail(f"host {i} did not finish in {timeout:.0f} s:\n{out.decode()[-3000:]}")
+            codes.append(None)
         outs.append(out.decode())
-    failed = [i for i, proc in enumerate(procs) if proc.returncode != 0]
-    assert not failed, "\n".join(
-        f"host {i} exited {procs[i].returncode}:\n{outs[i][-3000:]}" for i in range(len(procs))
-    )
-    return outs
+    return Ended(codes, outs)
+
+
+@pytest.fixture(scope="module")
+def jobs() -> dict[str, Ended]:
+    """The jobs of JOBS, all at the same time on one set of two hosts: a job spends most of
+    its time starting processes one after another (each imports torch) while a core would
+    be idle, and bringing the hosts up and down once is enough."""
+    with hosts_up(2) as hosts:
+        started = {}
+        for k, (name, (command, nproc, script)) in enumerate(JOBS.items()):
+            argv = [command(hosts, i, PORT + 10 * k, nproc, script) for i in range(hosts.count)]
+            started[name] = [
+                hosts.run(i, argv[i], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                for i in range(hosts.count)
+            ]
+        deadline = time.monotonic() + 100
+        return {name: _wait(hosts, procs, deadline) for name, procs in started.items()}
 
 
 def _check_outputs(outs: list[str], nproc: int) -> None:
@@ -63,53 +111,29 @@ def _check_outputs(outs: list[str], nproc: int) -> None:
             ) in out, out[-3000:]
 
 
-@pytest.mark.timeout(120)
-def test_plait_run_two_hosts_two_ranks_each(hosts: Hosts) -> None:
-    def argv(i: int) -> list[str]:
-        return [sys.executable, "-m", "plait", "run", "-n", "2", "--nnodes", "2",
-                "--node-rank", str(i), "--master-addr", hosts.addr(0),
-                "--master-port", str(PORT), str(CHECK)]  # fmt: skip
-
-    start = time.monotonic()
-    outs = _run_on_hosts(hosts, argv, timeout=90)
+@pytest.mark.timeout(150)
+def test_plait_run_two_hosts_two_ranks_each(jobs: dict[str, Ended]) -> None:
+    outs = jobs["plait run"].succeeded()
     _check_outputs(outs, nproc=2)
     assert all("hierarchical structure ok" in out for out in outs)
     assert all("hierarchical over point-to-point ok" in out for out in outs)
     assert all("hierarchical reduce_scatter and allgather ok" in out for out in outs)
     # each host's launcher prefixes its ranks' lines with their global ranks
     assert "[rank 2] OK rank=2" in outs[1] and "[rank 0]" not in outs[1]
-    print(f"plait run, 2 hosts x 2 ranks: {time.monotonic() - start:.1f} s")
 
 
-@pytest.mark.timeout(120)
-def test_torchrun_two_hosts_two_ranks_each(hosts: Hosts) -> None:
-    def argv(i: int) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                "--node-rank", str(i), "--nproc-per-node", "2", "--master-addr",
-                hosts.addr(0), "--master-port", str(PORT), str(CHECK)]  # fmt: skip
-
-    start = time.monotonic()
-    _check_outputs(_run_on_hosts(hosts, argv, timeout=90), nproc=2)
-    print(f"torchrun, 2 hosts x 2 ranks: {time.monotonic() - start:.1f} s")
+@pytest.mark.timeout(150)
+def test_torchrun_two_hosts_two_ranks_each(jobs: dict[str, Ended]) -> None:
+    _check_outputs(jobs["torchrun"].succeeded(), nproc=2)
 
 
-@pytest.mark.timeout(90)
-def test_a_rank_failing_on_one_host_stops_both(hosts: Hosts) -> None:
-    script = SCRIPTS / "raise_in_collective.py"  # rank 1, alone on host 1, raises
-
-    def argv(i: int) -> list[str]:
-        return [sys.executable, "-m", "plait", "run", "-n", "1", "--nnodes", "2",
-                "--node-rank", str(i), "--master-addr", hosts.addr(0),
-                "--master-port", str(PORT), str(script)]  # fmt: skip
-
-    procs = [
-        hosts.run(i, argv(i), stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(2)
-    ]
-    outs = [proc.communicate(timeout=60)[0].decode() for proc in procs]
-    assert procs[1].returncode == 1, outs[1]
+@pytest.mark.timeout(150)
+def test_a_rank_failing_on_one_host_stops_both(jobs: dict[str, Ended]) -> None:
+    codes, outs = jobs["failing"].codes, jobs["failing"].outs
+    assert codes[1] == 1, outs[1]
     assert "RuntimeError: boom on rank 1" in outs[1].split("its traceback:")[-1]
     # host 0's rank learns of it from plait's engine, and its launcher stops too
-    assert procs[0].returncode != 0, outs[0]
+    assert codes[0] not in (0, None), outs[0]
     assert "PeerFailureError" in outs[0], outs[0][-3000:]
 
 

@@ -8,38 +8,51 @@ import pytest
 from support.paths import LAUNCH_SCRIPTS
 
 SCRIPT = LAUNCH_SCRIPTS / "allreduce_check.py"
+COMMANDS = {
+    "torchrun": ["-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT)],
+    "plait-run": ["-m", "plait", "run", "-n", "2", str(SCRIPT)],
+    "raising": ["-m", "plait", "run", "-n", "3", str(LAUNCH_SCRIPTS / "raise_in_collective.py")],
+}
+
+
+@pytest.fixture(scope="module")
+def finished() -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every command of this file, each started once and all at the same time: a job spends
+    most of its time starting processes one after another (each imports torch) while a core
+    would be idle."""
+    started = {
+        name: subprocess.Popen(
+            [sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, argv in COMMANDS.items()
+    }
+    done = {}
+    try:
+        for name, proc in started.items():
+            out, err = proc.communicate(timeout=110)
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in started.values():
+            proc.kill()
+    return done
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "launcher",
-    [
-        ["-m", "torch.distributed.run", "--nproc-per-node", "2"],
-        ["-m", "plait", "run", "-n", "2"],
-    ],
-    ids=["torchrun", "plait-run"],
-)
-def test_same_script_under_both_launchers(launcher):
-    proc = subprocess.run(
-        [sys.executable, *launcher, str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
+@pytest.mark.parametrize("launcher", ["torchrun", "plait-run"])
+def test_same_script_under_both_launchers(
+    finished: dict[str, subprocess.CompletedProcess[str]], launcher: str
+) -> None:
+    proc = finished[launcher]
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     for rank in (0, 1):
         assert f"OK rank={rank} size=2 local_rank={rank}" in proc.stdout
 
 
 @pytest.mark.timeout(120)
-def test_plait_run_shows_the_raising_rank_last_not_its_victims():
-    script = LAUNCH_SCRIPTS / "raise_in_collective.py"
-    proc = subprocess.run(
-        [sys.executable, "-m", "plait", "run", "-n", "3", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
+def test_plait_run_shows_the_raising_rank_last_not_its_victims(
+    finished: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    proc = finished["raising"]
     assert proc.returncode == 1
     tail = proc.stderr[proc.stderr.rindex("its traceback:") - 80 :]
     assert "rank 1 failed" in tail

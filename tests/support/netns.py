@@ -1,12 +1,16 @@
 """Several "hosts" on this machine: Linux network namespaces made by scripts/netns.sh.
 
 tests/conftest.py loads this module as a plugin; a test asks for the `netns_hosts` factory
-fixture (or `hosts`, two unlimited hosts):
+fixture (or `hosts`, two unlimited hosts); a module-scoped fixture that starts several jobs
+at once uses `hosts_up`:
 
     @pytest.mark.timeout(90)
     def test_x(netns_hosts):
         hosts = netns_hosts(2, rate="100mbit")         # plait-h0, plait-h1 at 10.77.0.1, .2
         proc = hosts.run(1, [sys.executable, "-c", "..."], {"X": "1"})
+
+    with hosts_up(2) as hosts:                         # the same, as a context manager
+        ...
 
 `run(i, argv, env)` starts `argv` inside host i's namespace with `env` added to this
 process's environment, plus PLAIT_NODE_ID=h{i} (the hosts share the hostname, so plait
@@ -34,7 +38,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -149,38 +152,39 @@ def _netns(*args: str) -> None:
         raise RuntimeError(f"scripts/netns.sh {' '.join(args)} failed:\n{res.stderr}")
 
 
+@contextlib.contextmanager
+def hosts_up(count: int = 2, rate: str | None = None) -> Iterator[Hosts]:
+    """Bring `count` hosts up (skipping the test where namespaces cannot be made); stop what
+    runs in them and remove them after. The lock is held meanwhile: do not nest."""
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with LOCK.open("wb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session's test may hold the namespaces
+        hosts = Hosts(count, rate)
+        try:  # a half-made set is torn down too
+            _netns("up", "--hosts", str(count), *(["--rate", rate] if rate else []))
+            yield hosts
+        finally:
+            try:
+                hosts.stop()
+            finally:
+                _netns("down")
+
+
 @pytest.fixture
 def netns_hosts() -> Iterator[Callable[..., Hosts]]:
     """A factory: `netns_hosts(count=2, rate=None)` brings the hosts up (once per test)."""
     made: list[Hosts] = []
-    lock: IO[bytes] | None = None
+    with contextlib.ExitStack() as stack:
 
-    def make(count: int = 2, rate: str | None = None) -> Hosts:
-        nonlocal lock
-        reason = unavailable()
-        if reason is not None:
-            pytest.skip(reason)
-        if made:
-            raise RuntimeError("netns_hosts: one set of hosts per test")
-        lock = LOCK.open("wb")
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session's test may hold the namespaces
-        hosts = Hosts(count, rate)
-        made.append(hosts)  # before up: a half-made set is torn down too
-        _netns("up", "--hosts", str(count), *(["--rate", rate] if rate else []))
-        return hosts
+        def make(count: int = 2, rate: str | None = None) -> Hosts:
+            if made:
+                raise RuntimeError("netns_hosts: one set of hosts per test")
+            made.append(stack.enter_context(hosts_up(count, rate)))
+            return made[0]
 
-    try:
         yield make
-    finally:
-        try:
-            for hosts in made:
-                try:
-                    hosts.stop()
-                finally:
-                    _netns("down")
-        finally:
-            if lock is not None:
-                lock.close()  # releases the flock
 
 
 @pytest.fixture

@@ -206,17 +206,24 @@ def test_slow_peer_and_ranks_that_leave_early_are_not_failures():
         assert seconds < 3, reason
 
 
-def _waits_on_sleeper(comm):
+def _waits_on_sleeper(comm, done: str):
     comm.barrier()
     if comm.rank == 0:
-        time.sleep(5)  # alive, and slower than PLAIT_TIMEOUT
+        # alive, and slower than PLAIT_TIMEOUT: it sleeps until the others have given up on
+        # it (each leaves a file in `done`), so its exit cannot end their wait first
+        deadline = time.monotonic() + WORLD_S
+        while len(os.listdir(done)) < comm.size - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
         return "slept"
-    return _blocked(lambda: comm.recv(torch.empty(1), src=0))
+    blocked = _blocked(lambda: comm.recv(torch.empty(1), src=0))
+    Path(done, str(comm.rank)).touch()
+    return blocked
 
 
 @pytest.mark.timeout(60)
-def test_plait_timeout_on_a_live_peer():
-    results = _world(3, _waits_on_sleeper, env={"PLAIT_TIMEOUT": "2"}, dead=None)
+def test_plait_timeout_on_a_live_peer(tmp_path: Path):
+    done = str(tmp_path)
+    results = _world(3, _waits_on_sleeper, done, env={"PLAIT_TIMEOUT": "2"}, dead=None)
     assert results[0] == "slept"
     for rank in (1, 2):
         kind, _, seconds, reason, _ = results[rank]
