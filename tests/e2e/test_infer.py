@@ -5,8 +5,9 @@ applying the loaded model batch by batch, in input order, and the held-out metri
 the one the run measured at its end. Also: sharded checkpoints, int8 and bf16, the kinds of
 --data, a worker that dies (reported by shard, or retried), and the command line.
 
-Two small runs are trained once for the module (`plait train --out`, in subprocesses). What
-loads in this process without a worker is in tests/unit/test_infer_load.py.
+Three small runs (mlp, gpt, a user's own workload) are trained once for the module, at the
+same time (`plait train --out`, in subprocesses). What loads in this process without a
+worker is in tests/unit/test_infer_load.py.
 """
 
 from __future__ import annotations
@@ -39,32 +40,46 @@ def _plait(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def trained(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """The runs the tests apply, each trained by `plait train --out`: where, and how the
+    command ended. They train at the same time: a command spends much of its time importing
+    torch in one process after another, while the other core would be idle."""
     root = tmp_path_factory.mktemp("runs")
-    made = {"mlp": root / "mlp", "gpt": root / "gpt"}
-    # trained on the CPU wherever the tests run: on a GPU machine `auto` would give each of
-    # the two workers a GPU, and one GPU is refused to two ranks (PLAIT_SHARE_GPU)
+    # mlp and gpt are trained on the CPU wherever the tests run: on a GPU machine `auto`
+    # would give each of the two workers a GPU, and one GPU is refused to two ranks
+    # (PLAIT_SHARE_GPU); `custom` is the user's own workload, named relative to ROOT
     commands = {
-        "mlp": ["--model", "mlp", "--steps", "30", "--workers", "1"],
+        "mlp": ["--model", "mlp", "--steps", "30", "--workers", "1", "--device", "cpu"],
         "gpt": ["--model", "gpt", "--data", "synthetic", "--steps", "4", "--batch-size", "8",
-                "--workers", "2", "--zero", "1"],
+                "--workers", "2", "--zero", "1", "--device", "cpu"],
+        "custom": ["--workload", "examples/custom_workload.py:make", "--steps", "3",
+                   "--workers", "1"],
     }  # fmt: skip
-    # the two runs train at the same time: each command spends much of its time importing
-    # torch in one process after another, while the other core would be idle
     started: dict[str, subprocess.Popen[str]] = {}
     for name, flags in commands.items():
-        cmd = [sys.executable, "-m", "plait", "train", *flags, "--device", "cpu",
-               "--out", str(made[name])]  # fmt: skip
+        cmd = [sys.executable, "-m", "plait", "train", *flags, "--out", str(root / name)]
         started[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True)  # fmt: skip
+                                         text=True, cwd=ROOT)  # fmt: skip
+    done = {}
     try:
-        for proc in started.values():
-            _, err = proc.communicate(timeout=DEADLINE)
-            assert proc.returncode == 0, err
+        for name, proc in started.items():
+            out, err = proc.communicate(timeout=DEADLINE)
+            ended = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+            done[name] = (root / name, ended)
     finally:
         for proc in started.values():
             proc.kill()
-    return made
+    return done
+
+
+@pytest.fixture(scope="module")
+def runs(trained: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]) -> dict[str, Path]:
+    """The built-in models' runs: mlp (plain checkpoint), gpt (sharded: --zero 1)."""
+    for name in ("mlp", "gpt"):
+        assert trained[name][1].returncode == 0, trained[name][1].stderr
+    return {name: trained[name][0] for name in ("mlp", "gpt")}
 
 
 def _reference(
@@ -101,15 +116,14 @@ def test_one_worker_writes_the_models_own_predictions_in_order(
     assert not out.with_name(out.name + ".parts").exists()  # the shards are gone
 
 
-@pytest.mark.parametrize("workers", [2, 3])
-def test_workers_write_what_one_process_writes(
-    runs: dict[str, Path], tmp_path: Path, workers: int
-) -> None:
+def test_workers_write_what_one_process_writes(runs: dict[str, Path], tmp_path: Path) -> None:
+    # 3 workers: shards of 17, 17 and 16 inputs (2 workers' clean job, in equal shards, is
+    # the last one of test_a_dead_worker_is_named_and_its_shard_retried)
     out = tmp_path / "p.jsonl"
-    result = predict(runs["gpt"], out=out, data="train", limit=50, workers=workers, batch_size=8)
+    result = predict(runs["gpt"], out=out, data="train", limit=50, workers=3, batch_size=8)
     reference = _reference(runs["gpt"], "train", 8, limit=50)
     assert out.read_text().splitlines(keepends=True) == reference
-    assert result.examples == 50 and result.workers == workers
+    assert result.examples == 50 and result.workers == 3
     first = json.loads(out.read_text().splitlines()[0])
     assert set(first) == {"index", "next", "loss"} and len(first["next"]) == 64
 
@@ -218,7 +232,7 @@ def test_a_dead_worker_is_named_and_its_shard_retried(
     other = tmp_path / "o.jsonl"
     shutil.copytree(left, other.with_name(other.name + ".parts"))
     result = predict(runs["gpt"], out=other, **{**options, "batch_size": 4})
-    assert result.reused == [] and result.predicted == 40
+    assert result.reused == [] and result.predicted == 40 and result.workers == 2
     assert other.read_text().splitlines(keepends=True) == _reference(
         runs["gpt"], "train", 4, limit=40
     )
@@ -257,12 +271,14 @@ def test_pipeline_and_tensor_parallel_workers_equal_one_process(
     assert result.metric == pytest.approx(sum(r["loss"] for r in reference) / 24, abs=1e-4)
 
 
-def test_a_run_of_the_users_own_workload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(ROOT)  # --workload examples/custom_workload.py:make is relative to it
-    run = tmp_path / "run"
-    done = _plait("train", "--workload", "examples/custom_workload.py:make", "--steps", "3",
-                  "--workers", "1", "--out", str(run))  # fmt: skip
+def test_a_run_of_the_users_own_workload(
+    trained: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run, done = trained["custom"]  # --workload examples/custom_workload.py:make, from ROOT
     assert done.returncode == 0, done.stderr
+    monkeypatch.chdir(ROOT)  # the relative path resolves here
     result = predict(run, out=tmp_path / "p.jsonl")
     assert result.metric == pytest.approx(load_run(run).metric, abs=1e-9)
     monkeypatch.chdir(tmp_path)  # elsewhere the relative path does not resolve: say why
