@@ -1,16 +1,21 @@
-"""`plait train --tensorboard DIR` and `--profile STEPS` through the command: one real
-two-worker run (`observed`) serves every check of the files written (the options and
-errors are in tests/unit/test_train_observe.py)."""
+"""`plait train --tensorboard DIR`, `--profile STEPS` and `--trace FILE --trace-blocks` through
+the command: one real two-worker run (`observed`) serves every check of what it prints and
+the files it writes (the options and errors are in tests/unit/test_train_observe.py, the
+trace's worlds in tests/world/test_trace.py, --trace under --strategy ps and a --trace path
+it cannot write in tests/e2e/test_trace_command.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from support.chrome_trace import step_spans, valid_trace
 
 HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
@@ -20,17 +25,20 @@ STEPS = 8
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny run with --profile (and --tensorboard, where tensorboard is installed)."""
+    """A tiny run with --profile, --trace (and --tensorboard, where tensorboard is
+    installed): its folder, with what it printed in stdout.txt."""
     tmp = tmp_path_factory.mktemp("observed")
     board = ["--tensorboard", str(tmp / "tb")] if HAVE_TENSORBOARD else []
     res = subprocess.run(
         [sys.executable, "-m", "plait", "train", "--model", "mlp", "--data", "synthetic",
          "--steps", str(STEPS), "--workers", "2", "--log-every", "2", "--eval-every", "4",
-         "--profile", "3:4", "--profile-dir", str(tmp / "prof"), "--json",
-         str(tmp / "run.json"), *board],
+         "--profile", "3:4", "--profile-dir", str(tmp / "prof"), "--trace",
+         str(tmp / "t.json"), "--trace-blocks", "--json", str(tmp / "run.json"), *board],
         capture_output=True, text=True, timeout=150,
+        env={**os.environ, "PLAIT_TIMEOUT": "60"},
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
+    (tmp / "stdout.txt").write_text(res.stdout)
     return tmp
 
 
@@ -65,3 +73,30 @@ def test_tensorboard_scalars(observed: Path) -> None:
     assert [e.step for e in events.Scalars("train/samples_per_s")] == [2, 4, 6, 8]
     assert [e.step for e in events.Scalars("eval/held-out accuracy")] == [4, 8]
     assert len(list((observed / "tb").iterdir())) == 1  # rank 0 alone writes
+
+
+@pytest.mark.timeout(180)
+def test_trace_writes_the_steps_and_the_blocks(observed: Path) -> None:
+    stdout = (observed / "stdout.txt").read_text()
+    assert "trace" in stdout and "slowest rank" in stdout
+    events = valid_trace(json.loads((observed / "t.json").read_text()), 2)
+    cats = {e["cat"] for e in events}
+    assert {"step", "data", "compute", "comm", "bucket", "eval"} <= cats, cats
+    names = {e["name"] for e in events if e["cat"] == "compute"}
+    # mlp: Flatten, Linear, ReLU, Linear; the blocks fed no gradient-needing input have
+    # no backward event
+    assert {"forward", "backward", "optimizer", "forward:0", "forward:3", "backward:2",
+            "backward:3"} <= names, names  # fmt: skip
+    assert "backward:0" not in names and "backward:1" not in names
+    steps = step_spans(events, 0)
+    for start, end in steps:  # the blocks' backward lies inside the step's backward
+        (bwd,) = [e for e in events if e["pid"] == 0 and e["name"] == "backward"
+                  and start <= e["ts"] <= end]  # fmt: skip
+        blocks = [e for e in events if e["pid"] == 0 and e["name"].startswith("backward:")
+                  and start <= e["ts"] <= end]  # fmt: skip
+        assert len(blocks) == 2
+        for b in blocks:
+            assert bwd["ts"] <= b["ts"] and b["ts"] + b["dur"] <= bwd["ts"] + bwd["dur"] + 1
+    summary = json.loads((observed / "run.json").read_text())["trace"]
+    assert summary["path"] == str(observed / "t.json") and summary["steps"] == STEPS
+    assert sum(summary["slowest_rank"].values()) == STEPS

@@ -18,8 +18,10 @@ from typing import Any
 
 from support.world import CONTEXT, free_port
 
-# only effective if no test has started the fork server yet; harmless otherwise
-CONTEXT.set_forkserver_preload(["torch", "plait", "plait.ps"])
+# only effective if no test has started the fork server yet; harmless otherwise. It replaces
+# world.py's list (collection imports every test module before any test runs), so it holds
+# all of it: torch._dynamo too
+CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "plait", "plait.ps"])
 
 
 def _child(rank: int, env: dict[str, str], fn: Any, args: tuple[Any, ...], out: Any) -> None:

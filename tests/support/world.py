@@ -21,9 +21,11 @@ from typing import Any
 
 # Each rank is a fresh process (nothing inherited from pytest), forked from a server that has
 # imported torch once: importing torch in 4 processes at once takes ~10 s on 2 cores, a
-# fork ~0.1 s. Nothing there starts a thread before the fork (plait.init() runs in the child).
+# fork ~0.1 s. torch._dynamo too: building any optimizer imports it (~1.3-1.9 s of CPU a
+# process here), so nearly every rank that trains would. Nothing there starts a thread
+# before the fork (plait.init() runs in the child).
 CONTEXT = mp.get_context("forkserver")
-CONTEXT.set_forkserver_preload(["torch", "plait"])
+CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "plait"])
 
 
 def free_port() -> int:

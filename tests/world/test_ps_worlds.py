@@ -1,7 +1,10 @@
 """plait.ps end to end: real worker and server processes on loopback.
 
 Each world is W workers + S servers (W + S <= 5) forked from a server that has imported
-torch (tests/support/ps_world.py), so a world costs about a second, not ten.
+torch (tests/support/ps_world.py), so a world costs about a second, not ten. Besides the
+client, the training loop of `plait train --strategy ps` runs in worlds here (`train(config,
+role)` on each worker): the ssp and async modes' figures, and --priority's losses against
+FIFO's; the command itself runs in tests/e2e/test_train_ps_command.py.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import zmq
 import plait.ps as ps
 from plait.comm.bootstrap.rendezvous import job_key, world_from_env
 from plait.errors import PeerFailureError
+from plait.ps.client import Client
 from plait.ps.config import store_server_key
 from plait.ps.wire import Message, decode, encode
+from plait.train.config import TrainConfig
 from plait.train.data.sampler import GlobalBatchSampler
+from plait.train.loop import train
 from support.ps_world import authenticate, run_ps_world
 
 pytestmark = pytest.mark.timeout(120)
@@ -197,3 +203,54 @@ def test_bad_messages_get_error_replies_and_the_server_keeps_serving() -> None:
     assert "unknown keys [999]" in reasons[2] and "shape" in reasons[3]
     assert "tensor frames" in reasons[4] and "needs" in reasons[5]
     assert "worker 99" in reasons[6]
+
+
+# -- `plait train --strategy ps` in process: train(config, role) on each worker ------------
+CPU = {"PLAIT_DEVICE": "cpu"}  # as `plait train` gives its workers here (a GPU machine too)
+
+
+def _train_job(role: ps.Role, options: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """This worker's figures of a `plait train --strategy ps` run, and how many of its
+    updates went through Client.push_pull_async (--priority's: the proof it was on)."""
+    config = TrainConfig.from_options({**options, "strategy": "ps", "workers": role.num_workers,
+                                       "servers": role.num_servers})  # fmt: skip
+    calls: list[int] = []
+    original = Client.push_pull_async
+
+    def counted(self: Client, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    Client.push_pull_async = counted  # type: ignore[method-assign]
+    try:
+        return train(config, role).figures(), len(calls)
+    finally:
+        Client.push_pull_async = original  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("mode", ["ssp", "async"])
+def test_plait_train_ssp_and_async_share_the_slices_out(mode: str) -> None:
+    (data, _), _ = run_ps_world(
+        2, 1, _train_job, {"ps_mode": mode, "steps": 20, "eval_every": 0}, env=CPU
+    )
+    assert (data["strategy"], data["ps_mode"], data["servers"]) == ("ps", mode, 1)
+    assert (data["world_size"], data["steps"], data["global_batch"]) == (2, 20, 64)
+    assert 0.5 < data["eval_value"] <= 1.0 and data["samples_per_s"] > 0
+    assert data["bytes_per_server"][0] > 0 and data["dead_workers"] == []
+    # slices are shared out as workers come free: 40 in all
+    assert data["applied_gradients"] == 40 and 1 <= data["worker_steps"] <= 39
+    assert data["mean_staleness"] <= data["max_staleness"]
+    if mode == "ssp":
+        assert data["max_staleness"] <= 2 * 4 + 1  # tau 4, at most one update per worker
+
+
+def test_plait_train_priority_gives_fifos_losses() -> None:
+    options = {"steps": 8, "eval_every": 0}
+    # P3's small slices; FIFO's 4 MiB slices: results do not depend on the cut either
+    prio = run_ps_world(2, 1, _train_job, {**options, "priority": True, "slice_mb": 0.01},
+                        env=CPU)  # fmt: skip
+    fifo = run_ps_world(2, 1, _train_job, options, env=CPU)
+    (got, _), (want, _) = prio[0], fifo[0]
+    assert [n for _, n in prio] == [8, 7] and [n for _, n in fifo] == [0, 0]  # priority on
+    assert (got["losses"], got["eval_value"]) == (want["losses"], want["eval_value"])
+    assert got["applied_gradients"] == 16 and got["dead_workers"] == []

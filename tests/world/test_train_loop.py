@@ -1,4 +1,5 @@
-"""The training loop in real worlds: N ranks equal one process, resume, NaN.
+"""The training loop in real worlds: N ranks equal one process, resume, NaN, and what each
+gradient compression sends.
 
 One world of 2 ranks (tests/support/world.py forks them from a process that has imported
 torch) runs every in-process check of this file once (`battery`); rank 0 also trains alone,
@@ -17,17 +18,20 @@ import pytest
 import torch
 
 from plait import Communicator
-from plait.train import checkpoint
+from plait.train import checkpoint, parts_compute
 from plait.train.config import TrainConfig
 from plait.train.errors import NonFiniteLossError
 from plait.train.loop import train
 from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
-GPT_SMALL = {"model": "gpt", "data": "synthetic", "steps": 12, "batch_size": 4,
+# 8 steps: evaluations at 4 and 8 (a held-out pass costs more than a step here), a resume
+# from step 6's checkpoint with two steps to go
+GPT_SMALL = {"model": "gpt", "data": "synthetic", "steps": 8, "batch_size": 4,
              "eval_every": 4, "log_every": 5}  # fmt: skip
 MLP_SMALL = {"model": "mlp", "steps": 12, "batch_size": 24, "eval_every": 5}
 COMPRESSED = ("topk:0.05", "powersgd:2")  # the compressions that carry state between steps
+COMPRESSIONS = ("none", "bf16", *COMPRESSED)
 ONE_VS_TWO = {"mlp": MLP_SMALL, "gpt": {**GPT_SMALL, "lr_scaling": "linear", "warmup_steps": 3}}
 
 
@@ -71,6 +75,7 @@ def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
     for method in COMPRESSED:  # each rank's residuals are in rank 0's checkpoint
         name = method.replace(":", "-")
         results[method] = _sequence(comm, {**MLP_SMALL, "compression": method}, f"{tmp}/{name}")
+    results["bf16"] = _train(comm, {**MLP_SMALL, "compression": "bf16"})
     nan = {**MLP_SMALL, "out": f"{tmp}/nan", "checkpoint_every": 3, "log_every": 4}
     results["nan"] = _nan(comm, nan)
     return results
@@ -96,12 +101,37 @@ def test_two_ranks_train_like_one_process(two_ranks: tuple[list[Any], Path], nam
     assert none is None and one["world_size"] == 1 and two0["world_size"] == 2
     assert _untimed(two0) == _untimed(two1)  # every rank returns the same figures
     torch.testing.assert_close(two0["losses"], one["losses"], rtol=1e-4, atol=1e-5)
-    assert len(one["losses"]) == 12 and one["losses"][-1] < one["losses"][0]
+    steps = ONE_VS_TWO[name]["steps"]
+    assert len(one["losses"]) == steps and one["losses"][-1] < one["losses"][0]
     assert abs(two0["eval_value"] - one["eval_value"]) < 1e-3
     assert [s for s, _ in two0["evals"]] == [s for s, _ in one["evals"]]
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", COMPRESSIONS)
+def test_each_compression_sends_what_it_should(
+    two_ranks: tuple[list[Any], Path], method: str
+) -> None:
+    results = two_ranks[0][0]
+    # the uncompressed run is the two-rank mlp run above; top-k's and PowerSGD's the
+    # uninterrupted runs of their sequences
+    figures = {"none": results["mlp"][1], "bf16": results["bf16"]}.get(method)
+    figures = figures or results[method][0]
+    assert figures["compression"] == method
+    dense, sent = figures["allreduce_bytes"], figures["sent_bytes"]
+    assert dense < 2**20  # one bucket (the first is 1 MiB): the formulas below hold
+    if method in ("none", "bf16"):
+        assert sent == dense  # bf16's buckets are bf16 already
+    elif method == "topk:0.05":
+        n = dense // 4  # fp32 gradients
+        assert sent == -(-n // 20) * (4 + 4)  # k = ceil(n / 20) fp32 values, int32 indices
+    else:
+        assert 0 < sent < dense / 2
+    if method != "none":  # the summary's row (the command prints it: tests/e2e)
+        assert dict(parts_compute.rows(figures))["compression"].startswith(f"{method}: ")
+    assert figures["losses"][-1] < figures["losses"][0]
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("method", COMPRESSED)
 def test_a_resumed_compressed_run_keeps_every_ranks_residuals(
@@ -126,7 +156,8 @@ def test_interrupted_and_resumed_run_repeats_the_losses(two_ranks: tuple[list[An
     assert resumed["evals"] == full["evals"]
     assert resumed["eval_value"] == full["eval_value"]
     state = checkpoint.load(two_ranks[1] / "resume")
-    assert state["step"] == 12 and state["data_position"]["samples_seen"] == 12 * 4
+    steps = GPT_SMALL["steps"]
+    assert state["step"] == steps and state["data_position"]["samples_seen"] == steps * 4
 
 
 @pytest.mark.timeout(300)
