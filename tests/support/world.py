@@ -22,8 +22,10 @@ from typing import Any
 # Each rank is a fresh process (nothing inherited from pytest), forked from a server that has
 # imported torch once: importing torch in 4 processes at once takes ~10 s on 2 cores, a
 # fork ~0.1 s. Nothing there starts a thread before the fork (plait.init() runs in the child).
+# torch.distributed.tensor too: torch.testing.assert_close imports it (with sympy) on its
+# first call, ~1.5 s of CPU in every rank that compares with it.
 CONTEXT = mp.get_context("forkserver")
-CONTEXT.set_forkserver_preload(["torch", "plait"])
+CONTEXT.set_forkserver_preload(["torch", "torch.distributed.tensor", "plait"])
 
 
 def free_port() -> int:

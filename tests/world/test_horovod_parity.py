@@ -71,15 +71,19 @@ def check_same_name_in_flight(hvd: Any, ck: Checks, comm: Any) -> None:
         "reducescatter": lambda n: hvd.reducescatter_async(t, name=n),
         "alltoall": lambda n: hvd.alltoall_async(t, name=n),
     }
-    for what, start in starts.items():
-        hvd.barrier()
-        if comm.rank != 0:
-            time.sleep(0.3)  # rank 0's first op waits for us meanwhile: still in progress
-        first = start("x")
-        if comm.rank == 0:
-            ck.raises(f"second {what} 'x'", ValueError, lambda s=start: s("x"), f"cannot {what}")
+    hvd.barrier()
+    if comm.rank != 0:
+        time.sleep(0.3)  # rank 0's first ops wait for us meanwhile: all still in progress
+    # one name per op (a name is refused whatever the op), all five in flight at once
+    firsts = {what: start(f"x-{what}") for what, start in starts.items()}
+    if comm.rank == 0:
+        for what, start in starts.items():
+            ck.raises(f"second {what} 'x-{what}'", ValueError,
+                      lambda s=start, n=f"x-{what}": s(n), f"cannot {what}")  # fmt: skip
+    for first in firsts.values():
         hvd.synchronize(first)
-        hvd.synchronize(start("x"))  # finished: the name is free again
+    for what, start in starts.items():
+        hvd.synchronize(start(f"x-{what}"))  # finished: the name is free again
     ck.raises("alltoall 7 rows", ValueError, lambda: hvd.alltoall(torch.zeros(7, 2)), "dim 0 is 7")
 
 
