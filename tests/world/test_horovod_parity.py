@@ -11,6 +11,8 @@ Adasum, sparse gradients and SyncBatchNorm have files of their own
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -26,7 +28,7 @@ from support.horovod_checks import (
     mse,
     same_params,
 )
-from support.world import run_world
+from support.world import worlds_at_once
 
 pytestmark = pytest.mark.timeout(150)
 INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -254,9 +256,22 @@ def battery(comm: Any) -> dict[str, list[str]]:
     return ck.failures
 
 
-@pytest.fixture(scope="module", params=[2, 3])
-def world(request: pytest.FixtureRequest) -> list[dict[str, list[str]]]:
-    return run_world(request.param, battery, timeout=130, env=ENV)
+Failures = dict[str, list[str]]  # one rank's failed checks by section
+SIZES = [2, 3]
+
+
+@pytest.fixture(scope="module")
+def started() -> Iterator[dict[int, Future[list[Failures]]]]:
+    """Both worlds, started at once (their ranks mostly wait for each other's messages)."""
+    with worlds_at_once({n: (n, battery, (), {"timeout": 130, "env": ENV}) for n in SIZES}) as w:
+        yield w
+
+
+@pytest.fixture(scope="module", params=SIZES)
+def world(
+    request: pytest.FixtureRequest, started: dict[int, Future[list[Failures]]]
+) -> list[Failures]:
+    return started[request.param].result()
 
 
 def test_integer_averages_round_toward_zero(world: list[dict[str, list[str]]]) -> None:

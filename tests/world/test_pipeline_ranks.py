@@ -10,6 +10,8 @@ bytes (from autograd hooks) must match what the schedule promises."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ import torch
 from plait import Communicator, Mesh
 from plait.pipeline import Pipeline, build, simulate, split_sizes
 from support.pipeline_model import LAYERS, f64, make_model, mse
-from support.world import run_world
+from support.world import worlds_at_once
 
 BATCH = 8
 
@@ -122,13 +124,29 @@ def _world(comm: Communicator) -> dict[str, Any]:
 World = tuple[str | None, list[dict[str, Any]]]  # the link it was run with, its ranks' results
 
 
-@pytest.fixture(scope="module", params=list(WORLDS))
-def world(request: pytest.FixtureRequest) -> World:
-    """The world of one id of WORLDS, spawned once for every test that asks for it."""
-    size, link = WORLDS[request.param]
+@pytest.fixture(scope="module")
+def started() -> Iterator[dict[str, Future[list[dict[str, Any]]]]]:
+    """Every world of WORLDS, started at once (their ranks mostly wait for each other)."""
     # link "group": payloads over ordered lanes (gloo's), as CUDA tensors go over NCCL's
-    env = {"PLAIT_TEST_LINK": link} if link else None
-    return link, run_world(size, _world, timeout=90, env=env)
+    calls = {
+        key: (
+            size,
+            _world,
+            (),
+            {"timeout": 120, "env": {"PLAIT_TEST_LINK": link} if link else None},
+        )
+        for key, (size, link) in WORLDS.items()
+    }
+    with worlds_at_once(calls) as worlds:
+        yield worlds
+
+
+@pytest.fixture(scope="module", params=list(WORLDS))
+def world(
+    request: pytest.FixtureRequest, started: dict[str, Future[list[dict[str, Any]]]]
+) -> World:
+    """The world of one id of WORLDS, spawned once for every test that asks for it."""
+    return WORLDS[request.param][1], started[request.param].result()
 
 
 def test_pipeline_matches_unsplit_model(world: World) -> None:

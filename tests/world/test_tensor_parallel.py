@@ -8,6 +8,8 @@ size checks (a world costs seconds): the layers at 1, 2 and 4 ranks, the gpt at 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -22,7 +24,7 @@ from plait.tensor_parallel import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
-from support.world import run_world
+from support.world import worlds_at_once
 
 f64 = torch.float64
 
@@ -116,9 +118,18 @@ def _world(comm: Communicator) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def world(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+def started() -> Iterator[dict[int, Future[list[dict[str, Any]]]]]:
+    """A world per size, all started at once (their ranks mostly wait for each other)."""
+    with worlds_at_once({n: (n, _world, (), {"timeout": 90}) for n in (1, 2, 3, 4)}) as worlds:
+        yield worlds
+
+
+@pytest.fixture(scope="module")
+def world(
+    request: pytest.FixtureRequest, started: dict[int, Future[list[dict[str, Any]]]]
+) -> list[dict[str, Any]]:
     """The world of `request.param` ranks, spawned once for every test that asks for it."""
-    return run_world(request.param, _world, timeout=90)
+    return started[request.param].result()
 
 
 @pytest.mark.parametrize("world", LAYERS_AT, indirect=True)
