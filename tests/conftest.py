@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-# hosts, netns_hosts: network namespaces as hosts; fake_profiling, no_calibration: the planner's
+# netns_hosts: network namespaces as hosts; fake_profiling, no_calibration: the planner's
 pytest_plugins = ["support.netns", "support.plan_profiles"]
 
 KINDS = ("unit", "world", "e2e")

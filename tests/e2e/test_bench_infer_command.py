@@ -1,5 +1,7 @@
-"""`plait bench infer` through the command: one tiny real run (mlp, ~20 s) measures and writes
-every figure (the config, plans, turns and bars are in tests/unit/test_bench_infer.py)."""
+"""`plait bench infer` through the command: one tiny real run (mlp) measures and writes
+every figure (the config, plans, turns and bars are in tests/unit/test_bench_infer.py). It
+trains on one worker for 6 steps: what is checked is what the command measures and writes,
+not how well the model learnt."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from support.paths import SRC
 def test_the_command_measures_and_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "plait", "bench", "infer", "--models", "mlp",
-           "--steps-scale", "0.05", "--calls", "10", "--repeats", "1", "--predict-repeats", "1",
-           "--workers-list", "1,2", "--runs", str(tmp_path / "runs"),
+           "--steps-scale", "0.01", "--workers", "1", "--calls", "10", "--repeats", "1",
+           "--predict-repeats", "1", "--workers-list", "1,2", "--runs", str(tmp_path / "runs"),
            "--json", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "200"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)

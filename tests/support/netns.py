@@ -185,9 +185,3 @@ def netns_hosts() -> Iterator[Callable[..., Hosts]]:
             return made[0]
 
         yield make
-
-
-@pytest.fixture
-def hosts(netns_hosts: Callable[..., Hosts]) -> Hosts:
-    """Two hosts, no rate limit."""
-    return netns_hosts(2)

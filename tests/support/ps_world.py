@@ -16,12 +16,12 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from support.world import CONTEXT, free_port
+from support.world import CONTEXT, PRELOAD, free_port
 
 # only effective if no test has started the fork server yet; harmless otherwise. It replaces
-# world.py's list (collection imports every test module before any test runs), so it holds
-# all of it: torch._dynamo too
-CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "plait", "plait.ps"])
+# world.py's list (collection imports every test module before any test runs): world.py's
+# list and the parameter server.
+CONTEXT.set_forkserver_preload([*PRELOAD, "plait.ps"])
 
 
 def _child(rank: int, env: dict[str, str], fn: Any, args: tuple[Any, ...], out: Any) -> None:

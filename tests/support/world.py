@@ -10,28 +10,45 @@ with real scripts (as tests/e2e/test_failures_script.py does).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
 import socket
+import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 # Each rank is a fresh process (nothing inherited from pytest), forked from a server that has
 # imported torch once: importing torch in 4 processes at once takes ~10 s on 2 cores, a
-# fork ~0.1 s. torch._dynamo too: building any optimizer imports it (~1.3-1.9 s of CPU a
-# process here), so nearly every rank that trains would. Nothing there starts a thread
-# before the fork (plait.init() runs in the child).
+# fork ~0.1 s. Also what nearly every rank would import again on its own, ~1.3-1.9 s of CPU
+# each here: torch._dynamo (building any optimizer imports it) and torch.distributed.tensor
+# (torch.testing.assert_close imports it, with sympy, on its first call). Nothing there
+# starts a thread before the fork (plait.init() runs in the child).
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed.tensor", "plait"]
 CONTEXT = mp.get_context("forkserver")
-CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "plait"])
+CONTEXT.set_forkserver_preload(PRELOAD)
+
+
+_GIVEN: set[int] = set()
+_GIVEN_LOCK = threading.Lock()
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, never one this process has handed out before: worlds
+    started at once (worlds_at_once) each ask before any binds, and the kernel may offer a
+    port again once the probe's socket is closed."""
+    with _GIVEN_LOCK:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _GIVEN:
+                _GIVEN.add(port)
+                return port
 
 
 def _child(
@@ -181,6 +198,28 @@ def run_world(
         pickle.loads(results[r][1]) if r in results and r not in tolerate else None
         for r in range(size)
     ]
+
+
+K = TypeVar("K")
+#: what run_world takes: (size, fn, fn's extra arguments, run_world's keyword arguments)
+WorldCall = tuple[int, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+@contextlib.contextmanager
+def worlds_at_once(worlds: Mapping[K, WorldCall]) -> Iterator[dict[K, Future[list[Any]]]]:
+    """Start every world in `worlds` now, each run_world in a thread of its own; yield each
+    one's future (its result, or the WorldError it raised); on leaving, wait for them all.
+
+    For a test module's worlds whose ranks mostly wait for each other's messages (many
+    small collectives: a 4-rank world keeps about one core busy): together they take about
+    as long as the longest, not the sum. A world that checks timing runs beside the others:
+    its margins must hold under their load too.
+    """
+    with ThreadPoolExecutor(max_workers=max(1, len(worlds)), thread_name_prefix="world") as pool:
+        yield {
+            key: pool.submit(run_world, size, fn, *args, **kwargs)
+            for key, (size, fn, args, kwargs) in worlds.items()
+        }
 
 
 def _report(results: dict[int, tuple[str, Any]]) -> str:

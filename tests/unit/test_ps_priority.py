@@ -5,7 +5,7 @@ The structure is tested where it is decided: the transport's send queue (several
 queued at once go out most urgent first), the server's replies (one part per key, every
 worker's first keys before anyone's last), and the request (a layer waits for its keys
 only). The client in a real world is in tests/world/test_ps_priority_ranks.py, and
-`plait train --priority` against FIFO in tests/e2e/test_ps_priority_command.py.
+training with --priority against FIFO in tests/world/test_ps_worlds.py.
 """
 
 from __future__ import annotations

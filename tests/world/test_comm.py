@@ -1,7 +1,8 @@
 """The Communicator in real worlds of 1-4 processes, against single-process torch references.
 
 A world is spawned once per size (and once more at 3 ranks with PLAIT_CHECK=0, which skips
-the mismatch check, not the answers) and runs every section of `battery`. Each rank builds
+the mismatch check, not the answers) and runs every section of `battery`; the five worlds
+run at once (their ranks mostly wait for each other's messages). Each rank builds
 every rank's inputs itself (small integers from a generator seeded by the rank, so sums and
 products are exact in every dtype) and computes the torch reference, so the same body runs
 at any world size (Horovod style). Each rank collects its failed checks by section rather
@@ -13,7 +14,8 @@ themselves are in tests/support/comm_reductions.py and comm_exchanges.py.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 import pytest
 
@@ -33,9 +35,9 @@ from support.comm_reductions import (
     check_broadcast_reduce,
     check_routes,
 )
-from support.world import run_world
+from support.world import worlds_at_once
 
-# one world per test id: (size, environment); the first test of each pays for its spawn
+# one world per test id: (size, environment), all started with the module's first test
 ENV = {"PLAIT_TIMEOUT": "20"}  # a hang becomes a CommTimeoutError with a traceback
 WORLDS = {
     "1": (1, ENV),
@@ -78,10 +80,18 @@ def battery(comm: Communicator) -> Report:
     return ck.failures, ck.shared
 
 
+@pytest.fixture(scope="module")
+def started() -> Iterator[dict[str, Future[list[Report]]]]:
+    """Every world of WORLDS, started at once."""
+    calls = {key: (size, battery, (), {"timeout": 120, "env": env})
+             for key, (size, env) in WORLDS.items()}  # fmt: skip
+    with worlds_at_once(calls) as worlds:
+        yield worlds
+
+
 @pytest.fixture(scope="module", params=list(WORLDS))
-def world(request: pytest.FixtureRequest) -> list[Report]:
-    size, env = WORLDS[request.param]
-    return run_world(size, battery, timeout=120, env=env)
+def world(request: pytest.FixtureRequest, started: dict[str, Future[list[Report]]]) -> list[Report]:
+    return started[request.param].result()
 
 
 def test_attributes_are_the_worlds(world: list[Report]) -> None:

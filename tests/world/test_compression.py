@@ -8,8 +8,9 @@ simulates every rank of each algorithm in one process (the reference) and compar
 fp16/bf16 within the dtype's rounding of the true average, top-k bit for bit (residuals
 too), PowerSGD to float64 rounding (its orthogonalisation here is torch's QR, not the code's
 Gram-Schmidt). Bytes are checked against each method's payload formula, written from the
-papers' definitions. The compressors alone are in tests/unit/test_compressors.py; one real
-`plait train --compression` run per method in tests/e2e/test_compression_command.py.
+papers' definitions. The compressors alone are in tests/unit/test_compressors.py; training
+with each method in tests/world/test_train_loop.py, and the command line's one
+`plait train --compression` run in tests/e2e/test_compression_command.py.
 """
 
 from __future__ import annotations

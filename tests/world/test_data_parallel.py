@@ -10,6 +10,8 @@ tests/unit/test_dp_buckets.py.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from torch import nn
 from plait import Communicator, DataParallel
 from plait.data_parallel import ReplicaMismatchError, UnusedParametersError
 from support.dp_reference import PER_RANK, Branchy, equivalence_run, global_batch, make_model, mine
-from support.world import run_world
+from support.world import run_world, worlds_at_once
 
 ENV = {"PLAIT_TIMEOUT": "30"}
 
@@ -130,9 +132,19 @@ def battery(comm: Communicator) -> dict[str, Any]:
 Ranks = list[dict[str, Any]]  # each rank's battery results
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4])
-def world(request: pytest.FixtureRequest) -> Ranks:
-    return run_world(request.param, battery, timeout=150, env=ENV)
+SIZES = [2, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def started() -> Iterator[dict[int, Future[Ranks]]]:
+    """Every world, started at once (their ranks mostly wait for each other's messages)."""
+    with worlds_at_once({n: (n, battery, (), {"timeout": 150, "env": ENV}) for n in SIZES}) as w:
+        yield w
+
+
+@pytest.fixture(scope="module", params=SIZES)
+def world(request: pytest.FixtureRequest, started: dict[int, Future[Ranks]]) -> Ranks:
+    return started[request.param].result()
 
 
 @pytest.mark.parametrize("key", ["sgd-f64", "adam-f64", "adam-f64-after-backward", "no_sync+clip"])
@@ -174,8 +186,10 @@ def _overlap_battery(comm: Communicator) -> dict[str, Any]:
     return {"on": overlap_trace(comm, True), "off": overlap_trace(comm, False)}
 
 
-def test_allreduce_starts_before_backward_ends() -> None:
+def test_allreduce_starts_before_backward_ends(started: dict[int, Future[Ranks]]) -> None:
     """Timestamps, not trust: bucket 0's allreduce begins while gradients still arrive."""
+    for world in started.values():  # timing: no other world runs beside this one
+        world.exception()
     results = run_world(2, _overlap_battery, timeout=120, env=ENV)
     for rank_on, rank_off in ((r["on"], r["off"]) for r in results):
         assert rank_on["buckets"] >= 3

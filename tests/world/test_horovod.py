@@ -10,7 +10,8 @@ tests/support/horovod_collectives.py and horovod_training.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from plait import Communicator
 from support import horovod_collectives as collectives
 from support import horovod_training as training
 from support.horovod_checks import ENV, Checks, assert_section
-from support.world import run_world
+from support.world import worlds_at_once
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -72,10 +73,19 @@ def battery(comm: Communicator, sections: list[str]) -> Failures:
 
 
 @pytest.fixture(scope="module")
-def world(request: pytest.FixtureRequest) -> list[Failures]:
+def started() -> Iterator[dict[int, Future[list[Failures]]]]:
+    """Every world of WORLDS, started at once (their ranks mostly wait for each other)."""
+    calls = {n: (n, battery, (WORLDS[n],), {"timeout": 80, "env": ENV}) for n in WORLDS}
+    with worlds_at_once(calls) as worlds:
+        yield worlds
+
+
+@pytest.fixture(scope="module")
+def world(
+    request: pytest.FixtureRequest, started: dict[int, Future[list[Failures]]]
+) -> list[Failures]:
     """The world of `request.param` ranks, spawned once for every test that asks for it."""
-    size = request.param
-    return run_world(size, battery, WORLDS[size], timeout=80, env=ENV)
+    return started[request.param].result()
 
 
 every_world = pytest.mark.parametrize("world", list(WORLDS), indirect=True)

@@ -7,6 +7,8 @@ optimizer). Three ranks are refused, as Horovod refuses them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ import torch
 
 from plait.horovod.torch import adasum
 from support.adasum_reference import data, ref_tree
-from support.world import run_world
+from support.world import run_world, worlds_at_once
 
 ENV = {"PLAIT_TIMEOUT": "20"}  # a hang becomes an error with a traceback
 
@@ -187,9 +189,19 @@ def _battery(comm: Any) -> dict[str, Any]:
 Ranks = list[dict[str, Any]]  # each rank's battery results
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def world(request: pytest.FixtureRequest) -> Ranks:
-    return run_world(request.param, _battery, timeout=100, env=ENV)
+SIZES = [2, 4]
+
+
+@pytest.fixture(scope="module")
+def started() -> Iterator[dict[int, Future[Ranks]]]:
+    """Both worlds, started at once (their ranks mostly wait for each other's messages)."""
+    with worlds_at_once({n: (n, _battery, (), {"timeout": 100, "env": ENV}) for n in SIZES}) as w:
+        yield w
+
+
+@pytest.fixture(scope="module", params=SIZES)
+def world(request: pytest.FixtureRequest, started: dict[int, Future[Ranks]]) -> Ranks:
+    return started[request.param].result()
 
 
 @pytest.mark.timeout(120)

@@ -11,6 +11,8 @@ Adasum, sparse gradients and SyncBatchNorm have files of their own
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -26,7 +28,7 @@ from support.horovod_checks import (
     mse,
     same_params,
 )
-from support.world import run_world
+from support.world import worlds_at_once
 
 pytestmark = pytest.mark.timeout(150)
 INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -71,15 +73,19 @@ def check_same_name_in_flight(hvd: Any, ck: Checks, comm: Any) -> None:
         "reducescatter": lambda n: hvd.reducescatter_async(t, name=n),
         "alltoall": lambda n: hvd.alltoall_async(t, name=n),
     }
-    for what, start in starts.items():
-        hvd.barrier()
-        if comm.rank != 0:
-            time.sleep(0.3)  # rank 0's first op waits for us meanwhile: still in progress
-        first = start("x")
-        if comm.rank == 0:
-            ck.raises(f"second {what} 'x'", ValueError, lambda s=start: s("x"), f"cannot {what}")
+    hvd.barrier()
+    if comm.rank != 0:
+        time.sleep(0.3)  # rank 0's first ops wait for us meanwhile: all still in progress
+    # one name per op (a name is refused whatever the op), all five in flight at once
+    firsts = {what: start(f"x-{what}") for what, start in starts.items()}
+    if comm.rank == 0:
+        for what, start in starts.items():
+            ck.raises(f"second {what} 'x-{what}'", ValueError,
+                      lambda s=start, n=f"x-{what}": s(n), f"cannot {what}")  # fmt: skip
+    for first in firsts.values():
         hvd.synchronize(first)
-        hvd.synchronize(start("x"))  # finished: the name is free again
+    for what, start in starts.items():
+        hvd.synchronize(start(f"x-{what}"))  # finished: the name is free again
     ck.raises("alltoall 7 rows", ValueError, lambda: hvd.alltoall(torch.zeros(7, 2)), "dim 0 is 7")
 
 
@@ -250,9 +256,22 @@ def battery(comm: Any) -> dict[str, list[str]]:
     return ck.failures
 
 
-@pytest.fixture(scope="module", params=[2, 3])
-def world(request: pytest.FixtureRequest) -> list[dict[str, list[str]]]:
-    return run_world(request.param, battery, timeout=130, env=ENV)
+Failures = dict[str, list[str]]  # one rank's failed checks by section
+SIZES = [2, 3]
+
+
+@pytest.fixture(scope="module")
+def started() -> Iterator[dict[int, Future[list[Failures]]]]:
+    """Both worlds, started at once (their ranks mostly wait for each other's messages)."""
+    with worlds_at_once({n: (n, battery, (), {"timeout": 130, "env": ENV}) for n in SIZES}) as w:
+        yield w
+
+
+@pytest.fixture(scope="module", params=SIZES)
+def world(
+    request: pytest.FixtureRequest, started: dict[int, Future[list[Failures]]]
+) -> list[Failures]:
+    return started[request.param].result()
 
 
 def test_integer_averages_round_toward_zero(world: list[dict[str, list[str]]]) -> None:

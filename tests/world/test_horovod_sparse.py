@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from support.world import run_world
+from support.world import worlds_at_once
 
 ROWS, DIM = 7, 3
 
@@ -215,10 +217,25 @@ def _both(comm: Any, folder: str) -> dict[str, Any]:
     return {"collectives": _collectives(comm, folder), "optimizer": _optimizer(comm)}
 
 
+SIZES = [2, 3]
+Started = dict[int, tuple[Path, Future[list[dict[str, Any]]]]]  # size: (its folder, its world)
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
+    """Both worlds, started at once (their ranks mostly wait for each other's messages),
+    each writing rank 0's timeline into a folder of its own."""
+    folders = {n: tmp_path_factory.mktemp(f"sparse{n}") for n in SIZES}
+    calls = {n: (n, _both, (str(folders[n]),), {"timeout": 130}) for n in SIZES}
+    with worlds_at_once(calls) as worlds:
+        yield {n: (folders[n], worlds[n]) for n in SIZES}
+
+
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("size", [2, 3])
-def test_sparse_allreduce_and_optimizer(size: int, tmp_path: Path) -> None:
-    results = run_world(size, _both, str(tmp_path), timeout=130)
+@pytest.mark.parametrize("size", SIZES)
+def test_sparse_allreduce_and_optimizer(size: int, started: Started) -> None:
+    tmp_path, world = started[size]
+    results = world.result()
     assert [r["collectives"] for r in results] == [{"ok": True}] * size
     for result in results:  # DistributedOptimizer with sparse gradients
         assert all(result["optimizer"].values()) and len(result["optimizer"]) == 6, result

@@ -10,13 +10,15 @@ Each test asserts one section on every rank of every world.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
 import torch
 
 from support.horovod_checks import Checks, assert_section
-from support.world import run_world
+from support.world import run_world, worlds_at_once
 
 f64, f32 = torch.float64, torch.float32
 TOL = {f64: 1e-10, f32: 2e-5}
@@ -237,11 +239,25 @@ WORLDS = [
 ]
 
 
+Failures = dict[str, list[str]]  # one rank's failed checks by section
+CPU_SIZES = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def started() -> Iterator[dict[int, Future[list[Failures]]]]:
+    """The CPU worlds, started at once (their ranks mostly wait for each other's messages)."""
+    env = {"PLAIT_TIMEOUT": "20"}
+    calls = {n: (n, battery, ("cpu",), {"timeout": 100, "env": env}) for n in CPU_SIZES}
+    with worlds_at_once(calls) as worlds:
+        yield worlds
+
+
 @pytest.fixture(scope="module", params=WORLDS)
-def world(request: pytest.FixtureRequest) -> list[dict[str, list[str]]]:
+def world(request: pytest.FixtureRequest) -> list[Failures]:
     device, _, how = request.param.partition("-")
-    if device == "cpu":
-        return run_world(int(how), battery, "cpu", timeout=100, env={"PLAIT_TIMEOUT": "20"})
+    if device == "cpu":  # (the CPU worlds start with the first that is asked for)
+        started: dict[int, Future[list[Failures]]] = request.getfixturevalue("started")
+        return started[int(how)].result()
     from support.cuda import world_env
 
     return run_world(2, battery, "cuda", timeout=220, env=world_env(how))

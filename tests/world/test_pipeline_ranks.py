@@ -1,6 +1,7 @@
 """plait.pipeline.Pipeline across ranks against the unsplit model.
 
-One world per size (2 and 4 stages) runs every (schedule, chunks, balance) combination:
+One world per size (2 and 4 stages, and 4 with payloads over ordered lanes) runs every
+(schedule, chunks, balance) combination, and the 2-stage world the checkpoint modes too:
 each rank builds the full model from one seed, computes the full-batch reference loss and
 gradients, then runs its stage through `Pipeline.step` and compares. float64, so the
 tolerance is tight. The in-flight activation count (from the actions) and the saved-tensor
@@ -9,6 +10,8 @@ bytes (from autograd hooks) must match what the schedule promises."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -17,7 +20,7 @@ import torch
 from plait import Communicator, Mesh
 from plait.pipeline import Pipeline, build, simulate, split_sizes
 from support.pipeline_model import LAYERS, f64, make_model, mse
-from support.world import run_world
+from support.world import worlds_at_once
 
 BATCH = 8
 
@@ -107,11 +110,49 @@ def _all(comm: Communicator) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize(("size", "link"), [(2, None), (4, None), (4, "group")])
-def test_pipeline_matches_unsplit_model(size: int, link: str | None) -> None:
+WORLDS = {"2": (2, None), "4": (4, None), "4-group": (4, "group")}  # id: (size, link)
+
+
+def _world(comm: Communicator) -> dict[str, Any]:
+    """Every combination; at 2 ranks also the checkpoint modes (a world costs seconds)."""
+    out = {"all": _all(comm)}
+    if comm.size == 2:
+        out["checkpoint"] = _checkpoint_all(comm)
+    return out
+
+
+World = tuple[str | None, list[dict[str, Any]]]  # the link it was run with, its ranks' results
+
+
+@pytest.fixture(scope="module")
+def started() -> Iterator[dict[str, Future[list[dict[str, Any]]]]]:
+    """Every world of WORLDS, started at once (their ranks mostly wait for each other)."""
     # link "group": payloads over ordered lanes (gloo's), as CUDA tensors go over NCCL's
-    env = {"PLAIT_TEST_LINK": link} if link else None
-    results = run_world(size, _all, timeout=60, env=env)
+    calls = {
+        key: (
+            size,
+            _world,
+            (),
+            {"timeout": 120, "env": {"PLAIT_TEST_LINK": link} if link else None},
+        )
+        for key, (size, link) in WORLDS.items()
+    }
+    with worlds_at_once(calls) as worlds:
+        yield worlds
+
+
+@pytest.fixture(scope="module", params=list(WORLDS))
+def world(
+    request: pytest.FixtureRequest, started: dict[str, Future[list[dict[str, Any]]]]
+) -> World:
+    """The world of one id of WORLDS, spawned once for every test that asks for it."""
+    return WORLDS[request.param][1], started[request.param].result()
+
+
+def test_pipeline_matches_unsplit_model(world: World) -> None:
+    link, ranks = world
+    size = len(ranks)
+    results = [rank["all"] for rank in ranks]
     for stage, res in enumerate(results):
         lane_messages = res.pop("lane_messages")
         assert (lane_messages > 0) == (link == "group"), (stage, lane_messages)
@@ -175,8 +216,9 @@ def _checkpoint_all(comm: Communicator) -> dict[str, Any]:
     return out
 
 
-def test_checkpoint_keeps_gradients_and_saves_memory() -> None:
-    results = run_world(2, _checkpoint_all, timeout=60)
+@pytest.mark.parametrize("world", ["2"], indirect=True)
+def test_checkpoint_keeps_gradients_and_saves_memory(world: World) -> None:
+    results = [rank["checkpoint"] for rank in world[1]]
     for stage, res in enumerate(results):
         for key, r in res.items():
             if key == "time_balance":

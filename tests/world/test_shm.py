@@ -78,11 +78,34 @@ def _reference(size: int, key: str) -> torch.Tensor:
     return total.to(dtype)
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("size", [2, 3, 4])
-def test_shared_memory_collectives_are_right_and_identical_on_every_rank(size: int) -> None:
+def _world(comm: Communicator) -> dict[str, Any]:
+    """The battery; then at 2 and 3 ranks the gathers, at 4 the wait for a slow peer (one
+    world per size: a world costs seconds)."""
+    out = {"battery": _battery(comm)}
+    if comm.size in (2, 3):
+        out["gathers"] = _gathers(comm)
+    if comm.size == 4:
+        out["cpu_while_waiting"] = _cpu_while_waiting(comm)
+    return out
+
+
+Ranks = list[dict[str, Any]]  # each rank's results
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4])
+def world(request: pytest.FixtureRequest) -> tuple[set[str], Ranks]:
+    """The segments in /dev/shm before, and the world of `request.param` ranks."""
     before = _leftovers()
-    ranks = run_world(size, _battery, timeout=120, env=ENV)
+    return before, run_world(request.param, _world, timeout=150, env=ENV)
+
+
+@pytest.mark.timeout(180)
+def test_shared_memory_collectives_are_right_and_identical_on_every_rank(
+    world: tuple[set[str], Ranks],
+) -> None:
+    before, results = world
+    size = len(results)
+    ranks = [r["battery"] for r in results]
     first = ranks[0][0]
     for key, (dtype, got) in first.items():
         want = _reference(size, key)
@@ -127,11 +150,10 @@ def _cpu_while_waiting(comm: Communicator) -> Any:
     return (after.user - cpu.user) + (after.system - cpu.system), after.elapsed - cpu.elapsed
 
 
-@pytest.mark.timeout(90)
-def test_waiting_for_a_slow_peer_does_not_burn_a_core() -> None:
+@pytest.mark.parametrize("world", [4], indirect=True)
+def test_waiting_for_a_slow_peer_does_not_burn_a_core(world: tuple[set[str], Ranks]) -> None:
     # 4 ranks on this 2-core machine: a waiting rank must leave the cores to the others
-    results = run_world(4, _cpu_while_waiting, timeout=60, env=ENV)
-    for rank, (cpu, wall) in enumerate(results):
+    for rank, (cpu, wall) in enumerate(r["cpu_while_waiting"] for r in world[1]):
         print(f"rank {rank}: {cpu:.3f} s CPU in {wall:.2f} s inside the allreduce")
         if rank != 1:
             assert wall > 0.8, (rank, wall)  # it did wait for rank 1
@@ -152,8 +174,9 @@ def _gathers(comm: Communicator) -> Any:
     return out
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("size", [2, 3])
-def test_reduce_scatter_and_allgather_through_shared_memory_equal_the_ring(size: int) -> None:
-    for checks in run_world(size, _gathers, timeout=60, env=ENV):
+@pytest.mark.parametrize("world", [2, 3], indirect=True)
+def test_reduce_scatter_and_allgather_through_shared_memory_equal_the_ring(
+    world: tuple[set[str], Ranks],
+) -> None:
+    for checks in (r["gathers"] for r in world[1]):
         assert checks and all(checks)

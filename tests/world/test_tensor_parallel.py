@@ -2,11 +2,14 @@
 
 Every rank builds the full reference from one seed, cuts its slice, and compares: outputs
 must be equal on every rank, and each rank's weight gradient must be its slice of the
-reference's gradient. float64, so tolerances are tight.
+reference's gradient. float64, so tolerances are tight. One world per size runs what that
+size checks (a world costs seconds): the layers at 1, 2 and 4 ranks, the gpt at 2, 3 and 4.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -21,7 +24,7 @@ from plait.tensor_parallel import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
-from support.world import run_world
+from support.world import worlds_at_once
 
 f64 = torch.float64
 
@@ -101,9 +104,38 @@ def _battery(comm: Communicator) -> dict[str, Any]:
     return {**_mlp(comm), **_gathered(comm), **_embedding_and_loss(comm)}
 
 
-@pytest.mark.parametrize("size", [1, 2, 4])
-def test_sharded_layers_match_the_full_ones(size: int) -> None:
-    for r in run_world(size, _battery, timeout=90):
+LAYERS_AT, GPT_AT = (1, 2, 4), (2, 3, 4)  # world sizes of each test
+
+
+def _world(comm: Communicator) -> dict[str, Any]:
+    """What this world's size checks: {"layers": ..., "gpt": ...} or one of them."""
+    out: dict[str, Any] = {}
+    if comm.size in LAYERS_AT:
+        out["layers"] = _battery(comm)
+    if comm.size in GPT_AT:
+        out["gpt"] = _gpt(comm)
+    return out
+
+
+@pytest.fixture(scope="module")
+def started() -> Iterator[dict[int, Future[list[dict[str, Any]]]]]:
+    """A world per size, all started at once (their ranks mostly wait for each other)."""
+    with worlds_at_once({n: (n, _world, (), {"timeout": 90}) for n in (1, 2, 3, 4)}) as worlds:
+        yield worlds
+
+
+@pytest.fixture(scope="module")
+def world(
+    request: pytest.FixtureRequest, started: dict[int, Future[list[dict[str, Any]]]]
+) -> list[dict[str, Any]]:
+    """The world of `request.param` ranks, spawned once for every test that asks for it."""
+    return started[request.param].result()
+
+
+@pytest.mark.parametrize("world", LAYERS_AT, indirect=True)
+def test_sharded_layers_match_the_full_ones(world: list[dict[str, Any]]) -> None:
+    size = len(world)
+    for r in (rank["layers"] for rank in world):
         errors = {k: v for k, v in r.items() if k != "error" and v > 1e-10}
         assert not errors, errors
         assert r["error"] == (1.0 if size > 1 else 0.0)
@@ -141,9 +173,10 @@ def _gpt(comm: Communicator) -> dict[str, Any]:
     return {"worst": worst, "sharded": sharded}
 
 
-@pytest.mark.parametrize("size", [2, 3, 4])
-def test_parallelized_gpt_matches_the_full_one(size: int) -> None:
-    for r in run_world(size, _gpt, timeout=90):
+@pytest.mark.parametrize("world", GPT_AT, indirect=True)
+def test_parallelized_gpt_matches_the_full_one(world: list[dict[str, Any]]) -> None:
+    size = len(world)
+    for r in (rank["gpt"] for rank in world):
         if size == 3:
             assert r["error"].startswith("blocks.0.attn: n_head 4 % tp 3 = 1 != 0: every tp rank")
         else:
