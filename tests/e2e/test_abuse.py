@@ -212,7 +212,6 @@ def strategy_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, _Job]:
     try:
         for job in jobs.values():
             job.out, _ = job.proc.communicate(timeout=200)
-            job.seen = job.watch.stop()
     finally:
         for job in jobs.values():
             job.proc.kill()

@@ -28,6 +28,7 @@ from plait.cli.main import main as plait_command
 from plait.errors import ConfigError
 from plait.infer import InferError, load_run, model_bytes, predict, prepare
 from plait.infer.rows import lines
+from support.commands import Command, commands_at_once
 from support.paths import ROOT
 
 DEADLINE = 120  # seconds for any one subprocess
@@ -57,21 +58,14 @@ def trained(
         "custom": ["--workload", "examples/custom_workload.py:make", "--steps", "3",
                    "--workers", "1"],
     }  # fmt: skip
-    started: dict[str, subprocess.Popen[str]] = {}
-    for name, flags in commands.items():
-        cmd = [sys.executable, "-m", "plait", "train", *flags, "--out", str(root / name)]
-        started[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True, cwd=ROOT)  # fmt: skip
-    done = {}
-    try:
-        for name, proc in started.items():
-            out, err = proc.communicate(timeout=DEADLINE)
-            ended = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-            done[name] = (root / name, ended)
-    finally:
-        for proc in started.values():
-            proc.kill()
-    return done
+    done = commands_at_once(
+        {
+            name: Command(["-m", "plait", "train", *flags, "--out", str(root / name)], cwd=ROOT)
+            for name, flags in commands.items()
+        },
+        timeout=DEADLINE,
+    )
+    return {name: (root / name, done[name]) for name in commands}
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """Scripts started by torchrun work unchanged: plait.init() reads torchrun's variables."""
 
 import subprocess
-import sys
 
 import pytest
 
+from support.commands import Command, commands_at_once
 from support.paths import LAUNCH_SCRIPTS
 
 SCRIPT = LAUNCH_SCRIPTS / "allreduce_check.py"
@@ -17,24 +17,8 @@ COMMANDS = {
 
 @pytest.fixture(scope="module")
 def finished() -> dict[str, subprocess.CompletedProcess[str]]:
-    """Every command of this file, each started once and all at the same time: a job spends
-    most of its time starting processes one after another (each imports torch) while a core
-    would be idle."""
-    started = {
-        name: subprocess.Popen(
-            [sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for name, argv in COMMANDS.items()
-    }
-    done = {}
-    try:
-        for name, proc in started.items():
-            out, err = proc.communicate(timeout=110)
-            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    finally:
-        for proc in started.values():
-            proc.kill()
-    return done
+    """Every command of this file, each started once and all at the same time."""
+    return commands_at_once({name: Command(argv) for name, argv in COMMANDS.items()})
 
 
 @pytest.mark.timeout(120)

@@ -1,27 +1,44 @@
 """The real `plait train` command: a run end to end, a NaN loss through the command line, and
 `plait train` under a launcher as the worker (the loop in worlds is in
-tests/world/test_train_loop.py)."""
+tests/world/test_train_loop.py). The three commands run at once, once for the module."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from plait.train import checkpoint
+from support.commands import Command, commands_at_once
+
+
+@pytest.fixture(scope="module")
+def ran(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """Each command's folder and how it ended."""
+    where = {name: tmp_path_factory.mktemp(name) for name in ("run", "nan", "launched")}
+    done = commands_at_once({
+        "run": Command(["-m", "plait", "train", "--steps", "20", "--workers", "2",
+                        "--json", str(where["run"] / "run.json")]),
+        "nan": Command(["-m", "plait", "train", "--steps", "12", "--workers", "2",
+                        "--out", str(where["nan"]), "--checkpoint-every", "2", "--log-every", "5"],
+                       env={"PLAIT_TRAIN_NAN_AT": "5"}),
+        # RANK/WORLD_SIZE set (plait run, torchrun): train as that rank, world size from the job
+        "launched": Command(["-m", "plait", "run", "-n", "2", "-m", "plait", "train",
+                             "--steps", "6", "--data", "synthetic"]),
+    })  # fmt: skip
+    return {name: (where[name], done[name]) for name in where}
 
 
 @pytest.mark.timeout(120)
-def test_plait_train_end_to_end(tmp_path: Path) -> None:
-    figures = tmp_path / "run.json"
-    res = subprocess.run(
-        [sys.executable, "-m", "plait", "train", "--steps", "20", "--workers", "2",
-         "--json", str(figures)],
-        capture_output=True, text=True, timeout=110,
-    )  # fmt: skip
+def test_plait_train_end_to_end(
+    ran: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+) -> None:
+    folder, res = ran["run"]
+    figures = folder / "run.json"
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(figures.read_text())
     for key in ("strategy", "world_size", "steps", "global_batch", "final_loss", "eval_name",
@@ -36,13 +53,10 @@ def test_plait_train_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_nan_through_the_command_line(tmp_path: Path) -> None:
-    res = subprocess.run(
-        [sys.executable, "-m", "plait", "train", "--steps", "12", "--workers", "2",
-         "--out", str(tmp_path), "--checkpoint-every", "2", "--log-every", "5"],
-        capture_output=True, text=True, timeout=110,
-        env={**__import__("os").environ, "PLAIT_TRAIN_NAN_AT": "5"},
-    )  # fmt: skip
+def test_nan_through_the_command_line(
+    ran: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+) -> None:
+    tmp_path, res = ran["nan"]
     assert res.returncode == 3, res.stdout + res.stderr
     assert "the training loss is nan at step 5" in res.stderr
     assert "last good checkpoint (step 4)" in res.stderr
@@ -51,13 +65,10 @@ def test_nan_through_the_command_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_under_a_launcher_plait_train_is_the_worker() -> None:
-    # RANK/WORLD_SIZE set (plait run, torchrun): train as that rank, world size from the job
-    res = subprocess.run(
-        [sys.executable, "-m", "plait", "run", "-n", "2", "-m", "plait", "train",
-         "--steps", "6", "--data", "synthetic"],
-        capture_output=True, text=True, timeout=110,
-    )  # fmt: skip
+def test_under_a_launcher_plait_train_is_the_worker(
+    ran: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+) -> None:
+    _, res = ran["launched"]
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("[rank 0] summary:") == 1 and "[rank 1]" not in res.stdout
     assert "2 workers" in res.stdout
