@@ -60,6 +60,12 @@ class Inbound(PipeLane):
             else:
                 reason = "connection closed (process died)"
             if n == 0:
+                if conn.from_pipe and self._pull_in(conn):
+                    # A payload still coming through the pipe: the frames read behind it
+                    # (the goodbye of a peer that flushed its pipe and left) wait in the
+                    # stage unparsed until it is whole; the end of the stream reads again.
+                    # A peer that died half-way has nothing more in its pipe: no bytes.
+                    continue
                 with self._lock:
                     if conn.said_bye:  # it said goodbye first: a clean exit
                         self._hang_up(conn)
