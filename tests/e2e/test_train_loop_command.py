@@ -13,11 +13,11 @@ import pytest
 from plait.train import checkpoint
 from support.commands import Command, commands_at_once
 
+Ran = dict[str, tuple[Path, subprocess.CompletedProcess[str]]]  # each command's folder, end
+
 
 @pytest.fixture(scope="module")
-def ran(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+def ran(tmp_path_factory: pytest.TempPathFactory) -> Ran:
     """Each command's folder and how it ended."""
     where = {name: tmp_path_factory.mktemp(name) for name in ("run", "nan", "launched")}
     done = commands_at_once({
@@ -34,9 +34,7 @@ def ran(
 
 
 @pytest.mark.timeout(120)
-def test_plait_train_end_to_end(
-    ran: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
-) -> None:
+def test_plait_train_end_to_end(ran: Ran) -> None:
     folder, res = ran["run"]
     figures = folder / "run.json"
     assert res.returncode == 0, res.stdout + res.stderr
@@ -53,9 +51,7 @@ def test_plait_train_end_to_end(
 
 
 @pytest.mark.timeout(120)
-def test_nan_through_the_command_line(
-    ran: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
-) -> None:
+def test_nan_through_the_command_line(ran: Ran) -> None:
     tmp_path, res = ran["nan"]
     assert res.returncode == 3, res.stdout + res.stderr
     assert "the training loss is nan at step 5" in res.stderr
@@ -65,9 +61,7 @@ def test_nan_through_the_command_line(
 
 
 @pytest.mark.timeout(120)
-def test_under_a_launcher_plait_train_is_the_worker(
-    ran: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
-) -> None:
+def test_under_a_launcher_plait_train_is_the_worker(ran: Ran) -> None:
     _, res = ran["launched"]
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("[rank 0] summary:") == 1 and "[rank 1]" not in res.stdout
