@@ -1,59 +1,29 @@
 """The launcher's account of real failed jobs: a frozen rank and a raising rank lead the
 report, and a failed `plait train --out` run says how to resume (the report on made-up
-facts is in tests/unit/test_failure_report.py)."""
+facts is in tests/unit/test_failure_report.py). The three jobs run at once, once for the
+module: the frozen rank's heartbeat timeout (3 s) leaves a live rank, slowed by the other
+jobs' start-up, a margin of seconds."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from plait.launch.failure import RULE
+from support.commands import Command, commands_at_once
 from support.paths import EXAMPLES
 from support.paths import LAUNCH_SCRIPTS as SCRIPTS
 
-
-def plait(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-          timeout: float = 40) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "plait", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=cwd)  # fmt: skip
+Ran = dict[str, tuple[subprocess.CompletedProcess[str], float]]  # each job's end, batch's s
 
 
 def after_rule(stderr: str) -> str:
     assert RULE in stderr, stderr
     return stderr.split(RULE, 1)[1]
-
-
-@pytest.mark.timeout(60)
-def test_a_frozen_rank_leads_the_report() -> None:
-    env = dict(os.environ, PLAIT_HEARTBEAT_TIMEOUT="2")
-    start = time.monotonic()
-    res = plait("run", "-n", "3", str(SCRIPTS / "freeze_or_raise.py"), "stop", "2", env=env)
-    assert time.monotonic() - start < 30
-    assert res.returncode == 1, res.stderr
-    report = after_rule(res.stderr)
-    lines = report.strip().splitlines()
-    assert lines[0].startswith("plait run: rank 2 stopped responding (no heartbeat for 2.")
-    assert lines[1].startswith("  ranks 0, 1 saw it: no heartbeat for 2."), report
-    assert "Traceback" not in report and "[rank" not in report
-
-
-@pytest.mark.timeout(60)
-def test_a_raising_rank_leads_the_report_with_its_traceback_once() -> None:
-    env = dict(os.environ, PLAIT_HEARTBEAT_TIMEOUT="2")
-    res = plait("run", "-n", "3", str(SCRIPTS / "freeze_or_raise.py"), "raise", "1", env=env)
-    assert res.returncode == 1, res.stderr
-    report = after_rule(res.stderr)
-    assert report.lstrip().startswith("plait run: rank 1 raised ValueError: boom at step 3")
-    assert "saw it" in report
-    assert report.count("Traceback (most recent call last):") == 1
-    assert report.rstrip().endswith("ValueError: boom at step 3")
-    assert "PeerFailureError" not in report
 
 
 WORKLOAD = f"""
@@ -81,13 +51,58 @@ def make():
 """
 
 
-@pytest.mark.timeout(60)
-def test_a_failed_train_run_with_out_says_how_to_resume(tmp_path: Path) -> None:
-    (tmp_path / "dying.py").write_text(WORKLOAD)
-    out = tmp_path / "run"
-    res = plait("train", "--workload", f"{tmp_path / 'dying.py'}:make", "--workers", "2",
-                "--steps", "20", "--batch-size", "32", "--checkpoint-every", "2",
-                "--out", str(out), cwd=tmp_path)  # fmt: skip
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> Ran:
+    """The three jobs, started at once; each one's end, and how long the batch took."""
+    where = tmp_path_factory.mktemp("dying")
+    (where / "dying.py").write_text(WORKLOAD)
+    script = str(SCRIPTS / "freeze_or_raise.py")
+    start = time.monotonic()
+    done = commands_at_once(
+        {
+            "frozen": Command(["-m", "plait", "run", "-n", "3", script, "stop", "2"],
+                              env={"PLAIT_HEARTBEAT_TIMEOUT": "3"}),
+            "raising": Command(["-m", "plait", "run", "-n", "3", script, "raise", "1"],
+                               env={"PLAIT_HEARTBEAT_TIMEOUT": "3"}),
+            "train": Command(["-m", "plait", "train", "--workload", f"{where / 'dying.py'}:make",
+                              "--workers", "2", "--steps", "20", "--batch-size", "32",
+                              "--checkpoint-every", "2", "--out", str(where / "run")],
+                             cwd=where),
+        },
+        timeout=80,
+    )  # fmt: skip
+    took = time.monotonic() - start
+    return {name: (res, took) for name, res in done.items()}
+
+
+@pytest.mark.timeout(90)
+def test_a_frozen_rank_leads_the_report(ran: Ran) -> None:
+    res, took = ran["frozen"]
+    assert took < 30  # the whole batch: the frozen job ended in seconds, not a hang
+    assert res.returncode == 1, res.stderr
+    report = after_rule(res.stderr)
+    lines = report.strip().splitlines()
+    assert lines[0].startswith("plait run: rank 2 stopped responding (no heartbeat for 3.")
+    assert lines[1].startswith("  ranks 0, 1 saw it: no heartbeat for 3."), report
+    assert "Traceback" not in report and "[rank" not in report
+
+
+@pytest.mark.timeout(90)
+def test_a_raising_rank_leads_the_report_with_its_traceback_once(ran: Ran) -> None:
+    res, _ = ran["raising"]
+    assert res.returncode == 1, res.stderr
+    report = after_rule(res.stderr)
+    assert report.lstrip().startswith("plait run: rank 1 raised ValueError: boom at step 3")
+    assert "saw it" in report
+    assert report.count("Traceback (most recent call last):") == 1
+    assert report.rstrip().endswith("ValueError: boom at step 3")
+    assert "PeerFailureError" not in report
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_train_run_with_out_says_how_to_resume(ran: Ran) -> None:
+    res, _ = ran["train"]
+    out = Path(res.args[res.args.index("--out") + 1])
     assert res.returncode == 128 + signal.SIGKILL, res.stderr
     assert "plait run: rank 1 was killed by SIGKILL" in res.stderr
     last = res.stderr.strip().splitlines()[-1]

@@ -16,7 +16,8 @@ def test_plait_train_prints_and_writes_the_figures(tmp_path: Path) -> None:
     # the parameter server takes bf16 and checkpointing (its workers do the arithmetic)
     out = tmp_path / "run.json"
     cmd = [sys.executable, "-m", "plait", "train", "--strategy", "ps", "--workers", "2",
-           "--model", "gpt", "--data", "synthetic", "--steps", "3", "--batch-size", "4",
+           "--servers", "1", "--model", "gpt", "--data", "synthetic", "--steps", "3",
+           "--batch-size", "4",
            "--precision", "bf16", "--activation-checkpointing", "--json", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
     assert res.returncode == 0, res.stderr

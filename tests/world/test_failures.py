@@ -8,7 +8,10 @@ the parent asserts that every survivor named the failed rank in time, and `run_w
 that the survivors' processes then exit by themselves.
 
 Worlds cost seconds to start, so each test runs one world. The quick ones use a short
-PLAIT_HEARTBEAT_TIMEOUT; one keeps the default (8 s) to check the issue's 15 s bound. A
+PLAIT_HEARTBEAT_TIMEOUT; one keeps the default (8 s) to check the issue's 15 s bound. The
+three worlds that mostly wait (the default heartbeat, a slow peer, PLAIT_TIMEOUT: ~17 s of
+waiting one after another) start together with the module's first test, and the quick
+tests run meanwhile (`waiting`); every bound holds with the others' load. A
 world's processes leave through os._exit and so skip the exit path (atexit, gloo's
 teardown) that a real script takes: tests/e2e/test_failures_script.py runs plain scripts.
 """
@@ -19,7 +22,8 @@ import os
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -28,7 +32,7 @@ import torch
 import plait
 from plait import CommTimeoutError, PeerFailureError, PlaitError
 from support.failure_timing import DYING_DELAY, EXIT_S, FAST, IN_ALGORITHM
-from support.world import run_world
+from support.world import WorldCall, run_world, worlds_at_once
 
 WORLD_S = 40.0  # a world that hangs fails with its ranks' reports before pytest's timeout
 
@@ -75,10 +79,48 @@ def _world(
     size: int, fn: Callable[..., object], *args: object, dead: int | None, env: dict = FAST
 ) -> list:
     """Run a world (in which rank `dead` fails); the others must then exit within EXIT_S."""
+    return run_world(size, fn, *args, **_settings(dead, env))
+
+
+def _settings(dead: int | None, env: dict) -> dict:
+    """run_world's keywords for a world in which rank `dead` (None: no rank) fails."""
     tolerate = [] if dead is None else [dead]
-    return run_world(
-        size, fn, *args, env=env, tolerate=tolerate, exit_within=EXIT_S, timeout=WORLD_S
-    )
+    return {"env": env, "tolerate": tolerate, "exit_within": EXIT_S, "timeout": WORLD_S}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def waiting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[list]]]:
+    """The worlds that mostly wait, started together with the module's first test: the
+    others run meanwhile. (The functions they run are further down, with their tests.)"""
+    gave_up = str(tmp_path_factory.mktemp("gave-up"))  # _waits_on_sleeper's files
+    worlds: dict[str, WorldCall] = {
+        "sigstop": (3, _allreduce_then_die, (0, "SIGSTOP", "auto"), _settings(0, {})),
+        "slow peer": (4, _slow_peer_and_early_leavers, (),
+                      _settings(None, {"PLAIT_HEARTBEAT_TIMEOUT": "1.5"})),
+        "timeout": (3, _waits_on_sleeper, (gave_up,), _settings(None, {"PLAIT_TIMEOUT": "2"})),
+    }  # fmt: skip
+    with worlds_at_once(worlds) as futures:
+        yield futures
+
+
+def _orphans(before: set[str]) -> set[str]:
+    """plait's names in /dev/shm, not in `before`, whose creator has died: what a dead rank
+    left behind. (A world running beside this one may hold a name for a moment while its
+    ranks map a segment; its creator is alive.) Names: plait-PID-... (segments, arena.py),
+    plait-pipe-PID-... (pipes, shm_pipe.py)."""
+    left = set()
+    for name in set(os.listdir("/dev/shm")) - before:
+        parts = name.split("-")
+        if parts[0] != "plait":
+            continue
+        pid = parts[2] if parts[1] == "pipe" else parts[1]
+        try:
+            alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            alive = False
+        if not alive:
+            left.add(name)
+    return left
 
 
 # ------------------------------------------------------------------ blocked in a collective
@@ -108,10 +150,10 @@ def test_sigkill_in_native_allreduce():
 @pytest.mark.timeout(60)
 def test_sigkill_in_shared_memory_allreduce_names_it_and_leaves_nothing_in_dev_shm():
     # rank 0 created the segment; it is unlinked once mapped, so its death leaves no name
-    before = {n for n in os.listdir("/dev/shm") if n.startswith("plait-")}
+    before = set(os.listdir("/dev/shm"))
     results = _world(4, _allreduce_then_die, 0, "SIGKILL", "shm", env=IN_ALGORITHM, dead=0)
     _check(results, dead=0, within=DYING_DELAY + 3, blocked_in="shm.py")
-    assert {n for n in os.listdir("/dev/shm") if n.startswith("plait-")} <= before
+    assert not _orphans(before)
 
 
 @pytest.mark.timeout(60)
@@ -125,9 +167,9 @@ def test_exception_in_ring_allreduce():
 
 
 @pytest.mark.timeout(60)
-def test_sigstop_default_heartbeat_within_15s():
+def test_sigstop_default_heartbeat_within_15s(waiting: dict[str, Future[list]]):
     # the issue's bound, with the default PLAIT_HEARTBEAT_TIMEOUT (8 s)
-    results = _world(3, _allreduce_then_die, 0, "SIGSTOP", "auto", env={}, dead=0)
+    results = waiting["sigstop"].result()
     seconds = _check(results, dead=0, within=15, blocked_in="request.py")  # Transfer.wait
     assert min(seconds) > 7, f"a frozen rank was declared dead too early: {seconds}"
 
@@ -192,9 +234,10 @@ def _slow_peer_and_early_leavers(comm):
 
 
 @pytest.mark.timeout(60)
-def test_slow_peer_and_ranks_that_leave_early_are_not_failures():
-    env = {"PLAIT_HEARTBEAT_TIMEOUT": "1.5"}
-    results = _world(4, _slow_peer_and_early_leavers, env=env, dead=None)
+def test_slow_peer_and_ranks_that_leave_early_are_not_failures(
+    waiting: dict[str, Future[list]],
+):
+    results = waiting["slow peer"].result()  # PLAIT_HEARTBEAT_TIMEOUT=1.5
     for rank, (waited, count, _) in enumerate(results):
         if rank:  # everyone waited for rank 0, alive, longer than the heartbeat timeout
             assert waited > 2.5, results
@@ -221,9 +264,8 @@ def _waits_on_sleeper(comm, done: str):
 
 
 @pytest.mark.timeout(60)
-def test_plait_timeout_on_a_live_peer(tmp_path: Path):
-    done = str(tmp_path)
-    results = _world(3, _waits_on_sleeper, done, env={"PLAIT_TIMEOUT": "2"}, dead=None)
+def test_plait_timeout_on_a_live_peer(waiting: dict[str, Future[list]]):
+    results = waiting["timeout"].result()  # PLAIT_TIMEOUT=2
     assert results[0] == "slept"
     for rank in (1, 2):
         kind, _, seconds, reason, _ = results[rank]
