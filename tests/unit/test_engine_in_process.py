@@ -11,7 +11,7 @@ import torch
 
 import plait
 from plait.comm.transport.engine import Engine
-from plait.comm.transport.wire import DATA, HEADER
+from plait.comm.transport.wire import BYE, DATA, HEADER, HEARTBEAT
 
 MB = 1 << 18  # float32 elements in 1 MiB
 
@@ -30,6 +30,13 @@ def _engine_and_peer(timeout=20.0, heartbeat_interval=0.2):
 
 def _frame(tag, payload):
     return HEADER.pack(DATA, tag, len(payload)) + payload
+
+
+def _leave(peer):
+    """The peer leaves as a rank does: its goodbye, then it hangs up (the engine's close
+    would otherwise wait 2 s for a peer that never does)."""
+    peer.sendall(HEADER.pack(BYE, 0, 0))
+    peer.shutdown(socket.SHUT_WR)
 
 
 @pytest.mark.timeout(30)
@@ -65,6 +72,7 @@ def test_a_held_large_message_delays_later_ones_by_the_hold_only():
         got = torch.empty(4 * MB, dtype=torch.uint8)
         engine.irecv(got, 0, tag=10).wait()  # buffered meanwhile, intact
         assert bytes(got.numpy()) == big
+        _leave(peer)
     finally:
         engine.close()
         peer.close()
@@ -72,6 +80,7 @@ def test_a_held_large_message_delays_later_ones_by_the_hold_only():
 
 def test_a_closed_engine_says_so():
     engine, peer = _engine_and_peer()
+    _leave(peer)
     engine.close()
     peer.close()
     with pytest.raises(plait.PlaitError, match="shut down"):
@@ -86,8 +95,6 @@ def test_a_write_racing_a_peers_goodbye_is_not_a_failure():
     ours, theirs = socket.socketpair()
     engine = Engine(1, {0: ours}, timeout=10.0, heartbeat_interval=0.2, heartbeat_timeout=5.0)
     try:
-        from plait.comm.transport.wire import BYE, HEARTBEAT
-
         with engine._progress:  # nobody reads while we set the race up
             theirs.sendall(HEADER.pack(BYE, 0, 0))
             theirs.close()
