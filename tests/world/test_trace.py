@@ -275,20 +275,25 @@ def test_after_a_failure_each_rank_writes_its_own_events(tmp_path: Path) -> None
     assert "rank 1" in failures[0]["args"]["message"], failures
 
 
-def _times_out(comm: Communicator) -> Any:
+def _times_out(comm: Communicator, timed_out: str) -> Any:
     rec = trace.start(comm)  # no path: nothing for shutdown to gather after the timeouts
-    if comm.rank == 1:
-        time.sleep(5)  # alive (heartbeats go on) but late: rank 0's wait times out
+    if comm.rank == 1:  # alive (heartbeats go on) but late: until rank 0's wait timed out
+        deadline = time.monotonic() + 30
+        while not os.path.exists(timed_out) and time.monotonic() < deadline:
+            time.sleep(0.05)
     # rank 0 times out; rank 1 then finds rank 0 gone (it left) or times out too
     with contextlib.suppress(CommTimeoutError, PeerFailureError):
         comm.allreduce(torch.ones(10), algorithm="ring")
+    if comm.rank == 0:
+        Path(timed_out).touch()
     comm.recorder = None
     return [(e[0], e[1], e[3], e[5]) for e in rec.events if e[0] == "failure"]
 
 
 @pytest.mark.timeout(120)
-def test_a_timeout_is_a_failure_instant() -> None:
-    got = run_world(2, _times_out, timeout=60, env={"PLAIT_TIMEOUT": "2"})
+def test_a_timeout_is_a_failure_instant(tmp_path: Path) -> None:
+    timed_out = str(tmp_path / "timed-out")
+    got = run_world(2, _times_out, timed_out, timeout=60, env={"PLAIT_TIMEOUT": "2"})
     ((cat, name, end, args),) = got[0]
     assert (cat, name, end) == ("failure", "CommTimeoutError", None)
     assert "waited" in args["message"] and "rank 1" in args["message"], args
