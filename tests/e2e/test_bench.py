@@ -1,41 +1,60 @@
-"""`plait bench collectives` end to end, tiny: every algorithm appears, ratios are computed."""
+"""`plait bench collectives`, `train` and `comm` end to end, tiny: every algorithm, workload
+and way appears, ratios are computed, bad input is refused. The commands run at once, once
+for the module: what is checked is the tables, not the times."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from plait.comm.dispatch import routes
+from support.commands import Command, commands_at_once
 
-@pytest.mark.timeout(120)
-def test_bench_collectives_writes_every_algorithm(tmp_path):
-    out = tmp_path / "bench.json"
-    env_cal = {"PLAIT_CALIBRATION": str(tmp_path / "cal.json")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "plait",
-            "bench",
-            "collectives",
-            "-n",
-            "2",
-            "--sizes",
-            "4K,64K",
-            "--repeats",
-            "2",
-            "--budget",  # one call per timing: what is checked is the table, not the times
-            "0.01",
-            "--calibrate",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        env={**_env(), **env_cal},
-    )
+Ran = dict[str, subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench")
+
+
+@pytest.fixture(scope="module")
+def ran(folder: Path) -> Ran:
+    """Each command's end, by name; their --json files are in `folder`."""
+    bench = ["-m", "plait", "bench"]
+    return commands_at_once(
+        {
+            "collectives": Command(
+                [*bench, "collectives", "-n", "2", "--sizes", "4K,64K", "--repeats", "2",
+                 # one call per timing: what is checked is the table, not the times
+                 "--budget", "0.01", "--calibrate", "--json", str(folder / "bench.json")],
+                env={"PLAIT_CALIBRATION": str(folder / "cal.json")},
+            ),
+            "train": Command(
+                [*bench, "train", "--nproc", "2", "--workloads", "gpt,mlp", "--global-batch",
+                 "8", "--steps", "2", "--repeats", "2", "--json", str(folder / "train.json"),
+                 "--markdown"],
+            ),
+            # --hosts 1: loopback (the simulated hosts need root)
+            "comm": Command(
+                [*bench, "comm", "--hosts", "1", "-n", "2", "--workloads", "mlp", "--ways",
+                 "fifo,priority,ddp,ddp-fp16", "--steps", "2", "--repeats", "2", "--warmup",
+                 "1", "--json", str(folder / "comm.json"), "--markdown"],
+            ),
+            "bad algorithm": Command([*bench, "collectives", "--algorithms", "ring,fastest"]),
+            "uneven batch": Command([*bench, "train", "--nproc", "3", "--global-batch", "8"]),
+        },
+        timeout=190,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(200)
+def test_bench_collectives_writes_every_algorithm(ran: Ran, folder: Path) -> None:
+    proc = ran["collectives"]
     assert proc.returncode == 0, proc.stderr[-3000:]
+    out = folder / "bench.json"
     data = json.loads(out.read_text())
     assert data["world_size"] == 2
     assert set(data["results"]) == {"4096", "65536"}
@@ -43,30 +62,17 @@ def test_bench_collectives_writes_every_algorithm(tmp_path):
         assert set(cells) == {"torch", "native", "shm", "ring", "halving_doubling", "tree", "auto"}
         assert all(len(ts) == 2 and min(ts) > 0 for ts in cells.values())
     assert set(data["calibration"]) == {"native", "ring", "halving_doubling", "tree"}
-    assert json.loads((tmp_path / "cal.json").read_text())["points"]["p2-n1"]["allreduce"]
+    assert json.loads((folder / "cal.json").read_text())["points"]["p2-n1"]["allreduce"]
     assert "vs torch" in proc.stdout and "auto (shm)" in proc.stdout  # one host: shared memory
     assert data["memcpy_GBps"] > 0 and "memory copy, one thread" in proc.stdout
     again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "plait",
-            "bench",
-            "collectives",
-            "--from-json",
-            str(out),
-            "--markdown",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_env(),
-    )
+        [sys.executable, "-m", "plait", "bench", "collectives", "--from-json", str(out),
+         "--markdown"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
     assert again.returncode == 0, again.stderr
     lines = again.stdout.strip().splitlines()
     # the routing table's rows in its order (hierarchical needs hosts), between peer and auto
-    from plait.comm.dispatch import routes
-
     rows = [a for a, _ in routes.ROWS["allreduce"] if a != "hierarchical"]
     assert lines[0].startswith(
         "| size | " + " | ".join(f"{a} (ms)" for a in ["torch", *rows, "auto"]) + " |"
@@ -74,41 +80,25 @@ def test_bench_collectives_writes_every_algorithm(tmp_path):
     assert len(lines) == 2 + 2 + 2 and lines[-1].startswith("memory copy")
 
 
-def test_bench_rejects_bad_input():
-    proc = subprocess.run(
-        [sys.executable, "-m", "plait", "bench", "collectives", "--algorithms", "ring,fastest"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_env(),
-    )
+@pytest.mark.timeout(200)
+def test_bench_rejects_bad_input(ran: Ran) -> None:
+    proc = ran["bad algorithm"]
     assert proc.returncode == 2
     assert "fastest" in proc.stderr and "halving_doubling" in proc.stderr
 
 
-def _env():
-    import os
+@pytest.mark.timeout(200)
+def test_bench_train_rejects_uneven_batch(ran: Ran) -> None:
+    proc = ran["uneven batch"]
+    assert proc.returncode == 2
+    assert "--global-batch 8 % 3 ranks = 2 != 0" in proc.stderr
 
-    return dict(os.environ)
 
-
-@pytest.mark.timeout(150)
-def test_bench_train_compares_plait_with_ddp(tmp_path):
-    out = tmp_path / "train.json"
-    cmd = [
-        sys.executable, "-m", "plait", "bench", "train", "--nproc", "2", "--workloads",
-        "gpt,mlp", "--global-batch", "8", "--steps", "2", "--repeats", "2",
-        "--json", str(out), "--markdown",
-    ]  # fmt: skip
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=140,
-        env=_env(),
-    )
+@pytest.mark.timeout(200)
+def test_bench_train_compares_plait_with_ddp(ran: Ran, folder: Path) -> None:
+    proc = ran["train"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    data = json.loads((folder / "train.json").read_text())
     [run] = data["runs"]
     assert run["world_size"] == 2 and set(run["workloads"]) == {"gpt", "mlp"}
     for w in run["workloads"].values():
@@ -120,18 +110,12 @@ def test_bench_train_compares_plait_with_ddp(tmp_path):
 
 
 @pytest.mark.timeout(200)
-def test_bench_comm_compares_the_ways_on_this_machine(tmp_path):
-    """--hosts 1 (loopback; the simulated hosts need root): every way trains, FIFO and
-    priority send the gradient's bytes per step, DDP's fp16 hook half of them."""
-    out = tmp_path / "comm.json"
-    cmd = [
-        sys.executable, "-m", "plait", "bench", "comm", "--hosts", "1", "-n", "2",
-        "--workloads", "mlp", "--ways", "fifo,priority,ddp,ddp-fp16", "--steps", "2",
-        "--repeats", "2", "--warmup", "1", "--json", str(out), "--markdown",
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=190, env=_env())
+def test_bench_comm_compares_the_ways_on_this_machine(ran: Ran, folder: Path) -> None:
+    """Every way trains, FIFO and priority send the gradient's bytes per step, DDP's fp16
+    hook half of them."""
+    proc = ran["comm"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    data = json.loads((folder / "comm.json").read_text())
     w = data["runs"]["None"]["workloads"]["mlp"]
     assert all(len(v) == 2 and min(v) > 0 for v in w["samples_per_s"].values())
     grad = 4 * w["parameters"]
@@ -142,15 +126,3 @@ def test_bench_comm_compares_the_ways_on_this_machine(tmp_path):
     rows = {r["way"]: r for r in data["summary"]}
     assert rows["fifo"]["vs_fifo"] == 1.0 and rows["priority"]["vs_fifo"] > 0
     assert "| None | mlp | priority |" in proc.stdout
-
-
-def test_bench_train_rejects_uneven_batch():
-    proc = subprocess.run(
-        [sys.executable, "-m", "plait", "bench", "train", "--nproc", "3", "--global-batch", "8"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_env(),
-    )
-    assert proc.returncode == 2
-    assert "--global-batch 8 % 3 ranks = 2 != 0" in proc.stderr
