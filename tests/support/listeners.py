@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 _LISTEN = "0A"  # the TCP_LISTEN state in /proc/net/tcp
 
@@ -27,8 +27,8 @@ class Listener:
         return self.address in ("0.0.0.0", "::")
 
 
-def descendants(root: int) -> set[int]:
-    """`root` and every process below it (read from /proc/*/stat)."""
+def parents() -> dict[int, int]:
+    """Every process's parent (read from /proc/*/stat)."""
     parent: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -40,6 +40,11 @@ def descendants(root: int) -> set[int]:
             continue
         # the command name (in parentheses) may hold spaces: parse after its last ')'
         parent[int(name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    return parent
+
+
+def descendants(root: int, parent: dict[int, int]) -> set[int]:
+    """`root` and every process below it in `parent` (from `parents()`)."""
     tree, grew = {root}, True
     while grew:
         grew = False
@@ -93,27 +98,45 @@ def listening(pids: set[int]) -> set[Listener]:
     return found
 
 
-@dataclass
 class Watch:
-    """Sample the listeners of `root`'s process tree every `every` s until `stop()`."""
+    """Sample the listeners of each watched root's process tree every `every` s until
+    `stop()`: one thread and one read of /proc per sample for every root (a sample costs
+    ~10 ms of CPU: one per root would take a core's share from the jobs watched)."""
 
-    root: int
-    every: float = 0.05
-    seen: set[Listener] = field(default_factory=set)
-    samples: int = 0
-
-    def __post_init__(self) -> None:
+    def __init__(self, every: float = 0.05) -> None:
+        self.every = every
+        self.seen: dict[int, set[Listener]] = {}  # by root
+        self.samples: dict[int, int] = {}  # by root: the samples taken while it was watched
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def add(self, root: int) -> None:
+        """Watch `root`'s tree from now on."""
+        with self._lock:
+            self.seen[root], self.samples[root] = set(), 0
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.seen |= listening(descendants(self.root))
-            self.samples += 1
+            with self._lock:
+                roots = list(self.seen)
+            parent = parents() if roots else {}
+            trees = {root: descendants(root, parent) for root in roots}
+            found = listening(set().union(*trees.values())) if roots else set()
+            with self._lock:
+                for root, tree in trees.items():
+                    if root in self.seen:  # (not ended meanwhile)
+                        self.seen[root] |= {x for x in found if x.pid in tree}
+                        self.samples[root] += 1
             self._stop.wait(self.every)
 
-    def stop(self) -> set[Listener]:
+    def end(self, root: int) -> tuple[set[Listener], int]:
+        """Stop watching `root` (its job has ended); the listeners seen in its tree and the
+        number of samples taken."""
+        with self._lock:
+            return self.seen.pop(root), self.samples.pop(root)
+
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        return self.seen
