@@ -18,6 +18,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,23 @@ def _reference(
     return found[:limit]
 
 
+@pytest.fixture(scope="module")
+def gpt_lines(runs: dict[str, Path]) -> list[str]:
+    """The gpt run's first 50 training windows in batches of 8, as one process writes them:
+    the reference of every gpt job below that predicts them in batches of 8 (the first 40
+    or 24 are those of a job with that limit: the same batches)."""
+    return _reference(runs["gpt"], "train", 8, limit=50)
+
+
+def _at_once(*calls: Callable[[], Any]) -> list[Future[Any]]:
+    """Run `calls` in threads at once and wait for them all; their futures, in order.
+
+    For independent jobs: a job spends much of its time starting workers that import torch
+    one after another, or on one core, while the other core would be idle."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [pool.submit(call) for call in calls]
+
+
 def test_one_worker_writes_the_models_own_predictions_in_order(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -110,14 +129,19 @@ def test_one_worker_writes_the_models_own_predictions_in_order(
     assert not out.with_name(out.name + ".parts").exists()  # the shards are gone
 
 
-def test_workers_write_what_one_process_writes(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_workers_write_what_one_process_writes(
+    runs: dict[str, Path], gpt_lines: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # 3 workers: shards of 17, 17 and 16 inputs (2 workers' clean job, in equal shards, is
     # the last one of test_a_dead_worker_is_named_and_its_shard_retried)
     out = tmp_path / "p.jsonl"
-    result = predict(runs["gpt"], out=out, data="train", limit=50, workers=3, batch_size=8)
-    reference = _reference(runs["gpt"], "train", 8, limit=50)
-    assert out.read_text().splitlines(keepends=True) == reference
+    result = predict(runs["gpt"], out=out, data="train", limit=50, workers=3, batch_size=8,
+                     quiet=False)  # fmt: skip
+    assert out.read_text().splitlines(keepends=True) == gpt_lines
     assert result.examples == 50 and result.workers == 3
+    # the workers' progress events, summed over their shards (test_the_command_line's
+    # command predicts in its own process)
+    assert "50/50 inputs" in capsys.readouterr().err
     first = json.loads(out.read_text().splitlines()[0])
     assert set(first) == {"index", "next", "loss"} and len(first["next"]) == 64
 
@@ -196,36 +220,44 @@ def test_bad_input_is_one_clear_error(
 
 
 def test_a_dead_worker_is_named_and_its_shard_retried(
-    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runs: dict[str, Path], gpt_lines: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Two rounds of two independent jobs at once: the variable is the whole process's, so
+    # the jobs with a dying worker run together, then those without
     monkeypatch.setenv("PLAIT_INFER_DIE", "1:1")  # worker 1 dies after one batch, once
-    out = tmp_path / "p.jsonl"
+    out, retried = tmp_path / "p.jsonl", tmp_path / "r.jsonl"
     options = {"data": "train", "limit": 40, "workers": 2, "batch_size": 8}
+    failing, retrying = _at_once(
+        lambda: predict(runs["gpt"], out=out, **options),
+        # --retry gives the dead worker's shard to a new worker within the job
+        lambda: predict(runs["gpt"], out=retried, retry=1, **options),
+    )
     with pytest.raises(InferError) as failed:
-        predict(runs["gpt"], out=out, **options)
+        failing.result()
     said = str(failed.value)
     assert "shard 1 (inputs 20..39): worker 1 killed by SIGKILL" in said
     assert "Written: inputs 0..19" in said and "--retry 1" in said
     parts = out.with_name(out.name + ".parts")
     assert not out.exists() and (parts / "shard-00000.jsonl").is_file()  # nothing lost
     left = shutil.copytree(parts, tmp_path / "left")  # what this job left, for another job
-    reference = _reference(runs["gpt"], "train", 8, limit=40)
-    # the same job again predicts only the shard that was lost
-    monkeypatch.delenv("PLAIT_INFER_DIE")
-    again = predict(runs["gpt"], out=out, **options)
-    assert again.reused == [0] and again.predicted == 20 and not parts.exists()
-    assert out.read_text().splitlines(keepends=True) == reference
-    # --retry gives the dead worker's shard to a new worker within the job
-    monkeypatch.setenv("PLAIT_INFER_DIE", "1:1")
-    result = predict(runs["gpt"], out=tmp_path / "r.jsonl", retry=1, **options)
+    reference = gpt_lines[:40]
+    result = retrying.result()
     assert result.retried == [1] and result.reused == []
-    assert (tmp_path / "r.jsonl").read_text().splitlines(keepends=True) == reference
+    assert retried.read_text().splitlines(keepends=True) == reference
+    monkeypatch.delenv("PLAIT_INFER_DIE")
     # another job (here: another batch size) does not reuse what an earlier one left: the
     # first attempt's finished shard 0, put where this job's output keeps its shards
-    monkeypatch.delenv("PLAIT_INFER_DIE")
     other = tmp_path / "o.jsonl"
     shutil.copytree(left, other.with_name(other.name + ".parts"))
-    result = predict(runs["gpt"], out=other, **{**options, "batch_size": 4})
+    # the same job again predicts only the shard that was lost
+    again, another = _at_once(
+        lambda: predict(runs["gpt"], out=out, **options),
+        lambda: predict(runs["gpt"], out=other, **{**options, "batch_size": 4}),
+    )
+    assert again.result().reused == [0] and again.result().predicted == 20
+    assert not parts.exists()
+    assert out.read_text().splitlines(keepends=True) == reference
+    result = another.result()
     assert result.reused == [] and result.predicted == 40 and result.workers == 2
     assert other.read_text().splitlines(keepends=True) == _reference(
         runs["gpt"], "train", 4, limit=40
@@ -234,8 +266,9 @@ def test_a_dead_worker_is_named_and_its_shard_retried(
 
 def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:
     out, figures = tmp_path / "p.jsonl", tmp_path / "f.json"
-    done = _plait("infer", "--from", str(runs["mlp"]), "--out", str(out), "--workers", "2",
-                  "--json", str(figures))  # fmt: skip
+    # one worker: the command predicts in its own process (workers' progress events are
+    # test_workers_write_what_one_process_writes's)
+    done = _plait("infer", "--from", str(runs["mlp"]), "--out", str(out), "--json", str(figures))
     assert done.returncode == 0, done.stderr
     assert "wrote 360 predictions" in done.stdout and "held-out accuracy" in done.stdout
     assert "(the run measured" in done.stdout  # the held-out figure beside the run's own
@@ -248,18 +281,21 @@ def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_pipeline_and_tensor_parallel_workers_equal_one_process(
-    runs: dict[str, Path], tmp_path: Path
+    runs: dict[str, Path], gpt_lines: list[str], tmp_path: Path
 ) -> None:
-    reference = [json.loads(r) for r in _reference(runs["gpt"], "train", 8, limit=24)]
+    reference = [json.loads(r) for r in gpt_lines[:24]]
     options = {"data": "train", "limit": 24, "batch_size": 8}
+    pp, tp = tmp_path / "pp.jsonl", tmp_path / "tp.jsonl"
+    pipeline, tensor_parallel = _at_once(
+        lambda: predict(runs["gpt"], out=pp, workers=4, pp=2, chunks=3, **options),
+        lambda: predict(runs["gpt"], out=tp, workers=2, tp=2, **options),
+    )
     # dp 2 x pp 2: the pipeline's stages run the same float ops as the whole model
-    out = tmp_path / "pp.jsonl"
-    predict(runs["gpt"], out=out, workers=4, pp=2, chunks=3, **options)
-    assert [json.loads(r) for r in out.read_text().splitlines()] == reference
+    pipeline.result()
+    assert [json.loads(r) for r in pp.read_text().splitlines()] == reference
     # tp 2: the row-parallel layers sum partial products, which rounds differently
-    out = tmp_path / "tp.jsonl"
-    result = predict(runs["gpt"], out=out, workers=2, tp=2, **options)
-    rows = [json.loads(r) for r in out.read_text().splitlines()]
+    result = tensor_parallel.result()
+    rows = [json.loads(r) for r in tp.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(24))
     assert max(abs(r["loss"] - s["loss"]) for r, s in zip(rows, reference, strict=True)) < 1e-4
     assert result.metric == pytest.approx(sum(r["loss"] for r in reference) / 24, abs=1e-4)
