@@ -6,14 +6,14 @@ the one the run measured at its end. Also: sharded checkpoints, int8 and bf16, t
 --data, a worker that dies (reported by shard, or retried), and the command line.
 
 Three small runs (mlp, gpt, a user's own workload) are trained once for the module, at the
-same time (`plait train --out`, in subprocesses). What loads in this process without a
-worker is in tests/unit/test_infer_load.py.
+same time (`plait train --out`, in subprocesses), and `plait infer` runs on the mlp run as
+soon as it is trained; independent jobs run at once (threads). What loads in this process
+without a worker is in tests/unit/test_infer_load.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -36,10 +36,25 @@ from support.paths import ROOT
 DEADLINE = 120  # seconds for any one subprocess
 
 
-def _plait(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "plait", *args]
-    environ = {**os.environ, **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, env=environ)
+# mlp and gpt are trained on the CPU wherever the tests run: on a GPU machine `auto` would
+# give each of the two workers a GPU, and one GPU is refused to two ranks (PLAIT_SHARE_GPU);
+# `custom` is the user's own workload, named relative to ROOT
+TRAIN = {
+    "mlp": ["--model", "mlp", "--steps", "30", "--workers", "1", "--device", "cpu"],
+    "gpt": ["--model", "gpt", "--data", "synthetic", "--steps", "4", "--batch-size", "8",
+            "--workers", "2", "--zero", "1", "--device", "cpu"],
+    "custom": ["--workload", "examples/custom_workload.py:make", "--steps", "3",
+               "--workers", "1"],
+}  # fmt: skip
+
+
+def _at_once(*calls: Callable[[], Any]) -> list[Future[Any]]:
+    """Run `calls` in threads at once and wait for them all; their futures, in order.
+
+    For independent jobs: a job spends much of its time starting workers that import torch
+    one after another, or on one core, while the other core would be idle."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [pool.submit(call) for call in calls]
 
 
 @pytest.fixture(scope="module")
@@ -47,27 +62,34 @@ def trained(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
     """The runs the tests apply, each trained by `plait train --out`: where, and how the
-    command ended. They train at the same time: a command spends much of its time importing
+    command ended; and "infer": `plait infer` on the mlp run with --json (where its files
+    are, and how it ended), for test_the_command_line. They run at the same time, the
+    command as soon as the mlp run is trained: a command spends much of its time importing
     torch in one process after another, while the other core would be idle."""
     root = tmp_path_factory.mktemp("runs")
-    # mlp and gpt are trained on the CPU wherever the tests run: on a GPU machine `auto`
-    # would give each of the two workers a GPU, and one GPU is refused to two ranks
-    # (PLAIT_SHARE_GPU); `custom` is the user's own workload, named relative to ROOT
-    commands = {
-        "mlp": ["--model", "mlp", "--steps", "30", "--workers", "1", "--device", "cpu"],
-        "gpt": ["--model", "gpt", "--data", "synthetic", "--steps", "4", "--batch-size", "8",
-                "--workers", "2", "--zero", "1", "--device", "cpu"],
-        "custom": ["--workload", "examples/custom_workload.py:make", "--steps", "3",
-                   "--workers", "1"],
-    }  # fmt: skip
-    done = commands_at_once(
-        {
-            name: Command(["-m", "plait", "train", *flags, "--out", str(root / name)], cwd=ROOT)
-            for name, flags in commands.items()
-        },
-        timeout=DEADLINE,
-    )
-    return {name: (root / name, done[name]) for name in commands}
+
+    def train(names: list[str]) -> dict[str, subprocess.CompletedProcess[str]]:
+        commands = {
+            name: Command(
+                ["-m", "plait", "train", *TRAIN[name], "--out", str(root / name)], cwd=ROOT
+            )
+            for name in names
+        }
+        return commands_at_once(commands, timeout=DEADLINE)
+
+    def mlp_then_infer() -> dict[str, subprocess.CompletedProcess[str]]:
+        done = train(["mlp"])
+        if done["mlp"].returncode == 0:
+            (root / "infer").mkdir()
+            argv = ["-m", "plait", "infer", "--from", str(root / "mlp"),
+                    "--out", str(root / "infer" / "p.jsonl"),
+                    "--json", str(root / "infer" / "f.json")]  # fmt: skip
+            done |= commands_at_once({"infer": Command(argv)}, timeout=DEADLINE)
+        return done
+
+    others, mlp = _at_once(lambda: train(["gpt", "custom"]), mlp_then_infer)
+    done = {**others.result(), **mlp.result()}
+    return {name: (root / name, done[name]) for name in done}
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +124,6 @@ def gpt_lines(runs: dict[str, Path]) -> list[str]:
     the reference of every gpt job below that predicts them in batches of 8 (the first 40
     or 24 are those of a job with that limit: the same batches)."""
     return _reference(runs["gpt"], "train", 8, limit=50)
-
-
-def _at_once(*calls: Callable[[], Any]) -> list[Future[Any]]:
-    """Run `calls` in threads at once and wait for them all; their futures, in order.
-
-    For independent jobs: a job spends much of its time starting workers that import torch
-    one after another, or on one core, while the other core would be idle."""
-    with ThreadPoolExecutor(len(calls)) as pool:
-        return [pool.submit(call) for call in calls]
 
 
 def test_one_worker_writes_the_models_own_predictions_in_order(
@@ -264,20 +277,28 @@ def test_a_dead_worker_is_named_and_its_shard_retried(
     )
 
 
-def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:
-    out, figures = tmp_path / "p.jsonl", tmp_path / "f.json"
-    # one worker: the command predicts in its own process (workers' progress events are
+def test_the_command_line(
+    trained: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+    runs: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    # `plait infer --from RUNS/mlp --out p.jsonl --json f.json`, run by the fixture: one
+    # worker, so the command predicts in its own process (workers' progress events are
     # test_workers_write_what_one_process_writes's)
-    done = _plait("infer", "--from", str(runs["mlp"]), "--out", str(out), "--json", str(figures))
+    where, done = trained["infer"]
     assert done.returncode == 0, done.stderr
     assert "wrote 360 predictions" in done.stdout and "held-out accuracy" in done.stdout
     assert "(the run measured" in done.stdout  # the held-out figure beside the run's own
     assert "360/360 inputs" in done.stderr  # progress, on stderr
-    fig = json.loads(figures.read_text())
+    fig = json.loads((where / "f.json").read_text())
     for key in ("examples_per_s", "latency_p50_ms", "latency_p99_ms", "metric", "model_bytes"):
         assert key in fig
-    bad = _plait("infer", "--out", str(out))
+    # -X importtime: the modules the command imported, listed on stderr
+    cmd = [sys.executable, "-X", "importtime", "-m", "plait", "infer", "--out", str(tmp_path / "p")]
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE)
     assert bad.returncode == 2 and "--from DIR is required" in bad.stderr
+    # answered before torch is imported: at once, not seconds later
+    assert not re.search(r"\| +torch$", bad.stderr, re.MULTILINE)
 
 
 def test_pipeline_and_tensor_parallel_workers_equal_one_process(
