@@ -235,7 +235,7 @@ def test_bad_input_is_one_clear_error(
 def test_a_dead_worker_is_named_and_its_shard_retried(
     runs: dict[str, Path], gpt_lines: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Two rounds of two independent jobs at once: the variable is the whole process's, so
+    # Two rounds of independent jobs at once: the variable is the whole process's, so
     # the jobs with a dying worker run together, then those without
     monkeypatch.setenv("PLAIT_INFER_DIE", "1:1")  # worker 1 dies after one batch, once
     out, retried = tmp_path / "p.jsonl", tmp_path / "r.jsonl"
@@ -263,18 +263,17 @@ def test_a_dead_worker_is_named_and_its_shard_retried(
     other = tmp_path / "o.jsonl"
     shutil.copytree(left, other.with_name(other.name + ".parts"))
     # the same job again predicts only the shard that was lost
-    again, another = _at_once(
+    again, another, by_4 = _at_once(
         lambda: predict(runs["gpt"], out=out, **options),
         lambda: predict(runs["gpt"], out=other, **{**options, "batch_size": 4}),
+        lambda: _reference(runs["gpt"], "train", 4, limit=40),
     )
     assert again.result().reused == [0] and again.result().predicted == 20
     assert not parts.exists()
     assert out.read_text().splitlines(keepends=True) == reference
     result = another.result()
     assert result.reused == [] and result.predicted == 40 and result.workers == 2
-    assert other.read_text().splitlines(keepends=True) == _reference(
-        runs["gpt"], "train", 4, limit=40
-    )
+    assert other.read_text().splitlines(keepends=True) == by_4.result()
 
 
 def test_the_command_line(
