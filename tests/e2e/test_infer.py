@@ -6,18 +6,20 @@ the one the run measured at its end. Also: sharded checkpoints, int8 and bf16, t
 --data, a worker that dies (reported by shard, or retried), and the command line.
 
 Three small runs (mlp, gpt, a user's own workload) are trained once for the module, at the
-same time (`plait train --out`, in subprocesses). What loads in this process without a
-worker is in tests/unit/test_infer_load.py.
+same time (`plait train --out`, in subprocesses), and `plait infer` runs on the mlp run as
+soon as it is trained; independent jobs run at once (threads). What loads in this process
+without a worker is in tests/unit/test_infer_load.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,25 @@ from support.paths import ROOT
 DEADLINE = 120  # seconds for any one subprocess
 
 
-def _plait(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "plait", *args]
-    environ = {**os.environ, **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, env=environ)
+# mlp and gpt are trained on the CPU wherever the tests run: on a GPU machine `auto` would
+# give each of the two workers a GPU, and one GPU is refused to two ranks (PLAIT_SHARE_GPU);
+# `custom` is the user's own workload, named relative to ROOT
+TRAIN = {
+    "mlp": ["--model", "mlp", "--steps", "30", "--workers", "1", "--device", "cpu"],
+    "gpt": ["--model", "gpt", "--data", "synthetic", "--steps", "4", "--batch-size", "8",
+            "--workers", "2", "--zero", "1", "--device", "cpu"],
+    "custom": ["--workload", "examples/custom_workload.py:make", "--steps", "3",
+               "--workers", "1"],
+}  # fmt: skip
+
+
+def _at_once(*calls: Callable[[], Any]) -> list[Future[Any]]:
+    """Run `calls` in threads at once and wait for them all; their futures, in order.
+
+    For independent jobs: a job spends much of its time starting workers that import torch
+    one after another, or on one core, while the other core would be idle."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [pool.submit(call) for call in calls]
 
 
 @pytest.fixture(scope="module")
@@ -45,27 +62,34 @@ def trained(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
     """The runs the tests apply, each trained by `plait train --out`: where, and how the
-    command ended. They train at the same time: a command spends much of its time importing
+    command ended; and "infer": `plait infer` on the mlp run with --json (where its files
+    are, and how it ended), for test_the_command_line. They run at the same time, the
+    command as soon as the mlp run is trained: a command spends much of its time importing
     torch in one process after another, while the other core would be idle."""
     root = tmp_path_factory.mktemp("runs")
-    # mlp and gpt are trained on the CPU wherever the tests run: on a GPU machine `auto`
-    # would give each of the two workers a GPU, and one GPU is refused to two ranks
-    # (PLAIT_SHARE_GPU); `custom` is the user's own workload, named relative to ROOT
-    commands = {
-        "mlp": ["--model", "mlp", "--steps", "30", "--workers", "1", "--device", "cpu"],
-        "gpt": ["--model", "gpt", "--data", "synthetic", "--steps", "4", "--batch-size", "8",
-                "--workers", "2", "--zero", "1", "--device", "cpu"],
-        "custom": ["--workload", "examples/custom_workload.py:make", "--steps", "3",
-                   "--workers", "1"],
-    }  # fmt: skip
-    done = commands_at_once(
-        {
-            name: Command(["-m", "plait", "train", *flags, "--out", str(root / name)], cwd=ROOT)
-            for name, flags in commands.items()
-        },
-        timeout=DEADLINE,
-    )
-    return {name: (root / name, done[name]) for name in commands}
+
+    def train(names: list[str]) -> dict[str, subprocess.CompletedProcess[str]]:
+        commands = {
+            name: Command(
+                ["-m", "plait", "train", *TRAIN[name], "--out", str(root / name)], cwd=ROOT
+            )
+            for name in names
+        }
+        return commands_at_once(commands, timeout=DEADLINE)
+
+    def mlp_then_infer() -> dict[str, subprocess.CompletedProcess[str]]:
+        done = train(["mlp"])
+        if done["mlp"].returncode == 0:
+            (root / "infer").mkdir()
+            argv = ["-m", "plait", "infer", "--from", str(root / "mlp"),
+                    "--out", str(root / "infer" / "p.jsonl"),
+                    "--json", str(root / "infer" / "f.json")]  # fmt: skip
+            done |= commands_at_once({"infer": Command(argv)}, timeout=DEADLINE)
+        return done
+
+    others, mlp = _at_once(lambda: train(["gpt", "custom"]), mlp_then_infer)
+    done = {**others.result(), **mlp.result()}
+    return {name: (root / name, done[name]) for name in done}
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +118,14 @@ def _reference(
     return found[:limit]
 
 
+@pytest.fixture(scope="module")
+def gpt_lines(runs: dict[str, Path]) -> list[str]:
+    """The gpt run's first 50 training windows in batches of 8, as one process writes them:
+    the reference of every gpt job below that predicts them in batches of 8 (the first 40
+    or 24 are those of a job with that limit: the same batches)."""
+    return _reference(runs["gpt"], "train", 8, limit=50)
+
+
 def test_one_worker_writes_the_models_own_predictions_in_order(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -110,14 +142,19 @@ def test_one_worker_writes_the_models_own_predictions_in_order(
     assert not out.with_name(out.name + ".parts").exists()  # the shards are gone
 
 
-def test_workers_write_what_one_process_writes(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_workers_write_what_one_process_writes(
+    runs: dict[str, Path], gpt_lines: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # 3 workers: shards of 17, 17 and 16 inputs (2 workers' clean job, in equal shards, is
     # the last one of test_a_dead_worker_is_named_and_its_shard_retried)
     out = tmp_path / "p.jsonl"
-    result = predict(runs["gpt"], out=out, data="train", limit=50, workers=3, batch_size=8)
-    reference = _reference(runs["gpt"], "train", 8, limit=50)
-    assert out.read_text().splitlines(keepends=True) == reference
+    result = predict(runs["gpt"], out=out, data="train", limit=50, workers=3, batch_size=8,
+                     quiet=False)  # fmt: skip
+    assert out.read_text().splitlines(keepends=True) == gpt_lines
     assert result.examples == 50 and result.workers == 3
+    # the workers' progress events, summed over their shards (test_the_command_line's
+    # command predicts in its own process)
+    assert "50/50 inputs" in capsys.readouterr().err
     first = json.loads(out.read_text().splitlines()[0])
     assert set(first) == {"index", "next", "loss"} and len(first["next"]) == 64
 
@@ -196,70 +233,89 @@ def test_bad_input_is_one_clear_error(
 
 
 def test_a_dead_worker_is_named_and_its_shard_retried(
-    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runs: dict[str, Path], gpt_lines: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Two rounds of independent jobs at once: the variable is the whole process's, so
+    # the jobs with a dying worker run together, then those without
     monkeypatch.setenv("PLAIT_INFER_DIE", "1:1")  # worker 1 dies after one batch, once
-    out = tmp_path / "p.jsonl"
+    out, retried = tmp_path / "p.jsonl", tmp_path / "r.jsonl"
     options = {"data": "train", "limit": 40, "workers": 2, "batch_size": 8}
+    failing, retrying = _at_once(
+        lambda: predict(runs["gpt"], out=out, **options),
+        # --retry gives the dead worker's shard to a new worker within the job
+        lambda: predict(runs["gpt"], out=retried, retry=1, **options),
+    )
     with pytest.raises(InferError) as failed:
-        predict(runs["gpt"], out=out, **options)
+        failing.result()
     said = str(failed.value)
     assert "shard 1 (inputs 20..39): worker 1 killed by SIGKILL" in said
     assert "Written: inputs 0..19" in said and "--retry 1" in said
     parts = out.with_name(out.name + ".parts")
     assert not out.exists() and (parts / "shard-00000.jsonl").is_file()  # nothing lost
     left = shutil.copytree(parts, tmp_path / "left")  # what this job left, for another job
-    reference = _reference(runs["gpt"], "train", 8, limit=40)
-    # the same job again predicts only the shard that was lost
-    monkeypatch.delenv("PLAIT_INFER_DIE")
-    again = predict(runs["gpt"], out=out, **options)
-    assert again.reused == [0] and again.predicted == 20 and not parts.exists()
-    assert out.read_text().splitlines(keepends=True) == reference
-    # --retry gives the dead worker's shard to a new worker within the job
-    monkeypatch.setenv("PLAIT_INFER_DIE", "1:1")
-    result = predict(runs["gpt"], out=tmp_path / "r.jsonl", retry=1, **options)
+    reference = gpt_lines[:40]
+    result = retrying.result()
     assert result.retried == [1] and result.reused == []
-    assert (tmp_path / "r.jsonl").read_text().splitlines(keepends=True) == reference
+    assert retried.read_text().splitlines(keepends=True) == reference
+    monkeypatch.delenv("PLAIT_INFER_DIE")
     # another job (here: another batch size) does not reuse what an earlier one left: the
     # first attempt's finished shard 0, put where this job's output keeps its shards
-    monkeypatch.delenv("PLAIT_INFER_DIE")
     other = tmp_path / "o.jsonl"
     shutil.copytree(left, other.with_name(other.name + ".parts"))
-    result = predict(runs["gpt"], out=other, **{**options, "batch_size": 4})
-    assert result.reused == [] and result.predicted == 40 and result.workers == 2
-    assert other.read_text().splitlines(keepends=True) == _reference(
-        runs["gpt"], "train", 4, limit=40
+    # the same job again predicts only the shard that was lost
+    again, another, by_4 = _at_once(
+        lambda: predict(runs["gpt"], out=out, **options),
+        lambda: predict(runs["gpt"], out=other, **{**options, "batch_size": 4}),
+        lambda: _reference(runs["gpt"], "train", 4, limit=40),
     )
+    assert again.result().reused == [0] and again.result().predicted == 20
+    assert not parts.exists()
+    assert out.read_text().splitlines(keepends=True) == reference
+    result = another.result()
+    assert result.reused == [] and result.predicted == 40 and result.workers == 2
+    assert other.read_text().splitlines(keepends=True) == by_4.result()
 
 
-def test_the_command_line(runs: dict[str, Path], tmp_path: Path) -> None:
-    out, figures = tmp_path / "p.jsonl", tmp_path / "f.json"
-    done = _plait("infer", "--from", str(runs["mlp"]), "--out", str(out), "--workers", "2",
-                  "--json", str(figures))  # fmt: skip
+def test_the_command_line(
+    trained: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+    runs: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    # `plait infer --from RUNS/mlp --out p.jsonl --json f.json`, run by the fixture: one
+    # worker, so the command predicts in its own process (workers' progress events are
+    # test_workers_write_what_one_process_writes's)
+    where, done = trained["infer"]
     assert done.returncode == 0, done.stderr
     assert "wrote 360 predictions" in done.stdout and "held-out accuracy" in done.stdout
     assert "(the run measured" in done.stdout  # the held-out figure beside the run's own
     assert "360/360 inputs" in done.stderr  # progress, on stderr
-    fig = json.loads(figures.read_text())
+    fig = json.loads((where / "f.json").read_text())
     for key in ("examples_per_s", "latency_p50_ms", "latency_p99_ms", "metric", "model_bytes"):
         assert key in fig
-    bad = _plait("infer", "--out", str(out))
+    # -X importtime: the modules the command imported, listed on stderr
+    cmd = [sys.executable, "-X", "importtime", "-m", "plait", "infer", "--out", str(tmp_path / "p")]
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE)
     assert bad.returncode == 2 and "--from DIR is required" in bad.stderr
+    # answered before torch is imported: at once, not seconds later
+    assert not re.search(r"\| +torch$", bad.stderr, re.MULTILINE)
 
 
 def test_pipeline_and_tensor_parallel_workers_equal_one_process(
-    runs: dict[str, Path], tmp_path: Path
+    runs: dict[str, Path], gpt_lines: list[str], tmp_path: Path
 ) -> None:
-    reference = [json.loads(r) for r in _reference(runs["gpt"], "train", 8, limit=24)]
+    reference = [json.loads(r) for r in gpt_lines[:24]]
     options = {"data": "train", "limit": 24, "batch_size": 8}
+    pp, tp = tmp_path / "pp.jsonl", tmp_path / "tp.jsonl"
+    pipeline, tensor_parallel = _at_once(
+        lambda: predict(runs["gpt"], out=pp, workers=4, pp=2, chunks=3, **options),
+        lambda: predict(runs["gpt"], out=tp, workers=2, tp=2, **options),
+    )
     # dp 2 x pp 2: the pipeline's stages run the same float ops as the whole model
-    out = tmp_path / "pp.jsonl"
-    predict(runs["gpt"], out=out, workers=4, pp=2, chunks=3, **options)
-    assert [json.loads(r) for r in out.read_text().splitlines()] == reference
+    pipeline.result()
+    assert [json.loads(r) for r in pp.read_text().splitlines()] == reference
     # tp 2: the row-parallel layers sum partial products, which rounds differently
-    out = tmp_path / "tp.jsonl"
-    result = predict(runs["gpt"], out=out, workers=2, tp=2, **options)
-    rows = [json.loads(r) for r in out.read_text().splitlines()]
+    result = tensor_parallel.result()
+    rows = [json.loads(r) for r in tp.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(24))
     assert max(abs(r["loss"] - s["loss"]) for r, s in zip(rows, reference, strict=True)) < 1e-4
     assert result.metric == pytest.approx(sum(r["loss"] for r in reference) / 24, abs=1e-4)

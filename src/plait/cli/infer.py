@@ -36,15 +36,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     """Predict, print the summary (and write --json); 0, 2 on bad input, 1 if workers died."""
+    try:
+        # checked before the job's modules import torch: a bad option is answered at once
+        config = from_args(InferConfig, args)
+        return _predict(config)
+    except (ConfigError, CheckpointError, MissingExtraError) as e:
+        print(f"plait infer: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _predict(config: InferConfig) -> int:
     from plait.infer.job import InferError
     from plait.infer.job import run as infer
 
     try:
-        config = from_args(InferConfig, args)
         result = infer(config, stream=sys.stderr)
-    except (ConfigError, CheckpointError, MissingExtraError) as e:
-        print(f"plait infer: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     except InferError as e:
         print(f"plait infer: error: {e}", file=sys.stderr)
         return EXIT_FAILED
