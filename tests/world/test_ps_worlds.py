@@ -120,23 +120,36 @@ def test_ssp_staleness_bound_with_a_slow_worker() -> None:
     assert stats["max_clock_staleness"] > 0 and stats["max_staleness"] > 0, stats
 
 
+AFTER_DEATH = 5  # the steps a survivor takes once the servers declared worker 2 dead
+
+
 def _death_job(role: ps.Role, mode: str) -> Any:
+    """Worker 2 dies at step 3. A survivor steps until the servers have declared it dead
+    (worker_timeout_s: 1 s), then AFTER_DEATH more: the job goes on without it; or it gets
+    PeerFailureError (sync)."""
     model = _model(torch.float32)
     cfg = ps.PSConfig(mode=mode, staleness=1, worker_timeout_s=1.0, slice_mb=0.0005)
     client = ps.Client(model.named_parameters(), cfg, role)
     grads = [torch.ones_like(p) * 1e-3 for p in model.parameters()]
     start = time.monotonic()
-    for step in range(60):
+    declared = None  # the step by which the servers had declared worker 2 dead
+    step = 0
+    while declared is None or step < declared + AFTER_DEATH:
         if role.rank == 2 and step == 3:
             os.kill(os.getpid(), signal.SIGKILL)
         if step == 3:
             start = time.monotonic()
+        if time.monotonic() - start > 30:  # 30 x the timeout: never declared dead
+            client.close()
+            return ("never declared dead", step)
         try:
             client.push_pull(grads)
+            if declared is None and step >= 3 and client.stats()["dead_workers"]:
+                declared = step
         except PeerFailureError as e:
             client.close()
             return ("failed", e.rank, time.monotonic() - start, str(e))
-        time.sleep(0.04)
+        step += 1
     stats = client.stats()
     client.close()
     return ("ok", stats)
