@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from plait.options import from_args
 from plait.ps.config import PSConfig
 from plait.train import job
 from plait.train.config import TrainConfig
@@ -46,12 +47,35 @@ def test_ps_defaults_and_allreduce_leaves_them_unset() -> None:
         ({"strategy": "ps", "stale_policy": "drop"}, "apply to --ps-mode async or ssp"),
         ({"strategy": "ps", "ps_mode": "async", "warm_start_steps": -1}, "warm_start_steps"),
         ({"strategy": "ps", "out": "/tmp/x"}, "not supported with --strategy ps yet"),
+        ({"worker_timeout": 3.0}, "--worker-timeout applies to --strategy ps only, not strat"),
+        ({"strategy": "ps", "worker_timeout": 0.0}, "worker_timeout_s must be a finite number"),
+        ({"strategy": "ps", "ps_mode": "async", "worker_timeout": -1.0}, "> 0; got -1.0"),
+        ({"strategy": "ps", "worker_timeout": float("nan")}, "> 0; got nan"),
+        ({"strategy": "ps", "worker_timeout": float("inf")}, "> 0; got inf"),
     ],
 )
 def test_bad_ps_options_say_what_is_wrong(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as err:
         _config(**options)
     assert message in str(err.value)
+
+
+def test_worker_timeout_is_psconfigs_own_in_every_mode() -> None:
+    """--worker-timeout is PSConfig.worker_timeout_s; sync takes it too (a silent worker
+    fails a sync job, naming it), anything but --strategy ps refuses it, default or not."""
+    from plait.cli.main import build_parser
+
+    c = _config(strategy="ps")
+    assert c.ps is not None and c.ps.worker_timeout_s == PSConfig().worker_timeout_s == 10.0
+    for mode in ("sync", "async", "ssp"):
+        argv = ["train", "--strategy", "ps", "--ps-mode", mode, "--worker-timeout", "2.5"]
+        t = from_args(TrainConfig, build_parser().parse_args(argv))
+        assert t.ps is not None and (t.ps.mode, t.ps.worker_timeout_s) == (mode, 2.5)
+        assert TrainConfig.from_dict(json.loads(json.dumps(t.to_dict()))) == t
+        given = job.configure({"strategy": "ps", "ps_mode": mode, "worker_timeout": 2.5})
+        assert given.ps is not None and given.ps.worker_timeout_s == 2.5
+    with pytest.raises(ConfigError, match="--worker-timeout applies to --strategy ps only"):
+        job.configure({"worker_timeout": 10.0})  # the default, given in vain
 
 
 def test_recipes_map_onto_the_servers_optimizers() -> None:

@@ -22,7 +22,8 @@ class PSConfig:
     Worker 0's config is the job's: the other workers and the servers read it from the store.
     """
 
-    # the four settings `plait train --strategy ps` exposes (plait/options.py derives them)
+    # the fields with option(...) are the settings `plait train --strategy ps` exposes
+    # (plait/options.py derives them; plait/train/parts_ps.py's PS_OPTIONS names them)
     mode: str = field(  # sync | async (Downpour) | ssp (bounded staleness)
         default="sync",
         metadata=option(
@@ -70,7 +71,16 @@ class PSConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # write the shard every K updates (0: never, but at exit)
     resume: bool = False  # restore each server's shard from checkpoint_dir
-    worker_timeout_s: float = 10.0  # a worker silent this long is dead
+    worker_timeout_s: float = field(  # a worker silent this long is dead
+        default=10.0,
+        metadata=option(
+            "with --strategy ps: the seconds of silence (no message, no heartbeat) after "
+            "which the servers count a worker dead: async and ssp go on without it, sync "
+            "fails naming it",
+            metavar="SECONDS",
+            name="worker_timeout",
+        ),
+    )
     server_timeout_s: float = 60.0  # a server silent this long fails the worker's requests
 
     def __post_init__(self) -> None:

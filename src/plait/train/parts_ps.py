@@ -12,12 +12,13 @@ from plait.ps.config import PSConfig
 from plait.train.errors import ConfigError
 
 # PSConfig's fields on plait train's command line (the rest follow the recipe: TrainConfig)
-PS_OPTIONS = ("mode", "staleness", "stale_policy", "warm_start_steps")
+PS_OPTIONS = ("mode", "staleness", "stale_policy", "warm_start_steps", "worker_timeout_s")
 DEFAULT_SERVERS = 2
 
 
 def check(ps: PSConfig) -> None:
-    """A config's values as a run takes them: in sync mode nothing is stale.
+    """A config's values as a run takes them: in sync mode nothing is stale (a worker's
+    timeout applies in every mode: a silent worker fails a sync job, naming it).
 
     Raises:
         ConfigError: an option of the async modes set in sync mode.
@@ -53,7 +54,7 @@ def check_given(options: dict[str, Any]) -> None:
     Raises:
         ConfigError: naming exactly the flags given in vain.
     """
-    names = ("servers", "ps_mode", *(n for n in PS_OPTIONS if n != "mode"))
+    names = ("servers", *flatten(PSConfig(), PS_OPTIONS))  # the options' names: ps_mode, ...
     found = [flag(n) for n in names if options.get(n) is not None]
     strategy = options.get("strategy", "allreduce")
     if strategy != "ps" and found:
