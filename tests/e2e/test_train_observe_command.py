@@ -1,8 +1,9 @@
 """`plait train --tensorboard DIR`, `--profile STEPS` and `--trace FILE --trace-blocks` through
 the command: one real two-worker run (`observed`) serves every check of what it prints and
 the files it writes (the options and errors are in tests/unit/test_train_observe.py, the
-trace's worlds in tests/world/test_trace.py, --trace under --strategy ps and a --trace path
-it cannot write in tests/e2e/test_trace_command.py)."""
+trace's worlds in tests/world/test_trace.py, --trace under --strategy ps in
+tests/e2e/test_train_ps_command.py, a --trace path it cannot write in
+tests/e2e/test_trace_command.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Workloads: the interface, the built-in ones, and the one-line errors for a workload that is
 wrong. The user's own (examples/custom_workload.py) trains in a world in
 tests/world/test_train_workload_ranks.py and through the command in
-tests/e2e/test_train_workload_command.py.
+tests/e2e/test_train_ps_command.py's sync job (a bad one's exit status in
+tests/e2e/test_train_workload_command.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ without overlap (bucket and collective counts, the overlap ratio), a pipeline ru
 `train()` (one F and one B per micro-batch per stage, one send and one recv per micro-batch
 across the boundary each way), clock alignment, recording off.
 A second tiny world records through PLAIT_TRACE alone (written at plait.shutdown()). The
-command line end to end is in tests/e2e/test_trace_command.py; the pure parts (metrics on
+command line end to end is in tests/e2e/test_train_observe_command.py and
+test_train_ps_command.py (a path it cannot write: test_trace_command.py); the pure parts (metrics on
 events made by hand, the recorder alone) in tests/unit/test_trace_units.py, the merge over a
 store in tests/unit/test_trace_store.py.
 """
