@@ -144,6 +144,21 @@ def test_bad_requests_get_an_error_reply() -> None:
     assert m.meta["inc"] == server.incarnation  # every reply names the incarnation
 
 
+def test_a_worker_heard_before_the_init_gets_the_timeout_not_the_start_up_grace() -> None:
+    cfg = PSConfig(lr=0.5, momentum=0.0, worker_timeout_s=5.0, mode="async")
+    server = Server(0, 2, 1, lambda: (cfg, specs_to_json(SPECS)))
+    # worker 1 overtakes worker 0's init: its pull waits, then goes once the init is in
+    assert server.handle("w1", Message("pull", 1, 1, [0]), 0.0) == []
+    replies = server.handle("w0", Message("init", 1, 0, [0], [torch.zeros(4)]), 0.5)
+    assert _summary(replies) == [("w0", "ok", 1), ("w1", "ok", 1)]
+    assert server.tick(4.9) == [] and server.cons is not None
+    server.tick(5.2)  # worker 1 silent since 0.0 for over 5 s (the grace would be 30 s)
+    assert server.cons.dead() == [1]
+    assert server.cons.dead_reason[1] == "no message or heartbeat for 5.2 s"
+    server.tick(5.6)  # worker 0 was heard at its init (0.5): silent 5.1 s
+    assert server.cons.dead() == [0, 1]
+
+
 def test_silent_worker_fails_a_sync_pull_with_its_rank() -> None:
     server = _server(2, mode="sync")
     server.handle("w1", Message("hb", 1, 1), 0.0)

@@ -72,6 +72,7 @@ class Server:
         self.cons: Consistency | None = None
         self.max_push_rid = [0] * num_workers
         self.pending: dict[tuple[int, int], tuple[Any, list[int]]] = {}  # (w, rid) -> pull
+        self.early: dict[int, float] = {}  # worker -> when it last spoke before the init
         self.deferred: list[tuple[Any, Message]] = []  # sync pushes waiting for a round
         self.updates = 0
         self.lost_updates = 0
@@ -258,6 +259,7 @@ class Server:
             self.handle_init(origin, msg)
             return
         if self.cons is None:
+            self.early[msg.worker] = self.now  # alive: counted as heard once configured
             if msg.op == "pull":  # a worker that overtook worker 0's init: wait for it
                 self.pending[(msg.worker, msg.rid)] = (origin, list(msg.keys))
             elif msg.op in ("hb", "bye", "stats"):
@@ -292,6 +294,12 @@ class Server:
         if self.cons is None:
             cfg, params_json = self.job()
             self.configure(cfg, params_json, self.now)
+            assert self.cons is not None
+            # whoever has spoken is past its start-up: worker_timeout_s applies to it, not
+            # the longer grace of a worker never heard from
+            for w, when in {**self.early, 0: self.now}.items():
+                self.cons.heard(w, when, 0)
+            self.early.clear()
             if not (cfg.resume and self.restore(fresh_workers=True)):
                 self.check_keys(msg, with_tensors=True)
                 self.values = {k: t.clone() for k, t in zip(msg.keys, msg.tensors, strict=True)}
