@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -150,18 +151,9 @@ MLP = {"model": "mlp", "batch_size": 48, "steps": 6, "log_every": 3, "eval_every
 def _counting_scheduled_steps(run: Any) -> tuple[Any, int]:
     """run()'s result, and how many steps ScheduledOptimizer took meanwhile: the proof that a
     comparison with FIFO had priority on (and FIFO off)."""
-    steps = []
     original = ScheduledOptimizer.step
-
-    def step(self: ScheduledOptimizer, *args: Any, **kwargs: Any) -> Any:
-        steps.append(1)
-        return original(self, *args, **kwargs)
-
-    ScheduledOptimizer.step = step  # type: ignore[method-assign]
-    try:
-        return run(), len(steps)
-    finally:
-        ScheduledOptimizer.step = original  # type: ignore[method-assign]
+    with mock.patch.object(ScheduledOptimizer, "step", autospec=True, side_effect=original) as m:
+        return run(), m.call_count
 
 
 def equal_battery(comm: Communicator) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -239,18 +240,9 @@ def _train_job(role: ps.Role, options: dict[str, Any]) -> tuple[dict[str, Any], 
     updates went through Client.push_pull_async (--priority's: the proof it was on)."""
     config = TrainConfig.from_options({**options, "strategy": "ps", "workers": role.num_workers,
                                        "servers": role.num_servers})  # fmt: skip
-    calls: list[int] = []
     original = Client.push_pull_async
-
-    def counted(self: Client, *args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return original(self, *args, **kwargs)
-
-    Client.push_pull_async = counted  # type: ignore[method-assign]
-    try:
-        return train(config, role).figures(), len(calls)
-    finally:
-        Client.push_pull_async = original  # type: ignore[method-assign]
+    with mock.patch.object(Client, "push_pull_async", autospec=True, side_effect=original) as m:
+        return train(config, role).figures(), m.call_count
 
 
 @pytest.mark.parametrize("mode", ["ssp", "async"])
