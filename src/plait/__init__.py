@@ -9,6 +9,7 @@ Names that need torch are imported on first use, so `plait run` starts in a blin
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from plait.errors import CollectiveMismatchError, CommTimeoutError, PeerFailureError, PlaitError
@@ -63,3 +64,8 @@ __all__ = [
 __version__ = "0.1.0"
 
 __getattr__ = getattr_from(__name__, _LAZY)
+
+if "torch.distributed" in sys.modules:  # else torch's entry point registers it on import
+    from plait.comm.torch_backend.registration import register as _register
+
+    _register()

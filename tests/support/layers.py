@@ -46,6 +46,8 @@ LAYERS: list[set[str]] = [
     {"optim", "activations"},
     # comm/, its own layers from the user's surface down to its core (docs/architecture.md)
     {"comm"},
+    # torch.distributed's backend "plait", over the surface below (comm/torch_backend/)
+    {"comm.torch_backend"},
     # the surface: Mesh, the default communicator, the Communicator, the front halves of
     # its calls (argument checks, then the runner)
     {"comm.mesh"},

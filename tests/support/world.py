@@ -60,6 +60,7 @@ def _child(
     args: tuple[Any, ...],
     out: Any,
     ends: Any,
+    init: str = "plait",
 ) -> None:
     # the environment of the test calling run_world, as spawn would give it (the fork
     # server's own environment is that of whichever test started it)
@@ -79,7 +80,13 @@ def _child(
 
     torch.set_num_threads(1)  # OMP_NUM_THREADS is read when torch loads: before the fork
     try:
-        comm = plait.init()
+        if init == "plait":
+            comm = plait.init()
+        else:  # "torch:BACKEND": torch.distributed's default group, plait's engine beneath
+            import torch.distributed as dist
+
+            dist.init_process_group(init.split(":", 1)[1])
+            comm = plait.default() if plait.is_initialized() else None
         # by value: through the queue torch would pass a tensor's memory as a file
         # descriptor, which is lost if this process exits before the parent takes it
         out.put((rank, "ok", pickle.dumps(fn(comm, *args))))
@@ -88,6 +95,11 @@ def _child(
     out.close()
     out.join_thread()  # the report is in the pipe before teardown, which may crash
     try:  # after the report, so that a shutdown that hangs is named as such
+        if init != "plait":
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
         plait.shutdown()
         ends.put((rank, None))
     except BaseException:
@@ -106,8 +118,13 @@ def run_world(
     env: dict[str, str] | None = None,
     tolerate: Iterable[int] = (),
     exit_within: float = 10.0,
+    init: str = "plait",
 ) -> list[Any]:
     """Run fn(comm, *args) on `size` fresh processes; return each rank's result.
+
+    `init`: how each rank joins: "plait" (plait.init()), or "torch:plait" /
+    "torch:gloo" (dist.init_process_group with that backend; `comm` is plait's default
+    communicator where there is one, else None; the rank ends with destroy_process_group).
 
     Ranks in `tolerate` may die, freeze or raise (failure tests): their result is None and
     they are killed at the end. Any other rank that raises, dies or overruns `timeout`
@@ -124,7 +141,9 @@ def run_world(
     out, ends = CONTEXT.Queue(), CONTEXT.Queue()  # each rank's report; how its shutdown went
     procs = [
         CONTEXT.Process(
-            target=_child, args=(r, size, port, world_env, fn, args, out, ends), daemon=True
+            target=_child,
+            args=(r, size, port, world_env, fn, args, out, ends, init),
+            daemon=True,
         )
         for r in range(size)
     ]

@@ -33,7 +33,7 @@ checks the arguments (reductions.py, gathers.py) and hands the call to its runne
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from plait.trace.recorder import Recorder
 
 Tensor = torch.Tensor
+T = TypeVar("T")
 
 
 class Communicator:
@@ -120,6 +121,18 @@ class Communicator:
         """How a trace names this communicator: "world" for the job's, else its members'
         global ranks ("0,2")."""
         return self._runner.label
+
+    def run_call(self, fn: Callable[[CallContext], T], on: Tensor | None = None) -> T:
+        """Run a call composed by the caller from the front halves (reductions.py,
+        gathers.py, algorithms/direct.py) as one collective, after the queued async ones;
+        `on`: its tensor, whose device decides how it meets CUDA streams. For layers that
+        speak another API over this one (the torch backend); every member must issue the
+        same calls in the same order, as with any collective."""
+        return self._runner.run(fn, on=on)
+
+    def start_call(self, fn: Callable[[CallContext], T], on: Tensor | None = None) -> Request[T]:
+        """`run_call`, queued on the call thread; `wait()` returns its result."""
+        return self._runner.start(fn, on=on)
 
     def close(self) -> None:
         """Stop the call thread of async calls (the engine stays: other communicators share it)."""
@@ -390,4 +403,21 @@ class Communicator:
             split.child_id(self._runner.id, seq, name, group),
         )
         child.recorder = self.recorder  # one rank, one trace buffer
+        return child
+
+    def subgroup(self, ranks: Sequence[int], comm_id: int) -> Communicator:
+        """A communicator of `ranks` (of this one, in their new order), made without a word
+        to the others: only its members call this, and they agree on `comm_id` (30 bits, not
+        1, unique in the job) by other means, as torch.distributed names its groups alike on
+        every rank (the torch backend's subgroups)."""
+        group = [int(r) for r in ranks]
+        if self.rank not in group or not 1 < comm_id < 1 << 30:
+            raise ValueError(f"subgroup: rank {self.rank} not in {group}, or comm_id {comm_id}")
+        child = Communicator(
+            self._runner.engine,
+            [self.ranks[r] for r in group],
+            [self.topology.nodes[r] for r in group],
+            comm_id,
+        )
+        child.recorder = self.recorder
         return child

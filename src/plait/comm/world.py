@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -20,6 +22,11 @@ from plait.errors import PlaitError
 
 _default: Communicator | None = None
 _lock = threading.Lock()
+# Who holds the engine: "plait" (plait.init()) and "torch" (the "plait" torch.distributed
+# backend's default group, comm/torch_backend). It closes when the last one lets go.
+_owners: set[str] = set()
+_closers: list[Callable[[], None]] = []  # run before the engine closes (torch groups)
+_generation = 0  # which join of this process's store the engine is (torch backend)
 _owns_torch_group = False
 _failed = False  # a peer failed in this process: the exit hook must not wait on gloo
 _store: JobStore | None = None  # the job's store: shutdown() frees rank 0's port
@@ -39,6 +46,7 @@ def init() -> Communicator:
     global _default, _store
     with _lock:
         if _default is not None:
+            _owners.add("plait")  # the torch backend's engine, or init() again
             return _default
         world = rendezvous.world_from_env()
         timeout = env.get("PLAIT_TIMEOUT")
@@ -65,11 +73,72 @@ def init() -> Communicator:
             store.close()  # rank 0: the port is free for the next try
             raise
         _store = store
+        _owners.add("plait")
         atexit.register(_at_exit)
         from plait import trace  # PLAIT_TRACE=PATH: record until shutdown() writes PATH
 
         trace.from_env(_default)
         return _default
+
+
+def join_torch(raw: dist.Store, rank: int, size: int, timeout: float | None) -> Communicator:
+    """The engine of the "plait" torch.distributed backend's default group: join the job
+    through the store torch made (`raw`), or adopt the engine plait.init() made before.
+
+    No store is hosted and no gloo group started: torch is in the middle of making its
+    default group, this one. `timeout` (seconds) is init_process_group's, None where the
+    user left torch's default (then PLAIT_TIMEOUT holds). Every value plait writes is
+    signed with the job's key and lives under a generation of its own: torch keeps one
+    store across destroy_process_group and init_process_group in a process, and the last
+    generation's addresses must not send ranks to closed sockets.
+    """
+    global _default, _generation
+    with _lock:
+        if _default is not None:
+            here = _default.rank, _default.size
+            if here != (rank, size):
+                raise PlaitError(
+                    f"plait is already initialised as rank {here[0]} of {here[1]}, but "
+                    f"init_process_group asks for rank {rank} of {size}"
+                )
+            _owners.add("torch")
+            return _default
+        world = rendezvous.world_from_env()
+        world = dataclasses.replace(world, rank=rank, size=size, agent_store=False)
+        init_timeout = env.get("PLAIT_INIT_TIMEOUT")
+        # every rank adds once per join, and a join needs every rank: generation g's adds
+        # all land before any rank can start generation g + 1
+        _generation = (int(raw.add("plait/joins", 1)) - 1) // size
+        store = JobStore(
+            dist.PrefixStore(f"plait/{_generation}/", raw),
+            rendezvous.job_key(world),
+            timeout_s=init_timeout,
+            rank=rank,
+        )
+        if timeout is None:
+            timeout = env.get("PLAIT_TIMEOUT")
+        hb_timeout = env.get("PLAIT_HEARTBEAT_TIMEOUT")
+        _default = _join(world, store, timeout, hb_timeout, init_timeout, start_gloo=False)
+        _owners.add("torch")
+        atexit.register(_at_exit)
+        from plait import trace
+
+        trace.from_env(_default)
+        return _default
+
+
+def on_close(fn: Callable[[], None]) -> None:
+    """Call `fn` when the engine closes, before it does (a torch backend group stops its
+    call threads: none may outlive the engine, or the interpreter)."""
+    with _lock:
+        _closers.append(fn)
+
+
+def generation() -> int:
+    """Which join of its store this process's engine is (0 for the first): torch backend
+    groups take it into their ids, so a group of the last generation never meets one of
+    this."""
+    return _generation
 
 
 def _join(
@@ -78,11 +147,13 @@ def _join(
     timeout: float,
     hb_timeout: float,
     init_timeout: float,
+    *,
+    start_gloo: bool = True,
 ) -> Communicator:
     """init()'s work once the store is there: gloo (unless torch.distributed is set up
-    already), the engine's mesh, the ranks' hosts and devices."""
+    already, or `start_gloo` is False), the engine's mesh, the ranks' hosts and devices."""
     global _owns_torch_group
-    if not dist.is_initialized():
+    if start_gloo and not dist.is_initialized():
         ifname = rendezvous.gloo_interface(world.master_addr)
         if ifname is not None:  # read by gloo when it makes a group, now and later
             os.environ["GLOO_SOCKET_IFNAME"] = ifname
@@ -110,7 +181,10 @@ def _join(
     except devices.DeviceError:
         engine.close()  # the peers see this rank leave, not a silence
         raise
-    return Communicator(engine, list(range(world.size)), nodes, 1, dist.group.WORLD)
+    # torch's default group is gloo's only where plait (or the user) made it so; under the
+    # "plait" backend it is plait's own, and `native` makes a gloo group on first use
+    pg = dist.group.WORLD if start_gloo else None
+    return Communicator(engine, list(range(world.size)), nodes, 1, pg)
 
 
 def _take_device(store: JobStore, rank: int, size: int, local_rank: int, local: int) -> None:
@@ -150,13 +224,26 @@ def default() -> Communicator:
 
 
 def shutdown() -> None:
-    """Leave the job: say goodbye to the peers and release sockets. Safe to call twice."""
+    """Leave the job: say goodbye to the peers and release sockets. Safe to call twice.
+
+    Where torch.distributed's default group is the "plait" backend's, the engine stays
+    until that group is destroyed too (dist.destroy_process_group)."""
+    release("plait")
+
+
+def release(owner: str) -> None:
+    """`owner` ("plait" or "torch") lets go of the engine; the last one closes it."""
     global _default, _owns_torch_group, _failed, _store
     with _lock:
+        _owners.discard(owner)
+        if _owners:
+            return
         comm, _default = _default, None
         if comm is None:
             return
         _write_trace(comm)
+        while _closers:
+            _closers.pop()()
         comm.close()
         engine = comm.engine
         _failed = _failed or engine.error is not None
@@ -186,7 +273,8 @@ def _write_trace(comm: Communicator) -> None:
 
 
 def _at_exit() -> None:
-    shutdown()
+    _owners.clear()  # every owner: the process is ending
+    release("plait")
     if _failed:  # remembered: the script may have called shutdown() itself after the error
         # gloo's threads may still be blocked on the dead peer, and torch joins them when the
         # process group is destroyed at exit: that would hang for PLAIT_TIMEOUT. Leave now.

@@ -21,6 +21,9 @@ TORCH_OPS: dict[str, dist.ReduceOp.RedOpType] = {
     "min": dist.ReduceOp.MIN,
     "max": dist.ReduceOp.MAX,
     "prod": dist.ReduceOp.PRODUCT,
+    "band": dist.ReduceOp.BAND,
+    "bor": dist.ReduceOp.BOR,
+    "bxor": dist.ReduceOp.BXOR,
 }
 
 #: The job's default group (for the world communicator) or one made by `new_group`: both

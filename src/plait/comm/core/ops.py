@@ -6,14 +6,19 @@ from collections.abc import Callable
 
 import torch
 
-#: The reduction names every collective accepts. "avg" is "sum" followed by a division.
-REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
+#: The reduction names every collective accepts. "avg" is "sum" followed by a division;
+#: the bitwise ones (torch.distributed's BAND, BOR, BXOR) take integer and bool tensors only.
+REDUCE_OPS = ("sum", "avg", "min", "max", "prod", "band", "bor", "bxor")
+BITWISE_OPS = ("band", "bor", "bxor")
 
 _KERNELS: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
     "sum": lambda acc, x: acc.add_(x),
     "prod": lambda acc, x: acc.mul_(x),
     "min": lambda acc, x: torch.minimum(acc, x, out=acc),
     "max": lambda acc, x: torch.maximum(acc, x, out=acc),
+    "band": lambda acc, x: torch.bitwise_and(acc, x, out=acc),
+    "bor": lambda acc, x: torch.bitwise_or(acc, x, out=acc),
+    "bxor": lambda acc, x: torch.bitwise_xor(acc, x, out=acc),
 }
 
 
@@ -22,11 +27,13 @@ def check_op(op: str, dtype: torch.dtype | None = None) -> str:
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCE_OPS))}; got {op!r}")
     if op == "avg" and dtype == torch.bool:
         raise ValueError("op='avg' has no meaning for bool tensors; use 'max' (any) or 'min' (all)")
+    if op in BITWISE_OPS and dtype is not None and (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"op={op!r} takes integer or bool tensors; got {dtype}")
     return op
 
 
 def reduce_into(acc: torch.Tensor, x: torch.Tensor, op: str) -> None:
-    """acc = op(acc, x), element-wise and in place. `op` is sum, prod, min or max."""
+    """acc = op(acc, x), element-wise and in place. `op` is any of REDUCE_OPS but avg."""
     _KERNELS[op](acc, x)
 
 

@@ -102,6 +102,9 @@ class Transfer(Request[None]):
             self._event.wait(seconds)
 
 
+_CALLBACKS = threading.Lock()  # a callback is either run by finish() or added after it
+
+
 class Future(Request[T]):
     """A call run on another thread, which hands over its outcome with `finish`."""
 
@@ -111,6 +114,7 @@ class Future(Request[T]):
         self._error: BaseException | None = None
         self.started_at: float | None = None
         self.finished_at: float | None = None
+        self._callbacks: list[Callable[[Future[T]], None]] | None = None  # made on first use
 
     @classmethod
     def run_now(cls, call: Callable[[], T]) -> Future[T]:
@@ -134,7 +138,27 @@ class Future(Request[T]):
         """Hand over the outcome; wakes every thread in `wait()`."""
         self._result, self._error = result, error
         self.finished_at = time.perf_counter()
-        self._done.set()
+        with _CALLBACKS:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            fn(self)
+
+    def add_done_callback(self, fn: Callable[[Future[T]], None]) -> None:
+        """Call `fn(self)` once the call has finished: now, on this thread, if it has, else
+        on the thread that finishes it (the call thread), right after `wait()` wakes. `fn`
+        must not raise, and must not wait on a call of the same communicator."""
+        with _CALLBACKS:
+            if not self._done.is_set():
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def exception(self) -> BaseException | None:
+        """The call's exception once done (None if it succeeded or is not done)."""
+        return self._error
 
     def done(self) -> bool:
         return self._done.is_set()
