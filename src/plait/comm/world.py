@@ -27,6 +27,11 @@ _lock = threading.Lock()
 _owners: set[str] = set()
 _closers: list[Callable[[], None]] = []  # run before the engine closes (torch groups)
 _generation = 0  # which join of this process's store the engine is (torch backend)
+# torch's stores the backend joined through, kept for the process's life: under env://
+# rank 0 hosts the job's store in this object, and init_process_group after
+# destroy_process_group finds it again (torch's stores are multi-tenant per port) only while
+# it lives; freed between, a peer that connected to it for the next join would be cut off
+_torch_stores: list[dist.Store] = []
 _owns_torch_group = False
 _failed = False  # a peer failed in this process: the exit hook must not wait on gloo
 _store: JobStore | None = None  # the job's store: shutdown() frees rank 0's port
@@ -105,6 +110,7 @@ def join_torch(raw: dist.Store, rank: int, size: int, timeout: float | None) -> 
             return _default
         world = rendezvous.world_from_env()
         world = dataclasses.replace(world, rank=rank, size=size, agent_store=False)
+        _torch_stores.append(raw)
         init_timeout = env.get("PLAIT_INIT_TIMEOUT")
         # every rank adds once per join, and a join needs every rank: generation g's adds
         # all land before any rank can start generation g + 1
