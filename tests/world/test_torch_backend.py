@@ -6,6 +6,7 @@ destroy, and a rank killed or frozen in the middle of DDP's backward."""
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import signal
 import time
@@ -15,12 +16,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from tests.support import torch_backend_checks as checks
+from tests.support.world import WorldError, worlds_at_once
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
-
-from tests.support import torch_backend_checks as checks
-from tests.support.world import WorldError, worlds_at_once
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -63,7 +63,7 @@ def _check_first_call_checked(comm: Any) -> None:
     for _ in range(3):
         dist.all_reduce(t)
         counts.append(sent())
-    first, second, third = (b - a for a, b in zip(counts, counts[1:]))
+    first, second, third = (b - a for a, b in itertools.pairwise(counts))
     assert first > second == third, counts
 
 
@@ -199,7 +199,7 @@ def test_rank_lost_in_ddp_backward_is_named_on_every_survivor(
         pytest.fail(f"the world did not end cleanly: {e}")
     for rank in (0, 2):
         assert results[rank] is not None, f"rank {rank}'s backward did not raise"
-        kind, message, seconds, then = results[rank]
+        _, message, seconds, then = results[rank]
         assert "rank 1 failed" in message, message  # C++ wraps it in a RuntimeError
         assert seconds < 15, (seconds, message)
         assert then == "PeerFailureError", then
