@@ -119,8 +119,12 @@ class Communicator:
     @property
     def label(self) -> str:
         """How a trace names this communicator: "world" for the job's, else its members'
-        global ranks ("0,2")."""
+        global ranks ("0,2"), or what its maker named it (a torch group's description)."""
         return self._runner.label
+
+    @label.setter
+    def label(self, label: str) -> None:
+        self._runner.label = label
 
     def run_call(self, fn: Callable[[CallContext], T], on: Tensor | None = None) -> T:
         """Run a call composed by the caller from the front halves (reductions.py,

@@ -68,6 +68,7 @@ class PlaitProcessGroup(dist.ProcessGroup):
 
     def setGroupDesc(self, desc: str) -> None:
         self._desc = desc
+        self.comm.label = desc  # how traces name the group: "default_pg", "mesh_dp", ...
 
     def __repr__(self) -> str:
         return (
