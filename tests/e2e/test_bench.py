@@ -1,6 +1,6 @@
-"""`plait bench collectives`, `train` and `comm` end to end, tiny: every algorithm, workload
-and way appears, ratios are computed, bad input is refused. The commands run at once, once
-for the module: what is checked is the tables, not the times."""
+"""`plait bench collectives`, `train`, `comm` and `torch-backend` end to end, tiny: every
+algorithm, workload and way appears, ratios are computed, bad input is refused. The commands
+run at once, once for the module: what is checked is the tables, not the times."""
 
 import json
 import subprocess
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from plait.comm.dispatch import routes
 from support.commands import Command, commands_at_once
@@ -43,6 +44,12 @@ def ran(folder: Path) -> Ran:
                  "fifo,priority,ddp,ddp-fp16", "--steps", "2", "--repeats", "2", "--warmup",
                  "1", "--json", str(folder / "comm.json"), "--markdown"],
             ),
+            "torch-backend": Command(
+                [*bench, "torch-backend", "-n", "2", "--workloads", "cnn", "--global-batch", "8",
+                 "--steps", "2", "--repeats", "2", "--warmup", "1", "--calls", "20", "--json",
+                 str(folder / "torch_backend.json"), "--markdown"],
+            ),
+            "torch-backend cuda": Command([*bench, "torch-backend", "--device", "cuda"]),
             "bad algorithm": Command([*bench, "collectives", "--algorithms", "ring,fastest"]),
             "uneven batch": Command([*bench, "train", "--nproc", "3", "--global-batch", "8"]),
         },
@@ -126,3 +133,35 @@ def test_bench_comm_compares_the_ways_on_this_machine(ran: Ran, folder: Path) ->
     rows = {r["way"]: r for r in data["summary"]}
     assert rows["fifo"]["vs_fifo"] == 1.0 and rows["priority"]["vs_fifo"] > 0
     assert "| None | mlp | priority |" in proc.stdout
+
+
+@pytest.mark.timeout(200)
+def test_bench_torch_backend_runs_the_same_code_on_plait_and_gloo(ran: Ran, folder: Path) -> None:
+    """DDP, FSDP2 and the small all_reduce each timed on both groups every round, a row each
+    with its ratio and bar."""
+    proc = ran["torch-backend"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((folder / "torch_backend.json").read_text())
+    [run] = data["runs"]
+    assert run["world_size"] == 2 and run["peer"] == "gloo"
+    cnn = run["workloads"]["cnn"]
+    for measured in (run["latency"], cnn["ddp"], cnn["fsdp2"]):
+        ways = measured["ways"]
+        assert set(ways) == {"plait", "gloo"}
+        assert all(len(w["round_s"]) == 2 and min(w["round_s"]) > 0 for w in ways.values()), ways
+    # the same steps on the same batches: at 2 ranks a sum has one order, so equal bits
+    assert cnn["ddp"]["max_param_diff"] == cnn["fsdp2"]["max_param_diff"] == 0.0
+    rows = {(r["workload"], r["measure"]): r for r in data["summary"]}
+    assert list(rows) == [("all_reduce 16 B", "latency"), ("cnn", "ddp"), ("cnn", "fsdp2")]
+    for r in rows.values():
+        assert r["ratio_min"] <= r["ratio"] <= r["ratio_max"] and "failed" not in r
+        assert r["met"] == (r["ratio"] >= {"latency": 2.0, "ddp": 1.2, "fsdp2": 1.5}[r["measure"]])
+    assert "| 2 | cnn | FSDP2 step |" in proc.stdout and "bars (issue 32) met:" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is")
+@pytest.mark.timeout(200)
+def test_bench_torch_backend_on_cuda_without_a_gpu_says_so(ran: Ran) -> None:
+    proc = ran["torch-backend cuda"]
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("plait bench torch-backend: device cuda was asked for")

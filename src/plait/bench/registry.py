@@ -18,9 +18,10 @@ from plait.bench.p2p.config import P2PConfig
 from plait.bench.pipeline.config import PipelineBenchConfig
 from plait.bench.plan.config import PlanBenchConfig
 from plait.bench.ps.config import PsBenchConfig
+from plait.bench.torch_backend.config import TorchBackendBenchConfig
 from plait.bench.train.config import TrainBenchConfig
 
-#: `plait bench NAME` -> its config; the rest of NAME is the package plait.bench.NAME (its
+#: `plait bench NAME` -> its config; the rest of NAME is the package `package(NAME)` (its
 #: Benchmark: runner.benchmark(NAME))
 BENCHMARKS: dict[str, type] = {
     "collectives": CollectivesConfig,
@@ -34,4 +35,10 @@ BENCHMARKS: dict[str, type] = {
     "infer": InferBenchConfig,
     "auth": AuthBenchConfig,
     "horovod": HorovodBenchConfig,
+    "torch-backend": TorchBackendBenchConfig,
 }
+
+
+def package(name: str) -> str:
+    """The package of benchmark `name`: plait.bench.NAME, a dash in NAME an underscore."""
+    return f"plait.bench.{name.replace('-', '_')}"

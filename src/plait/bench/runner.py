@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from plait.bench import render, workers
+from plait.bench.registry import package
 from plait.bench.render import Report
 
 C = TypeVar("C")
@@ -46,8 +47,8 @@ class Benchmark(Generic[C]):
 
 
 def benchmark(name: str) -> Benchmark[Any]:
-    """The Benchmark of `plait bench NAME`: plait.bench.NAME.job's BENCHMARK, imported now."""
-    found: Benchmark[Any] = importlib.import_module(f"plait.bench.{name}.job").BENCHMARK
+    """The Benchmark of `plait bench NAME`: its package's job.BENCHMARK, imported now."""
+    found: Benchmark[Any] = importlib.import_module(f"{package(name)}.job").BENCHMARK
     return found
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from plait import options
-from plait.bench.registry import BENCHMARKS
+from plait.bench.registry import BENCHMARKS, package
 from plait.errors import PlaitError
 from plait.launch import launch
 
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> None:
                          f"{', '.join(BENCHMARKS)}; got {argv}")  # fmt: skip
     config: Any
     config, path, extra = read(BENCHMARKS[argv[0]], argv[1:])
-    ranks = importlib.import_module(f"plait.bench.{argv[0]}.ranks")  # imports torch
+    ranks = importlib.import_module(f"{package(argv[0])}.ranks")  # imports torch
     # Set as every worker set it before measuring, after torch's import: torch's own thread
     # count is the launcher's (OMP_NUM_THREADS=1 from two ranks up, as torchrun does).
     os.environ.setdefault("OMP_NUM_THREADS", "1")

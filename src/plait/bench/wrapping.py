@@ -6,13 +6,14 @@
     ddp-fp16        ... with torch's fp16 compression hook
     ddp-powersgd    ... with torch's PowerSGD hook, rank 4
     ddp-zero        DDP and torch's ZeroRedundancyOptimizer (ZeRO-1)
-    fsdp2           torch's fully_shard on each block (model.blocks), then on the root
+    fsdp2           torch's fully_shard on each block (model.blocks; else each layer that
+                    has parameters), then on the root (group: on its mesh)
 
 `wrap(way, model, optim, ...)` returns the wrapped model and the optimizer that steps it,
 made by `optim` from the wrapped model's parameters (ZeRO-1 shards that optimizer itself;
 priority=True steps it layer by layer: DataParallel.scheduled). `plait bench memory` names
 its ways as here; `train` calls dp "plait", and `comm` calls it "fifo" (with compression,
-the compression's name).
+the compression's name); `torch-backend` trains ddp and fsdp2 on each group it compares.
 """
 
 from __future__ import annotations
@@ -106,15 +107,31 @@ def _ddp_zero(model: nn.Module, optim: Optim, comm: Any = None) -> Wrapped:
     return ddp, zero
 
 
-def _fsdp2(model: nn.Module, optim: Optim, comm: Any = None) -> Wrapped:
+def _fsdp2(model: nn.Module, optim: Optim, comm: Any = None, group: Any = None) -> Wrapped:
+    """torch FSDP2: on the default group's mesh, or a 1-D mesh of `group` on the model's
+    device type."""
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError as e:
         raise Unavailable(f"torch {torch.__version__} has no fully_shard ({e})") from None
-    for block in model.blocks:  # type: ignore[union-attr]
-        fully_shard(block)
-    fully_shard(model)
+    mesh = None
+    if group is not None:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = DeviceMesh.from_group(group, next(model.parameters()).device.type)
+    for unit in _units(model):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model, optim.make(model.parameters())
+
+
+def _units(model: nn.Module) -> list[nn.Module]:
+    """FSDP2's units below the root: a gpt's blocks, else each child holding parameters
+    (a Sequential's layers)."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.Module):
+        return list(blocks.children())
+    return [m for m in model.children() if any(True for _ in m.parameters())]
 
 
 #: way -> wrap(model, optim, comm=None, **its options) -> (wrapped model, optimizer)
