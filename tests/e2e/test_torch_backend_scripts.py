@@ -32,8 +32,8 @@ def finished(
         "plait-run": Command(["-m", "plait", "run", "-n", "2", DDP, "plait"]),
         "exit-loop": Command([str(LAUNCH_SCRIPTS / "torch_exit_loop.py"), str(EXIT_JOBS)]),
     }
-    done = commands_at_once(commands)
-    done["trace"] = trace  # type: ignore[assignment]
+    done: dict[str, Any] = dict(commands_at_once(commands))
+    done["trace"] = trace
     return done
 
 

@@ -12,7 +12,7 @@ import socket
 import sys
 
 import torch
-import torch._dynamo  # noqa: F401 - DDP's constructor imports it: once here, not per job
+import torch._dynamo  # DDP's constructor imports it: once here, not in every job
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
