@@ -18,7 +18,7 @@ DDP = str(LAUNCH_SCRIPTS / "torch_ddp.py")
 TORCHRUN = ["-m", "torch.distributed.run", "--nproc-per-node", "2"]
 # jobs of the exit loop in the suite (each ~2.5 s here, mostly torch's own teardown);
 # `python tests/support/launch_scripts/torch_exit_loop.py 50` runs the 50
-EXIT_JOBS = 6
+EXIT_JOBS = 4
 
 
 @pytest.fixture(scope="module")

@@ -130,21 +130,29 @@ def _init_again(comm: Any) -> list[float]:
     return got
 
 
-def _dies_in_backward(comm: Any, how: int) -> tuple[str, str, float, str] | None:
-    """Rank 1 is killed (or frozen) inside DDP's backward of step 2; the others report what
-    their backward raised, how long that step took, and what a dist.* call raises next
-    (there torch lets plait's own exception type through)."""
+def _dies(comm: Any, where: str, how: int) -> tuple[str, str, float, str] | None:
+    """Rank 1 is killed (or frozen) at step 2, inside DDP's backward (`where="ddp"`) or
+    inside FSDP2's forward, between its units' all-gathers ("fsdp"). The others report
+    what their step raised, how long that step took, and what a dist.* call raises next."""
+    from torch.distributed.fsdp import fully_shard
+
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(Net())
     step = [0]
 
-    def maybe_die(grad: torch.Tensor) -> torch.Tensor:
+    def maybe_die(*_: Any) -> None:
         if rank == 1 and step[0] == 2:
             os.kill(os.getpid(), how)
-        return grad
 
-    model.module.a.weight.register_hook(maybe_die)
+    model: torch.nn.Module
+    if where == "ddp":
+        model = DDP(Net())
+        model.module.a.weight.register_hook(maybe_die)
+    else:
+        model = Net()
+        for unit in (model.a, model.b, model):
+            fully_shard(unit)
+        model.b.register_forward_pre_hook(maybe_die)
     x = torch.randn(8, 4)
     started = 0.0
     try:
@@ -170,8 +178,10 @@ def worlds() -> Iterator[dict[str, Any]]:
             "ops3": (3, _everything, (), torch_init),
             "ops4": (4, _everything, (), torch_init),
             "again": (2, _init_again, (), torch_init),
-            "kill": (3, _dies_in_backward, (signal.SIGKILL,), failing),
-            "stop": (3, _dies_in_backward, (signal.SIGSTOP,), failing),
+            "kill": (3, _dies, ("ddp", signal.SIGKILL), failing),
+            "stop": (3, _dies, ("ddp", signal.SIGSTOP), failing),
+            "fsdp-kill": (3, _dies, ("fsdp", signal.SIGKILL), failing),
+            "fsdp-stop": (3, _dies, ("fsdp", signal.SIGSTOP), failing),
         }
     ) as futures:
         yield futures
@@ -189,8 +199,8 @@ def test_init_after_destroy(worlds: dict[str, Any]) -> None:
     ].result() == [[1.0, 3.0, 5.0], [1.0, 3.0, 5.0]]
 
 
-@pytest.mark.parametrize("how", ["kill", "stop"])
-def test_rank_lost_in_ddp_backward_is_named_on_every_survivor(
+@pytest.mark.parametrize("how", ["kill", "stop", "fsdp-kill", "fsdp-stop"])
+def test_rank_lost_in_ddp_backward_or_fsdp_forward_is_named_on_every_survivor(
     worlds: dict[str, Any], how: str
 ) -> None:
     try:
@@ -199,7 +209,9 @@ def test_rank_lost_in_ddp_backward_is_named_on_every_survivor(
         pytest.fail(f"the world did not end cleanly: {e}")
     for rank in (0, 2):
         assert results[rank] is not None, f"rank {rank}'s backward did not raise"
-        _, message, seconds, then = results[rank]
-        assert "rank 1 failed" in message, message  # C++ wraps it in a RuntimeError
+        kind, message, seconds, then = results[rank]
+        # DDP's wait runs in C++, which wraps it in a RuntimeError; FSDP2's in Python
+        assert "rank 1 failed" in message, message
+        assert kind == ("PeerFailureError" if how.startswith("fsdp") else "RuntimeError"), kind
         assert seconds < 15, (seconds, message)
         assert then == "PeerFailureError", then

@@ -1,0 +1,151 @@
+"""The torch backend's parts that need no peer: how torch's reduce ops and call forms
+translate, PlaitWork's futures (a failure fails the future for real, never through
+set_exception), and the registration."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from plait.comm.core.request import Future
+from plait.comm.torch_backend import registration
+from plait.comm.torch_backend.translate import Reduction, is_async, reduction, tensors
+from plait.comm.torch_backend.work import PlaitWork, Waiter
+from plait.errors import PeerFailureError
+
+R = dist.ReduceOp
+
+
+@pytest.mark.parametrize(
+    ("op", "name"),
+    [
+        (R.SUM, "sum"),
+        (R.AVG, "avg"),
+        (R.PRODUCT, "prod"),
+        (R.MIN, "min"),
+        (R.MAX, "max"),
+        (R.BAND, "band"),
+        (R.BOR, "bor"),
+        (R.BXOR, "bxor"),
+    ],
+)
+def test_reduce_ops_map_to_plaits(op: object, name: str) -> None:
+    red = Reduction(op)
+    assert red.op == name and red.factor is None
+    t = torch.ones(2)
+    assert red.premultiply(t, in_place=False) is t
+
+
+def test_premul_sum_is_a_sum_after_multiplying() -> None:
+    for factor, expect in ((0.5, 0.5), (torch.tensor(3.0), 3.0)):
+        red = Reduction(dist._make_nccl_premul_sum(factor))
+        assert red.op == "sum"
+        t = torch.full((3,), 2.0)
+        copy = red.premultiply(t, in_place=False)
+        assert torch.equal(copy, torch.full((3,), 2.0 * expect)) and t[0] == 2.0
+        red.premultiply(t, in_place=True)
+        assert torch.equal(t, copy)
+
+
+def test_options_and_call_forms() -> None:
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = R.MAX
+    assert reduction(opts).op == "max" and reduction(None).op == "sum"
+    assert reduction(R.MIN).op == "min"  # the user form pg.allreduce(t, op=...)
+    assert is_async(opts) and is_async(None)
+    opts.asyncOp = False
+    assert not is_async(opts)
+    t = torch.ones(1)
+    assert tensors(t) == [t] and tensors([t]) == [t]
+    with pytest.raises(ValueError, match="one tensor per call"):
+        tensors([t, t])
+    with pytest.raises(ValueError, match="no reduce op"):
+        Reduction("median")
+
+
+def test_bitwise_ops_refuse_floats() -> None:
+    from plait.comm.core.ops import check_op, reduce_into
+
+    with pytest.raises(ValueError, match="integer or bool"):
+        check_op("bor", torch.float32)
+    acc = torch.tensor([0b1100, 0b1010])
+    reduce_into(acc, torch.tensor([0b1010, 0b0110]), "bxor")
+    assert acc.tolist() == [0b0110, 0b1100]
+
+
+def test_a_finished_work_and_its_future() -> None:
+    out = [torch.ones(2)]
+    work = PlaitWork(None, out)
+    assert work.wait() and work.is_completed() and work.is_success()
+    assert work.get_future().wait() == out
+    assert work.result() == out
+
+
+def test_a_future_completes_on_the_finishing_thread_not_in_wait() -> None:
+    req: Future[list[torch.Tensor]] = Future()
+    out = [torch.zeros(1)]
+    work = PlaitWork(req, out)
+    fut = work.get_future()
+    seen: list[str] = []
+    chained = fut.then(lambda f: seen.append(threading.current_thread().name) or f.value())
+    assert not fut.done() and not work.is_completed()
+    finisher = threading.Thread(target=req.finish, args=(out,), name="call-thread")
+    finisher.start()
+    finisher.join()
+    assert fut.done() and seen == ["call-thread"]  # nobody waited: it completed by itself
+    assert chained.wait() == out
+
+
+def test_a_failure_fails_the_future_for_real() -> None:
+    """torch's Future.set_exception would store the error as a successful value (torch
+    2.13), and DDP would read tensors out of it; the Work's future must really fail."""
+    req: Future[list[torch.Tensor]] = Future()
+    work = PlaitWork(req, [torch.zeros(1)])
+    fut = work.get_future()
+    err = PeerFailureError(1, "connection closed (process died)", seen_by=0)
+    req.finish(None, err)
+    with pytest.raises(RuntimeError, match="rank 1 failed"):
+        fut.wait()
+    with pytest.raises(PeerFailureError):  # a Python caller of wait() gets plait's type
+        work.wait()
+    assert work.is_completed() and not work.is_success() and work.exception() is err
+    failed = PlaitWork.failed(err)
+    with pytest.raises(RuntimeError, match="rank 1 failed"):
+        failed.get_future().wait()
+
+
+def test_a_waiter_completes_futures_of_other_requests() -> None:
+    class Slow:
+        def __init__(self) -> None:
+            self.event = threading.Event()
+
+        def wait(self) -> None:
+            self.event.wait(5)
+
+        def done(self) -> bool:
+            return self.event.is_set()
+
+        def synchronize(self) -> None:
+            self.wait()
+
+    waiter = Waiter("test-waiter")
+    req = Slow()
+    work = PlaitWork(req, [torch.ones(1)], waiter)  # type: ignore[arg-type]
+    fut = work.get_future()
+    assert not fut.done()
+    req.event.set()
+    assert fut.wait()[0].item() == 1.0
+    waiter.stop()
+    assert not any(t.name == "test-waiter" for t in threading.enumerate())
+
+
+def test_registration_is_idempotent() -> None:
+    registration.register()
+    registration.register()
+    plugin = dist.Backend._plugins["PLAIT"]
+    assert plugin.extended_api
+    assert dist.Backend.default_device_backend_map.get("cpu") == "gloo"  # unchanged
+    assert dist.Backend.backend_capability["plait"] == ["cpu", "cuda"]  # not "c", "p", "u"
