@@ -65,6 +65,17 @@ def test_plait_trace_records_a_torch_program(finished: dict[str, Any]) -> None:
     # DDP's gradient allreduce: one bucket of both layers' parameters, float32
     grads = (8 * 16 + 16 + 16 + 1) * 4
     assert any(e["name"] == "allreduce" and e["args"]["bytes"] == grads for e in comms), comms
+    # the program's steps and compute, from torch's global hooks: per-step metrics
+    for rank in (0, 1):
+        mine = [e for e in doc["traceEvents"] if e.get("pid") == rank and e.get("ph") == "X"]
+        steps = [e["args"]["step"] for e in mine if e["cat"] == "step"]
+        assert steps == [0, 1, 2], steps
+        compute = [e["name"] for e in mine if e["cat"] == "compute"]
+        assert compute.count("forward") == compute.count("backward") == 3, compute
+        assert compute.count("optimizer") == 3, compute
+    metrics = doc["otherData"]["metrics"]
+    assert metrics["steps"] == 3 and metrics["comm_ms"] > 0, metrics
+    assert metrics["overlap_ratio"] is not None and len(metrics["per_step"]) == 3, metrics
 
 
 @pytest.mark.timeout(180)

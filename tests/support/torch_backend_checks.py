@@ -201,6 +201,17 @@ def check_objects_and_p2p(gloo: Any, rank: int, size: int) -> None:
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     assert torch.equal(got_left, torch.full((3,), float(left)))
+    # recv from any source: rank 0 takes every other rank's message, whoever comes first
+    if rank == 0:
+        seen = set()
+        for _ in range(size - 1):
+            got = torch.empty(2)
+            src = dist.recv(got, tag=5)
+            assert torch.equal(got, torch.full((2,), float(src))), (src, got)
+            seen.add(src)
+        assert seen == set(range(1, size))
+    else:
+        dist.send(torch.full((2,), float(rank)), 0, tag=5)
 
 
 def _all_objects(rank: int, size: int, group: Any) -> list[Any]:

@@ -149,3 +149,29 @@ def test_registration_is_idempotent() -> None:
     assert plugin.extended_api
     assert dist.Backend.default_device_backend_map.get("cpu") == "gloo"  # unchanged
     assert dist.Backend.backend_capability["plait"] == ["cpu", "cuda"]  # not "c", "p", "u"
+
+
+def test_observer_records_steps_and_the_compute_inside_them() -> None:
+    from plait.comm.torch_backend.observe import Observer
+    from plait.trace.recorder import Recorder
+
+    rec = Recorder(0)
+    observer = Observer(rec)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(2, 3)).sum().backward()
+            opt.step()
+        with torch.no_grad():
+            model(torch.randn(2, 3))  # a forward with no backward: no backward span
+    finally:
+        observer.remove()
+    model(torch.randn(2, 3)).sum().backward()  # removed: nothing more recorded
+    names = [(cat, name) for cat, name, *_ in rec.events]
+    one_step = [("compute", "forward"), ("compute", "backward"), ("compute", "optimizer")]
+    assert names == [*one_step, ("step", "step 0"), *one_step, ("step", "step 1"),
+                     ("compute", "forward")]  # fmt: skip
+    steps = [(start, end) for cat, _, start, end, *_ in rec.events if cat == "step"]
+    forwards = [start for cat, name, start, *_ in rec.events if name == "forward"]
+    assert steps[0][0] == forwards[0] and steps[1][0] == steps[0][1]  # steps tile the run

@@ -127,11 +127,8 @@ class Communicator:
         self._runner.label = label
 
     def run_call(self, fn: Callable[[CallContext], T], on: Tensor | None = None) -> T:
-        """Run a call composed by the caller from the front halves (reductions.py,
-        gathers.py, algorithms/direct.py) as one collective, after the queued async ones;
-        `on`: its tensor, whose device decides how it meets CUDA streams. For layers that
-        speak another API over this one (the torch backend); every member must issue the
-        same calls in the same order, as with any collective."""
+        """Run `fn`, composed from the front halves (reductions.py, gathers.py), as one
+        collective (the torch backend's calls); `on`: its tensor, for CUDA streams."""
         return self._runner.run(fn, on=on)
 
     def start_call(self, fn: Callable[[CallContext], T], on: Tensor | None = None) -> Request[T]:
@@ -357,6 +354,11 @@ class Communicator:
         (`ordered`: see isend; the sender must have said the same)."""
         return messaging.irecv(self._runner, tensor, src, tag, ordered)
 
+    def irecv_any(self, tensor: Tensor, tag: int = 0) -> messaging.AnySource:
+        """`irecv` from whichever rank's message under `tag` comes first (CPU tensors);
+        the request's `source` says which, once waited."""
+        return messaging.AnySource(self._runner, tensor, tag)
+
     def send(self, tensor: Tensor, dst: int, tag: int = 0, *, ordered: bool = False) -> None:
         """Send `tensor` to rank `dst`; returns once it is on its way (`ordered`: see isend)."""
         messaging.send(self._runner, tensor, dst, tag, ordered)
@@ -400,28 +402,22 @@ class Communicator:
         if found is None:
             return None
         group, name = found
-        child = Communicator(
-            self._runner.engine,
-            [self.ranks[r] for r in group],
-            [self.topology.nodes[r] for r in group],
-            split.child_id(self._runner.id, seq, name, group),
-        )
-        child.recorder = self.recorder  # one rank, one trace buffer
-        return child
+        return self._child(group, split.child_id(self._runner.id, seq, name, group))
 
     def subgroup(self, ranks: Sequence[int], comm_id: int) -> Communicator:
-        """A communicator of `ranks` (of this one, in their new order), made without a word
-        to the others: only its members call this, and they agree on `comm_id` (30 bits, not
-        1, unique in the job) by other means, as torch.distributed names its groups alike on
-        every rank (the torch backend's subgroups)."""
+        """A communicator of `ranks` (of this one), made without a word to the others: its
+        members agree on `comm_id` (30 bits, unique, not 1) by other means (torch's names)."""
         group = [int(r) for r in ranks]
         if self.rank not in group or not 1 < comm_id < 1 << 30:
             raise ValueError(f"subgroup: rank {self.rank} not in {group}, or comm_id {comm_id}")
+        return self._child(group, comm_id)
+
+    def _child(self, group: list[int], comm_id: int) -> Communicator:
         child = Communicator(
             self._runner.engine,
             [self.ranks[r] for r in group],
             [self.topology.nodes[r] for r in group],
             comm_id,
         )
-        child.recorder = self.recorder
+        child.recorder = self.recorder  # one rank, one trace buffer
         return child

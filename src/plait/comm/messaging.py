@@ -11,6 +11,7 @@ unpickled (servers use their own wire format).
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from plait.comm.backends.device_links import LaneRequest, StagedLink
 from plait.comm.core.request import Request
 from plait.comm.dispatch.runner import Runner
 from plait.comm.transport.engine import Engine
+from plait.errors import CommTimeoutError
 
 _USER_TAG = 1 << 63
 _MAX_USER_TAG = (1 << 32) - 1
@@ -37,6 +39,50 @@ def _p2p_args(runner: Runner, t: object, peer: object, tag: object, what: str) -
     if runner.engine.error is not None:
         raise runner.engine.error
     return _USER_TAG | (runner.id << 33) | tag
+
+
+class AnySource(Request[None]):
+    """A receive from whichever other rank's message under a tag comes first (MPI's
+    MPI_ANY_SOURCE; torch's `recv` without `src`). The engine matches by (peer, tag), so
+    `wait` looks for the first peer whose message has come, polling every half
+    millisecond, then receives it from that peer; `source` is that rank (-1 until then)."""
+
+    def __init__(self, runner: Runner, tensor: torch.Tensor, tag: int) -> None:
+        self._runner, self._buf = runner, tensor.view(-1)
+        self._tag = _p2p_args(runner, tensor, (runner.rank + 1) % runner.size, tag, "recv")
+        if not tensor.is_cpu or not tensor.is_contiguous():
+            raise ValueError("a receive from any source takes a contiguous CPU tensor")
+        self._peers = [runner.ranks[r] for r in range(runner.size) if r != runner.rank]
+        self._inner: Request[None] | None = None
+        self.source = -1
+
+    def _match(self) -> bool:
+        if self._inner is None:
+            engine = self._runner.engine
+            if engine.error is not None:
+                raise engine.error
+            peer = engine.arrived_from(self._peers, self._tag)
+            if peer is None:
+                return False
+            self._inner = engine.irecv(self._buf, peer, self._tag)
+            self.source = self._runner.ranks.index(peer)
+        return True
+
+    def done(self) -> bool:
+        return self._match() and self._inner is not None and self._inner.done()
+
+    def wait(self) -> None:
+        engine = self._runner.engine
+        deadline = time.monotonic() + engine.timeout
+        while not self._match():
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(
+                    f"rank {engine.rank} waited {engine.timeout:.0f} s for a message from any "
+                    "rank (raise PLAIT_TIMEOUT if expected)"
+                )
+            time.sleep(0.0005)
+        assert self._inner is not None
+        self._inner.wait()
 
 
 def isend(

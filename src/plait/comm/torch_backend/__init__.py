@@ -10,6 +10,7 @@ on CPU, plait's CUDA path for CUDA tensors, and PLAIT_TRACE's timeline.
     translate.py      torch's arguments (options, ReduceOp, overload forms) in plait's words
     collectives.py    each torch collective as plait calls, into torch's output tensors
     work.py           PlaitWork: the Work and the torch Future torch waits on
+    observe.py        while PLAIT_TRACE records: the program's steps, forward, backward
 
 Nothing here is imported by `import plait` unless torch.distributed is already imported;
 docs/torch-backend.md is the user's page.

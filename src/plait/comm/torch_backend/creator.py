@@ -52,6 +52,10 @@ def _default_group(opts: Any) -> PlaitProcessGroup:
     comm = parent.subgroup(range(parent.size), _comm_id(str(opts.group_id)))
     pg = PlaitProcessGroup(comm, on_shutdown=lambda: world.release("torch"))
     world.on_close(pg.close)
+    if parent.recorder is not None:  # PLAIT_TRACE: the program's steps and compute too
+        from plait.comm.torch_backend.observe import Observer
+
+        world.on_close(Observer(parent.recorder).remove)
     return pg
 
 

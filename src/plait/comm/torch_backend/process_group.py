@@ -198,9 +198,10 @@ class PlaitProcessGroup(dist.ProcessGroup):
         return self._p2p(lambda: self.comm.irecv(t, srcRank, tag), [t])
 
     def recv_anysource(self, tensors_: Any, tag: int = 0) -> PlaitWork:
-        raise PlaitError(
-            "the plait backend cannot receive from any source yet: pass src= to recv/irecv"
-        )
+        """`dist.recv` without `src`: the first message under `tag` from any rank; the
+        Work's source rank says whose (CPU tensors)."""
+        t = tensors(tensors_)[0]
+        return self._p2p(lambda: self.comm.irecv_any(t, tag), [t])
 
     # -------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:

@@ -62,7 +62,6 @@ class PlaitWork(dist._Work):
         self._waiter = waiter
         self._error = error
         self._future: torch.futures.Future[Any] | None = None
-        self._source: int = -1  # recv from any source: the rank it came from
 
     @classmethod
     def failed(cls, error: BaseException) -> PlaitWork:
@@ -94,10 +93,11 @@ class PlaitWork(dist._Work):
         return self._outputs
 
     def source_rank(self) -> int:
-        return self._source
+        """Whose message a receive from any source took (-1 for other calls)."""
+        return int(getattr(self._request, "source", -1))
 
     def _source_rank(self) -> int:
-        return self._source
+        return self.source_rank()
 
     def synchronize(self) -> None:
         if self._request is not None:

@@ -99,6 +99,17 @@ class Engine(Inbound):
                 self._wake()  # the poller resumes reading that peer, straight into `t`
         return req
 
+    def arrived_from(self, peers: list[int], tag: int) -> int | None:
+        """The first of `peers` whose next message under `tag` has come (whole, or begun:
+        a receive posted for it now takes it), or None: a receive from any source picks
+        its peer with it (messaging.AnySource)."""
+        with self._lock:
+            for peer in peers:
+                key = (peer, tag)
+                if self._matcher.has_unexpected(key) or self._conn(peer).held_key == key:
+                    return peer
+        return None
+
     def abort(self, reason: str) -> PeerFailureError:
         """This rank cannot finish a collective it started (it raised half-way): tell the
         peers now, so they fail within milliseconds instead of waiting PLAIT_TIMEOUT."""
