@@ -175,3 +175,12 @@ def test_observer_records_steps_and_the_compute_inside_them() -> None:
     steps = [(start, end) for cat, _, start, end, *_ in rec.events if cat == "step"]
     forwards = [start for cat, name, start, *_ in rec.events if name == "forward"]
     assert steps[0][0] == forwards[0] and steps[1][0] == steps[0][1]  # steps tile the run
+
+
+def test_the_backend_stand_in_answers_what_torch_asks() -> None:
+    from plait.comm.torch_backend.process_group import BackendStandIn
+
+    backend = BackendStandIn()
+    assert not backend.supports_splitting and not backend.supports_coalescing
+    assert not backend.supports_tensor_alloc(torch.device("cpu")) and backend.name() == "plait"
+    backend._set_sequence_number_for_group()

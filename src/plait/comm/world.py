@@ -281,6 +281,9 @@ def _write_trace(comm: Communicator) -> None:
 def _at_exit() -> None:
     _owners.clear()  # every owner: the process is ending
     release("plait")
+    # torch's stores are freed here, while the interpreter still runs, rather than at its
+    # teardown in whatever order (rank 0's holds the store's server and its thread)
+    _torch_stores.clear()
     if _failed:  # remembered: the script may have called shutdown() itself after the error
         # gloo's threads may still be blocked on the dead peer, and torch joins them when the
         # process group is destroyed at exit: that would hang for PLAIT_TIMEOUT. Leave now.

@@ -70,6 +70,11 @@ class PlaitProcessGroup(dist.ProcessGroup):
         self._desc = desc
         self.comm.label = desc  # how traces name the group: "default_pg", "mesh_dp", ...
 
+    def _get_backend(self, device: Any) -> BackendStandIn:
+        """What torch asks of the C++ backend beneath a group (a Python group has none):
+        init_process_group(device_id=) asks whether it splits, FSDP2 whether it allocates."""
+        return BackendStandIn()
+
     def __repr__(self) -> str:
         return (
             f"PlaitProcessGroup(rank={self.comm.rank}, size={self.comm.size}, name={self._name!r})"
@@ -260,3 +265,20 @@ def _root(opts: Any, kw: dict[str, Any]) -> int:
     if isinstance(opts, int):
         return opts
     return int(kw.get("root", getattr(opts, "rootRank", 0)))
+
+
+class BackendStandIn:
+    """The answers torch 2.13's Python code reads from `pg._get_backend(device)`: plait
+    splits no communicator eagerly, coalesces nothing, allocates no special memory."""
+
+    supports_splitting = False
+    supports_coalescing = False
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        return False
+
+    def name(self) -> str:
+        return "plait"
+
+    def _set_sequence_number_for_group(self) -> None:
+        pass  # plait's sequence numbers are its communicators' own
