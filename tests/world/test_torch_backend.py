@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -116,17 +117,27 @@ def _check_one_engine(comm: Any) -> None:
     assert plait.is_initialized() and t[0] == dist.get_world_size() ** 2
 
 
-def _init_again(comm: Any) -> list[float]:
+def _init_again(comm: Any) -> list[Any]:
     """destroy_process_group then init_process_group("plait") in the same processes (torch
-    keeps its store: plait's keys of the last engine must not mislead the next)."""
-    got = []
-    for round_ in range(3):
-        t = torch.tensor([float(dist.get_rank() + round_)])
+    keeps its store: plait's keys of the last engine must not mislead the next); the
+    second init passes timeout= (plait's bound on a live peer), the third names plait for
+    CPU tensors only ("cpu:plait,cuda:nccl")."""
+    import plait
+    from plait import env
+
+    got: list[Any] = [env.get("PLAIT_TIMEOUT")]  # what holds where torch's default was left
+    inits: list[dict[str, Any]] = [
+        {"timeout": timedelta(seconds=77)},
+        {"backend": "cpu:plait,cuda:nccl"},
+        {},
+    ]
+    for kwargs in inits:
+        t = torch.tensor([float(dist.get_rank() + len(got) - 1)])
         dist.all_reduce(t)
-        got.append(t.item())
+        got.append((t.item(), plait.default().engine.timeout, dist.get_backend()))
         dist.destroy_process_group()
-        assert not __import__("plait").is_initialized()
-        dist.init_process_group("plait")
+        assert not plait.is_initialized()
+        dist.init_process_group(kwargs.pop("backend", "plait"), **kwargs)
     return got
 
 
@@ -194,9 +205,9 @@ def test_collectives_ddp_and_structure_match_gloo(worlds: dict[str, Any], world:
 
 
 def test_init_after_destroy(worlds: dict[str, Any]) -> None:
-    assert worlds["again"].result() == [[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]] or worlds[
-        "again"
-    ].result() == [[1.0, 3.0, 5.0], [1.0, 3.0, 5.0]]
+    default, *rounds = worlds["again"].result()[0]
+    want = [(1.0, default, "plait"), (3.0, 77.0, "plait"), (5.0, default, "cpu:plait,cuda:nccl")]
+    assert rounds == want and worlds["again"].result()[1] == [default, *want]
 
 
 @pytest.mark.parametrize("how", ["kill", "stop", "fsdp-kill", "fsdp-stop"])
