@@ -1,7 +1,6 @@
 """An unchanged torch program: DDP on the backend named in argv[1] (default "plait"). It
 never imports plait: torch's entry point registers the backend."""
 
-import os
 import sys
 
 import torch
@@ -26,10 +25,3 @@ print(
     f"OK rank={rank} size={size} backend={dist.get_backend()} loss={total.item():.6f}", flush=True
 )
 dist.destroy_process_group()
-if backend == "gloo":
-    # torch 2.13's DDP keeps references to its gloo group past destroy_process_group; gloo's
-    # threads then abort the process at interpreter exit about once in 60 runs
-    # ("terminate called without an active exception"; bench/workers.py). The reference
-    # run leaves before that; the plait runs exit as any script does.
-    sys.stdout.flush()
-    os._exit(0)
