@@ -117,7 +117,7 @@ def join_torch(raw: dist.Store, rank: int, size: int, timeout: float | None) -> 
         # all land before any rank can start generation g + 1
         _generation = (int(raw.add("plait/joins", 1)) - 1) // size
         store = JobStore(
-            dist.PrefixStore(f"plait/{_generation}/", raw),
+            dist.PrefixStore(f"plait/{_generation}", raw),
             rendezvous.job_key(world),
             timeout_s=init_timeout,
             rank=rank,

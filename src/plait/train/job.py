@@ -27,7 +27,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, TextIO, cast
 
 from plait import env
@@ -67,7 +68,26 @@ def configure(options: dict[str, Any]) -> TrainConfig:
                 "plait run the launcher decides the number of workers; leave out --workers"
             )
         options["workers"] = world
+        options = resume_after_restart(options, os.environ)
     return _check(TrainConfig.from_options(options))
+
+
+def resume_after_restart(options: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """torchrun's agent restarted the job (`--max-restarts`: TORCHELASTIC_RESTART_COUNT > 0):
+    go on from --out DIR's checkpoint if the last attempt wrote one, at whatever world size
+    the agent gives now (checkpoints load at any size), rather than start over and
+    overwrite it. Says which, on rank 0."""
+    restarts = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    out = options.get("out")
+    if restarts < 1 or out is None or options.get("resume"):
+        return options
+    sharded = int(options.get("zero") or 0) > 0
+    where = Path(out) / MANIFEST if sharded else outdir.checkpoint_path(out)
+    found = where.is_file()
+    if environ.get("RANK") == "0":
+        what = f"resuming from {where}" if found else f"no checkpoint in {out} yet: starting over"
+        print(f"plait: torchrun restarted the job (restart {restarts}): {what}", file=sys.stderr)
+    return {**options, "resume": True} if found else options
 
 
 def _configure_ps_rank(options: dict[str, Any], world: int) -> TrainConfig:

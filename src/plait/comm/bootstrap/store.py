@@ -168,9 +168,14 @@ def make_store(world: WorldEnv, timeout: float) -> JobStore:
                 # torch takes ownership of the copy; ours stays to stop listening at close()
                 master_listen_fd=os.dup(listener.fileno()) if listener is not None else None,
             )
+            if world.agent_store:
+                # torchrun's agent keeps its store across the restarts of --max-restarts:
+                # each attempt's keys (plait's addresses, gloo's) under a prefix of its own,
+                # or the next attempt's ranks would dial the last one's dead ports
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                prefixed = dist.PrefixStore(f"plait/attempt_{attempt}", raw)
+                return JobStore(prefixed, key, timeout_s=timeout, rank=world.rank)
             store = JobStore(raw, key, timeout_s=timeout, listener=listener, rank=world.rank)
-            if world.agent_store:  # torchrun's agent keeps one store for the job's life
-                return store
             if host:
                 store.set(_GENERATION, secrets.token_hex(8))
             # After shutdown() and init() again, rank 0's last store may still be listening
