@@ -42,6 +42,9 @@ LAYERS: list[set[str]] = [
     # launch/ beside them, above comm/: the ranks it starts meet through comm's bootstrap,
     # with the job secret comm/secret.py defines once (docs/architecture.md)
     {"horovod", "ps", "pipeline", "tensor_parallel", "sharded", "launch"},
+    # elastic training (issue 33): below every strategy that goes elastic (the Horovod
+    # facade's hvd.elastic, ZeRO's re-laid shards), above what it re-forms
+    {"elastic"},
     {"data_parallel"},
     {"optim", "activations"},
     # comm/, its own layers from the user's surface down to its core (docs/architecture.md)

@@ -1,15 +1,19 @@
 """The order in which training samples are read, identical for every number of workers.
 
 The sample stream is the concatenation of per-epoch permutations of the training set; epoch
-e's permutation comes from a generator seeded with (seed, e). Global step s (0-based) reads
-stream positions [s * B, (s + 1) * B), and rank r of N reads the r-th contiguous slice of
-B / N of them. So N ranks with B / N samples each read exactly the batch one process with B
-samples reads, step for step, and the data position of a run is just its step count.
+e's permutation comes from a generator seeded with (seed, e) (elastic/sampler.py's
+`epoch_order`, which the elastic sampler reads too: an elastic run without a membership
+change reads these batches). Global step s (0-based) reads stream positions
+[s * B, (s + 1) * B), and rank r of N reads the r-th contiguous slice of B / N of them. So N
+ranks with B / N samples each read exactly the batch one process with B samples reads, step
+for step, and the data position of a run is just its step count.
 """
 
 from __future__ import annotations
 
 import torch
+
+from plait.elastic.sampler import epoch_order
 
 
 class GlobalBatchSampler:
@@ -28,8 +32,7 @@ class GlobalBatchSampler:
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """The permutation of the training set that epoch `epoch` reads."""
         if self._cached is None or self._cached[0] != epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._cached = (epoch, torch.randperm(self.num_samples, generator=g))
+            self._cached = (epoch, epoch_order(self.num_samples, epoch, self.seed))
         return self._cached[1]
 
     def position(self, step: int) -> tuple[int, int]:

@@ -1,0 +1,30 @@
+"""Elastic training: the run goes on when workers leave or join.
+
+`sampler.py` (the samples of each step, from a committed cursor, whatever the membership),
+`batch_policy.py` (the global batch policy: a fixed global batch, or a fixed per-rank batch
+with the learning rate rescaled), `horovod_order.py` (Horovod's ElasticSampler partition
+over the same cursor). Membership changes themselves are not built yet (issue 33).
+
+The classes need torch, so they are imported on first use; `batch_policy` is torch-free.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plait.lazy import getattr_from
+
+if TYPE_CHECKING:
+    from plait.elastic.batch_policy import BatchPolicy
+    from plait.elastic.sampler import ElasticSampler, StepPlan
+
+__all__ = ["BatchPolicy", "ElasticSampler", "StepPlan"]
+
+__getattr__ = getattr_from(
+    __name__,
+    {
+        "BatchPolicy": "plait.elastic.batch_policy",
+        "ElasticSampler": "plait.elastic.sampler",
+        "StepPlan": "plait.elastic.sampler",
+    },
+)
