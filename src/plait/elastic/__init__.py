@@ -3,7 +3,8 @@
 `sampler.py` (the samples of each step, from a committed cursor, whatever the membership),
 `batch_policy.py` (the global batch policy: a fixed global batch, or a fixed per-rank batch
 with the learning rate rescaled), `horovod_order.py` (Horovod's ElasticSampler partition
-over the same cursor). Membership changes themselves are not built yet (issue 33).
+over the same cursor), `state.py` (State: commit, restore, sync from a live peer).
+Membership changes themselves are not built yet (issue 33).
 
 The classes need torch, so they are imported on first use; `batch_policy` is torch-free.
 """
@@ -17,8 +18,9 @@ from plait.lazy import getattr_from
 if TYPE_CHECKING:
     from plait.elastic.batch_policy import BatchPolicy
     from plait.elastic.sampler import ElasticSampler, StepPlan
+    from plait.elastic.state import State
 
-__all__ = ["BatchPolicy", "ElasticSampler", "StepPlan"]
+__all__ = ["BatchPolicy", "ElasticSampler", "State", "StepPlan"]
 
 __getattr__ = getattr_from(
     __name__,
@@ -26,5 +28,6 @@ __getattr__ = getattr_from(
         "BatchPolicy": "plait.elastic.batch_policy",
         "ElasticSampler": "plait.elastic.sampler",
         "StepPlan": "plait.elastic.sampler",
+        "State": "plait.elastic.state",
     },
 )
