@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from plait.comm.communicator import Communicator
     from plait.comm.core.request import Request
     from plait.comm.mesh import Mesh
-    from plait.comm.world import default, init, is_initialized, shutdown
+    from plait.comm.world import default, init, is_initialized, reform, shutdown
     from plait.data_parallel import DataParallel
     from plait.devices import device
     from plait.optim import LAMB, LARS
@@ -39,6 +39,7 @@ _LAZY = {
     "default": "plait.comm.world",
     "init": "plait.comm.world",
     "is_initialized": "plait.comm.world",
+    "reform": "plait.comm.world",
     "shutdown": "plait.comm.world",
 }
 
@@ -59,6 +60,7 @@ __all__ = [
     "device",
     "init",
     "is_initialized",
+    "reform",
     "shutdown",
 ]
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 import threading
+import zlib
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -14,12 +15,13 @@ import torch
 import torch.distributed as dist
 
 from plait import devices, env
+from plait.comm import membership
 from plait.comm.backends import cuda
 from plait.comm.bootstrap import connect, rendezvous
 from plait.comm.bootstrap.store import JobStore, make_store
 from plait.comm.communicator import Communicator
 from plait.comm.transport.engine import Engine
-from plait.errors import PlaitError
+from plait.errors import PeerFailureError, PlaitError
 
 _default: Communicator | None = None
 _lock = threading.Lock()
@@ -33,6 +35,7 @@ _generation = 0  # which join of this process's store the engine is (torch backe
 # destroy_process_group finds it again (torch's stores are multi-tenant per port) only while
 # it lives; freed between, a peer that connected to it for the next join would be cut off
 _torch_stores: list[dist.Store] = []
+_elastic_generation = 0  # how many times reform() re-formed this job
 _owns_torch_group = False
 _failed = False  # a peer failed in this process: the exit hook must not wait on gloo
 _store: JobStore | None = None  # the job's store: shutdown() frees rank 0's port
@@ -134,6 +137,57 @@ def join_torch(raw: dist.Store, rank: int, size: int, timeout: float | None) -> 
         return _default
 
 
+def reform(known_dead: set[int] | None = None) -> Communicator:
+    """Elastic: after a peer failed, go on with the live ranks instead of ending the job.
+
+    Every live rank calls it once it has seen the failure; they agree on the new
+    membership through the job's store (comm/membership.py: a rank that was silent too long
+    is left out, and raises FencedError when it comes back), close the old engine, and join
+    a new one, whose world communicator this returns (ranks renumbered in the old order).
+    Whatever held the old communicator (sub-communicators, DataParallel) must be made again.
+    torch.distributed's default group, if plait made it, still spans the old membership:
+    the new world's collectives never use it.
+
+    Raises:
+        FencedError: this rank is not in the new membership: exit.
+    """
+    global _default, _elastic_generation
+    with _lock:
+        old = _default
+        if old is None or _store is None:
+            raise PlaitError("plait.reform(): plait.init() was not called in this process")
+        engine, recorder = old.engine, old.recorder
+        dead = set(known_dead or ())
+        if isinstance(engine.error, PeerFailureError):
+            dead.add(engine.error.rank)
+        old.close()
+        engine.close()  # hangs up on the failed peer at once
+        hb_timeout, init_timeout = env.get("PLAIT_HEARTBEAT_TIMEOUT"), env.get("PLAIT_INIT_TIMEOUT")
+        members = membership.agree(
+            _store, _elastic_generation, old.rank, old.size, dead, hb_timeout + 1.0, init_timeout
+        )
+        _elastic_generation = members.generation
+        world = dataclasses.replace(
+            rendezvous.world_from_env(), rank=members.rank, size=members.size, agent_store=False
+        )
+        store = JobStore(
+            dist.PrefixStore(f"plait/elastic/{members.generation}/mesh", _store.raw),
+            _store.key,
+            timeout_s=init_timeout,
+            rank=members.rank,
+        )
+        comm_id = zlib.crc32(f"elastic:{members.generation}".encode()) & 0x3FFFFFFF | 2
+        _default = _join(
+            world, store, env.get("PLAIT_TIMEOUT"), hb_timeout, init_timeout,
+            start_gloo=False, comm_id=comm_id,
+        )  # fmt: skip
+        _default.recorder = recorder
+        if recorder is not None:
+            info = {"generation": members.generation, "old_ranks": list(members.members)}
+            recorder.instant("membership", "membership changed", info)
+        return _default
+
+
 def on_close(fn: Callable[[], None]) -> None:
     """Call `fn` when the engine closes, before it does (a torch backend group stops its
     call threads: none may outlive the engine, or the interpreter)."""
@@ -156,9 +210,11 @@ def _join(
     init_timeout: float,
     *,
     start_gloo: bool = True,
+    comm_id: int = 1,
 ) -> Communicator:
     """init()'s work once the store is there: gloo (unless torch.distributed is set up
-    already, or `start_gloo` is False), the engine's mesh, the ranks' hosts and devices."""
+    already, or `start_gloo` is False), the engine's mesh, the ranks' hosts and devices.
+    `comm_id`: the world communicator's (1, but for an elastic job's later generations)."""
     global _owns_torch_group
     if start_gloo and not dist.is_initialized():
         ifname = rendezvous.gloo_interface(world.master_addr)
@@ -192,7 +248,9 @@ def _join(
     # torch's default group is gloo's only where plait (or the user) made it so; under the
     # "plait" backend it is plait's own, and `native` makes a gloo group on first use
     pg = dist.group.WORLD if start_gloo else None
-    return Communicator(engine, list(range(world.size)), nodes, 1, pg)
+    comm = Communicator(engine, list(range(world.size)), nodes, comm_id, pg)
+    comm.label = "world"
+    return comm
 
 
 def _warn_oversubscribed(rank: int, local: int) -> None:

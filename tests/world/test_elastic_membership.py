@@ -1,0 +1,101 @@
+"""An elastic job's membership changes without restarting processes (issue 33): a rank
+killed in the middle of an allreduce, the survivors re-form and go on with the right sums;
+a rank frozen with SIGSTOP is left out, and fenced when SIGCONT wakes it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from plait.comm import world
+from plait.comm.membership import FencedError
+from plait.errors import PeerFailureError
+from support.world import worlds_at_once
+
+pytestmark = pytest.mark.timeout(120)
+ENV = {"PLAIT_HEARTBEAT_TIMEOUT": "2"}
+
+
+def _killed(comm: Any) -> dict[str, Any]:
+    """Rank 1 of 3 dies (SIGKILL) in its third allreduce; the others re-form and go on."""
+    sums, failures = [], []
+    step = 0
+    while step < 6:
+        if comm.rank == 1 and comm.size == 3 and step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            sums.append((comm.size, comm.allreduce(torch.tensor([float(comm.rank + 1)])).item()))
+            step += 1
+        except PeerFailureError as e:
+            failures.append(e.rank)
+            comm = world.reform()  # the in-flight step is redone by the survivors
+    return {"sums": sums, "failures": failures, "rank": comm.rank, "size": comm.size,
+            "label": comm.label}  # fmt: skip
+
+
+def _frozen(comm: Any, said: str) -> Any:
+    """Rank 2 of 3 is frozen (SIGSTOP by rank 0) at step 2; the others leave it out, and
+    rank 0 wakes it (SIGCONT) once they went on: it finds itself fenced, and writes what it
+    was told to `said` (a tolerated rank's result does not come back)."""
+    pids = comm.allgather_object(os.getpid())
+    sums = []
+    step = 0
+    woken = False
+    while step < 6:
+        if comm.rank == 0 and comm.size == 3 and step == 2:
+            os.kill(pids[2], signal.SIGSTOP)
+        try:
+            sums.append(comm.allreduce(torch.tensor([float(comm.rank + 1)])).item())
+            step += 1
+        except PeerFailureError:
+            try:
+                comm = world.reform()
+            except FencedError as e:
+                with open(said, "w") as f:
+                    f.write(str(e))
+                return None
+        if comm.size == 2 and comm.rank == 0 and step == 4 and not woken:
+            os.kill(pids[2], signal.SIGCONT)
+            woken = True
+    deadline = time.monotonic() + 15
+    while comm.rank == 0 and not os.path.exists(said) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the woken rank's attempt, while the others still live
+    return {"sums": sums, "size": comm.size}
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    common = {"env": ENV, "timeout": 60}
+    said = str(tmp_path_factory.mktemp("fenced") / "said.txt")
+    with worlds_at_once(
+        {
+            "killed": (3, _killed, (), {**common, "tolerate": [1]}),
+            "frozen": (3, _frozen, (said,), {**common, "tolerate": [2]}),
+        }
+    ) as futures:
+        yield {**futures, "said": said}
+
+
+def test_survivors_of_a_killed_rank_reform_and_go_on(worlds: dict[str, Any]) -> None:
+    results = worlds["killed"].result()
+    for old in (0, 2):
+        r = results[old]
+        assert r["failures"] == [1], r
+        # 3 ranks: 1+2+3; then 2 ranks (old 0 and 2 as new 0 and 1): 1+2, every step once
+        assert r["sums"] == [(3, 6.0), (3, 6.0)] + [(2, 3.0)] * 4, r
+        assert (r["rank"], r["size"], r["label"]) == ({0: 0, 2: 1}[old], 2, "world")
+
+
+def test_a_frozen_rank_is_left_out_and_fenced_when_it_wakes(worlds: dict[str, Any]) -> None:
+    results = worlds["frozen"].result()
+    for old in (0, 1):
+        assert results[old] == {"sums": [6.0, 6.0, 3.0, 3.0, 3.0, 3.0], "size": 2}, results
+    with open(worlds["said"]) as f:
+        said = f.read()
+    assert "rank 2 is not in generation 1" in said and "must exit" in said, said
