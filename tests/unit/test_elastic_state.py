@@ -138,3 +138,13 @@ def test_sync_gives_every_rank_the_roots_commit(joiner_trained: bool) -> None:
     assert len(got) == len(want[0]) and all(
         torch.equal(a, b) for a, b in zip(got, want[0], strict=True)
     )
+
+
+def test_restore_drops_the_gradients_of_the_step_in_flight() -> None:
+    model, opt, _ = _setup(0)
+    state = State(model=model, optimizer=opt)
+    state.commit()
+    model(torch.randn(2, 3)).sum().backward()  # the step a failure interrupts
+    assert all(p.grad is not None for p in model.parameters())
+    state.restore()
+    assert all(p.grad is None for p in model.parameters())

@@ -3,7 +3,8 @@
 `sampler.py` (the samples of each step, from a committed cursor, whatever the membership),
 `batch_policy.py` (the global batch policy: a fixed global batch, or a fixed per-rank batch
 with the learning rate rescaled), `horovod_order.py` (Horovod's ElasticSampler partition
-over the same cursor), `state.py` (State: commit, restore, sync from a live peer).
+over the same cursor), `state.py` (State: commit, restore, sync from a live peer),
+`run.py` (`run`: a training function that goes on across membership changes).
 Membership changes themselves are not built yet (issue 33).
 
 The classes need torch, so they are imported on first use; `batch_policy` is torch-free.
@@ -17,10 +18,11 @@ from plait.lazy import getattr_from
 
 if TYPE_CHECKING:
     from plait.elastic.batch_policy import BatchPolicy
+    from plait.elastic.run import run
     from plait.elastic.sampler import ElasticSampler, StepPlan
     from plait.elastic.state import State
 
-__all__ = ["BatchPolicy", "ElasticSampler", "State", "StepPlan"]
+__all__ = ["BatchPolicy", "ElasticSampler", "State", "StepPlan", "run"]
 
 __getattr__ = getattr_from(
     __name__,
@@ -29,5 +31,6 @@ __getattr__ = getattr_from(
         "ElasticSampler": "plait.elastic.sampler",
         "StepPlan": "plait.elastic.sampler",
         "State": "plait.elastic.state",
+        "run": "plait.elastic.run",
     },
 )

@@ -65,6 +65,8 @@ class State:
         self.commits = 0
         self.commit_seconds = 0.0  # the last commit's cost
         self.reset_callbacks: list[Callable[[], None]] = []
+        # the membership changes this state lived through: (the failed rank, the new size)
+        self.changes: list[tuple[int, int]] = []
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("_values", {})
@@ -125,6 +127,9 @@ class State:
             # a copy: the objects must not share the commit's buffers (the next step would
             # write into them through the optimizer's state)
             obj.load_state_dict(_clone(committed["objects"][name]))
+            if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
+                # gradients are no part of a commit: those of the step in flight are dropped
+                obj.zero_grad(set_to_none=True)
         self._values.update(copy.deepcopy(committed["values"]))
         torch.set_rng_state(committed["rng"]["torch"].clone())
         random.setstate(committed["rng"]["python"])
