@@ -42,6 +42,16 @@ class RunConfig:
             "asynchronous training); servers that fail still stop the job"
         ),
     )
+    min_np: int | None = field(
+        default=None,
+        metadata=option(
+            "elastic (Horovod's --min-np): a rank that fails is reported and the others go "
+            "on (they re-form with plait.reform() / plait.elastic.run) while at least N "
+            "live; the launcher hosts the job's store, so any rank may die",
+            metavar="N",
+            default_text="not elastic: a failing rank stops the job",
+        ),
+    )
     module: bool = field(
         default=False,
         metadata=option("SCRIPT is a module name, run like `python -m SCRIPT`", aliases=("-m",)),
@@ -95,6 +105,13 @@ class RunConfig:
             raise ConfigError(
                 f"--node-rank must be in 0..{self.nnodes - 1} (--nnodes {self.nnodes}), "
                 f"got {self.node_rank}"
+            )
+        if self.min_np is not None and not 1 <= self.min_np <= self.nproc:
+            raise ConfigError(f"--min-np must be in 1..{self.nproc} (-n), got {self.min_np}")
+        if self.min_np is not None and (self.servers or self.nnodes > 1):
+            raise ConfigError(
+                "--min-np (elastic) is for a single host's workers: not with --servers or "
+                "--nnodes yet"
             )
         if self.nnodes > 1:
             self._check_hosts()

@@ -51,6 +51,7 @@ def run(config: RunConfig) -> int:
         master_port=config.master_port,
         servers=config.servers,
         survivable=range(config.nproc) if config.keep_going_on_worker_failure else (),
+        min_alive=config.min_np,
         nnodes=config.nnodes,
         node_rank=config.node_rank,
     )

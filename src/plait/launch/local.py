@@ -85,6 +85,7 @@ def launch(
     nnodes: int = 1,
     node_rank: int = 0,
     statuses: dict[int, int] | None = None,
+    min_alive: int | None = None,
 ) -> int:
     """Run `cmd` as `nproc` local ranks with the torchrun environment; return the job's status.
 
@@ -154,6 +155,13 @@ def launch(
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
     port = free_port(master_addr) if master_port is None else master_port
+    store = None
+    if min_alive is not None:  # elastic: any rank may die, so the store lives here
+        from plait.comm.bootstrap.store import host_for_ranks
+
+        store = host_for_ranks(master_addr, port, nproc)
+        env = {**env, "TORCHELASTIC_USE_AGENT_STORE": "true"}
+        survivable = range(nproc)
 
     sigs = _Signals()
     ranks: list[_Rank] = []
@@ -201,7 +209,7 @@ def launch(
                 rk.out.start()
                 rk.err.start()
             if sigs.first is None:
-                failed = _wait(ranks, sigs, set(survivable), err, exits)
+                failed = _wait(ranks, sigs, set(survivable), err, exits, min_alive)
             if failed is not None:
                 _see_exits(ranks, exits)
                 stopped = {rk.rank for rk in ranks if rk.rank not in exits}
@@ -214,6 +222,8 @@ def launch(
                 )
         finally:
             _stop(ranks, sigs, grace_s)
+            if store is not None:
+                store.close()
         for rk in ranks:
             rk.out.join(_PUMP_JOIN_S)
             rk.err.join(_PUMP_JOIN_S)
@@ -232,7 +242,9 @@ def launch(
                 tuple(rk.err.lines()),
             )
             for rk in ranks
-            if rk.rank not in survivable  # their failures were reported as they happened
+            # survivable ranks' failures were reported as they happened; an elastic job's
+            # (every rank survivable) explain why it stopped: too few were left
+            if rk.rank not in survivable or min_alive is not None
         ]
         report = explain(facts)
         out.flush()
@@ -255,13 +267,19 @@ def _names(rank: int, workers: int, servers: int) -> tuple[str, str]:
 
 
 def _wait(
-    ranks: list[_Rank], sigs: _Signals, survivable: set[int], err: TextIO, exits: dict[int, float]
+    ranks: list[_Rank],
+    sigs: _Signals,
+    survivable: set[int],
+    err: TextIO,
+    exits: dict[int, float],
+    min_alive: int | None = None,
 ) -> _Rank | None:
     """Block until every rank is done (None), a rank fails (that rank) or a signal comes.
 
-    A survivable rank's failure is reported on `err`, once, and the wait goes on. `exits`
-    gets the time each exit was first seen: the order in which ranks ended is evidence of
-    which one caused a failure.
+    A survivable rank's failure is reported on `err`, once, and the wait goes on, unless
+    fewer than `min_alive` ranks would be left (elastic jobs): then it stops the job as
+    any failure does. `exits` gets the time each exit was first seen: the order in which
+    ranks ended is evidence of which one caused a failure.
     """
     forgiven: set[int] = set()
     while sigs.first is None:
@@ -274,6 +292,14 @@ def _wait(
             elif code != 0 and rk.rank in survivable:
                 if rk.rank not in forgiven:
                     forgiven.add(rk.rank)
+                    left = len(ranks) - len(forgiven)
+                    if min_alive is not None and left < min_alive:
+                        write_line(
+                            err,
+                            f"plait run: {rk.name} failed ({describe_exit(code)}); {left} "
+                            f"rank(s) left, fewer than --min-np {min_alive}\n",
+                        )
+                        return rk
                     write_line(
                         err,
                         f"plait run: {rk.name} failed ({describe_exit(code)}); "

@@ -198,6 +198,28 @@ def make_store(world: WorldEnv, timeout: float) -> JobStore:
         raise
 
 
+def host_for_ranks(master_addr: str, port: int, size: int) -> JobStore:
+    """The job's store hosted by the launcher (elastic jobs, `plait run --min-np`), so that
+    it outlives any rank: a TCPStore listening on the rendezvous interface only, as rank
+    0's would (`_listen`); the ranks connect to it as to torchrun's agent's
+    (TORCHELASTIC_USE_AGENT_STORE). The launcher signs nothing: its key is unused.
+    `close()` frees the port."""
+    listener = _listen(rendezvous.listen_host(master_addr), port)
+    try:
+        raw = dist.TCPStore(
+            master_addr,
+            port,
+            size,
+            is_master=True,
+            wait_for_workers=False,
+            master_listen_fd=os.dup(listener.fileno()),
+        )
+    except BaseException:
+        listener.close()
+        raise
+    return JobStore(raw, b"", timeout_s=0.0, listener=listener)
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """A TCP socket listening on host:port only (never the wildcard address)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
