@@ -63,7 +63,9 @@ class Dispatcher:
         self._joinable = joinable
         self._worker = CallThread(f"plait-hvd-{id(self):x}")
         self._order = threading.RLock()  # taken to submit, and while running inline
-        self._rounds = 0  # ops completed or refused; equal on every rank (joined ranks count too)
+        # ops completed or refused; equal on every rank (joined ranks count too); with the
+        # named ops decided (NameTable.decided), what tells hvd.join() which rank joined last
+        self._rounds = 0
         self._join_mode = False  # some rank has joined and every op starts with join.agree
         # named ops meet by name on a communicator of their own (every rank of `comm` makes
         # its dispatcher together: hvd.init, add_process_set)
@@ -90,8 +92,11 @@ class Dispatcher:
             ValueError: an op of that name is still in progress on this rank.
         """
         if name is not None:
-            run, ordered = _streamed(lambda comm: self._execute_named(comm, ops, name))
-            return ordered(self._names.post(name, run))
+            run, ordered = _streamed(
+                lambda comm, in_join: self._execute_named(comm, ops, name, in_join)
+            )
+            rounds = sum(op.kind != "local" for op in ops)
+            return ordered(self._names.post(name, rounds, run))
         with self._order:
             return self._queue(ops)
 
@@ -111,7 +116,10 @@ class Dispatcher:
             return 0
         joining.require_check()
         serve = Op("join", lambda comm, flat: self._serve_until_all_joined(device))
-        return self.run([serve])[0]
+        self._names.join(device)  # named ops, decided meanwhile, are served too
+        last: int = self.run([serve])[0]
+        self._names.unjoin()
+        return last
 
     def close(self) -> None:
         self._names.close()
@@ -121,8 +129,8 @@ class Dispatcher:
     def _queue(self, ops: Sequence[Op[Any]]) -> Request[list[Any]]:
         """Hand `ops` to the worker thread (the caller holds `_order`), on the caller's CUDA
         stream where CUDA is in use (see the module's docstring)."""
-        run, ordered = _streamed(lambda comm: self._execute(ops))
-        return ordered(self._worker.submit(lambda: run(self.comm)))
+        run, ordered = _streamed(lambda comm, in_join: self._execute(ops))
+        return ordered(self._worker.submit(lambda: run(self.comm, False)))
 
     def _execute(self, ops: Sequence[Op[Any]]) -> list[Any]:
         try:
@@ -131,12 +139,14 @@ class Dispatcher:
         except PlaitError as e:
             raise as_horovod(e) from None
 
-    def _execute_named(self, comm: Communicator, ops: Sequence[Op[Any]], name: str) -> list[Any]:
-        """Run the op list named `name` on the named communicator (joined ranks do not serve
-        it: see docs/horovod.md)."""
+    def _execute_named(
+        self, comm: Communicator, ops: Sequence[Op[Any]], name: str, in_join: bool
+    ) -> list[Any]:
+        """Run the op list named `name` on the named communicator; `in_join`: some rank has
+        joined, and serves each collective after a join.agree round (names.py)."""
         try:
             with torch.no_grad():
-                return [op.run(comm, False) for op in ops]
+                return [self._named_one(comm, op, in_join) for op in ops]
         except PlaitError as e:
             e.args = (f"{e} (the op named {name!r})", *e.args[1:])
             raise as_horovod(e) from None
@@ -156,7 +166,7 @@ class Dispatcher:
             else:
                 self._rounds += 1
                 return out
-        plan = joining.agree(self.comm, joining.describe(op, self._rounds))
+        plan = joining.agree(self.comm, joining.describe(op, self._rounds + self._names.decided))
         if plan.refused:  # the joined ranks skip this call and stay joined
             self._rounds += 1  # a call made after they joined: ours is the later join
             raise HorovodInternalError(plan.refused)
@@ -164,8 +174,16 @@ class Dispatcher:
         self._rounds += 1
         return out
 
+    def _named_one(self, comm: Communicator, op: Op[T], in_join: bool) -> T:
+        if not in_join or op.kind == "local":
+            return op.run(comm, False)
+        plan = joining.agree(comm, joining.describe(op, 0))
+        if plan.refused:
+            raise HorovodInternalError(plan.refused)
+        return op.run(comm, True)
+
     def _serve_until_all_joined(self, device: torch.device | None) -> int:
-        mine = joining.joined_row(self._rounds)
+        mine = joining.joined_row(self._rounds + self._names.decided)
         while True:
             try:
                 plan = joining.agree(self.comm, mine)
@@ -185,8 +203,8 @@ class Dispatcher:
 
 
 def _streamed(
-    fn: Callable[[Communicator], T],
-) -> tuple[Callable[[Communicator], T], Callable[[Request[T]], Request[T]]]:
+    fn: Callable[[Communicator, bool], T],
+) -> tuple[Callable[[Communicator, bool], T], Callable[[Request[T]], Request[T]]]:
     """`fn`, to be run on another thread, on the caller's CUDA stream where CUDA is in use
     (see the module's docstring), and what makes its request wait for that stream."""
     if not torch.cuda.is_initialized():  # a CPU job: never touch CUDA
@@ -194,10 +212,10 @@ def _streamed(
     stream = torch.cuda.current_stream()
     after = torch.cuda.Event()
 
-    def run(comm: Communicator) -> T:
+    def run(comm: Communicator, in_join: bool) -> T:
         with _on(stream):
             try:
-                return fn(comm)
+                return fn(comm, in_join)
             finally:
                 after.record(stream)
 
