@@ -11,6 +11,7 @@ unpickled (servers use their own wire format).
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,11 +71,18 @@ class AnySource(Request[None]):
         return self._match() and self._inner is not None and self._inner.done()
 
     def wait(self) -> None:
-        if self._inner is None:
-            self._runner.engine.await_arrival(self._peers, self._tag)
-            self._match()
+        self.arrive()
         assert self._inner is not None
         self._inner.wait()
+
+    def arrive(self, until: Callable[[], bool] | None = None) -> bool:
+        """Make progress until some peer's message has come (True: `wait` receives it), or
+        until `until()` holds (False; checked whenever another thread wakes the engine)."""
+        if self._inner is None:
+            if self._runner.engine.await_arrival(self._peers, self._tag, until) is None:
+                return False
+            self._match()
+        return True
 
 
 def isend(

@@ -196,21 +196,29 @@ class Engine(Inbound):
             req.done, f"rank {req.peer}, which is alive but did not answer", lambda: req.park(0.002)
         )
 
-    def await_arrival(self, peers: list[int], tag: int) -> int:
+    def await_arrival(
+        self, peers: list[int], tag: int, until: Callable[[], bool] | None = None
+    ) -> int | None:
         """Make progress until the next message under `tag` from one of `peers` has come
         (whole, or begun); return that peer (a receive from any source picks it with this:
-        messaging.AnySource). Polls the sockets itself, as `drive` does, so the message is
-        seen when it comes, not when the engine thread next looks."""
+        messaging.AnySource), or None once `until()` holds (checked after each `wake()`).
+        Polls the sockets itself, as `drive` does, so the message is seen when it comes, not
+        when the engine thread next looks."""
         found: list[int] = []
 
         def arrived() -> bool:
             peer = self.arrived_from(peers, tag)
             if peer is not None:
                 found.append(peer)
-            return peer is not None
+            return peer is not None or (until is not None and until())
 
         self._drive_until(arrived, "a message from any rank", lambda: time.sleep(0.0005))
-        return found[0]
+        return found[0] if found else None
+
+    def wake(self) -> None:
+        """Make the thread polling the sockets look again at what it waits for (another
+        thread changed it: see await_arrival's `until`)."""
+        self._wake()
 
     def _drive_until(
         self, done: Callable[[], bool], waited_for: str, park: Callable[[], None]

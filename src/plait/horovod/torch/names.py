@@ -97,6 +97,7 @@ class NameTable:
         self._joined_here = False  # this rank is in hvd.join()
         self._gpu: torch.device | None = None  # where a joined rank's stand-ins go
         self._rejoined = threading.Event()  # join is over for the named ops too
+        self._fresh = False  # rank 0: a name was posted here since the sequencer last looked
         self.decided = 0  # named ops run or served here: hvd.join() counts them (join.py)
 
     def post(self, op_key: str, rounds: int, run: Run) -> Future[Any]:
@@ -120,8 +121,10 @@ class NameTable:
                 )
             posted = _Posted(op_key, run)
             self._waiting[h] = posted
-            if self.comm.rank == 0:
+            if self.comm.rank == 0:  # wake the sequencer if it waits for the others
                 self._rounds[h] = rounds
+                self._fresh = True
+                self.comm.engine.wake()
             else:
                 self._send([h, rounds, 0], 0, _ANNOUNCE)
             start = not self._serving
@@ -137,6 +140,8 @@ class NameTable:
             self._rejoined.clear()
             if self.comm.rank == 0:
                 self._joined.add(0)
+                self._fresh = True
+                self.comm.engine.wake()
             else:
                 self._send([_JOINED, 0, 0], 0, _ANNOUNCE)
             start = not self._serving
@@ -220,8 +225,12 @@ class NameTable:
         """Rank 0: wait for the first op that every rank that has not joined posted (this
         rank's first, unless it has joined), or for the end of a join; tell every rank."""
         while True:
+            with self._lock:
+                self._fresh = False  # set again by a post here: _take then returns
             while (h := self._ready()) is None:
                 self._take(block=True)
+                with self._lock:
+                    self._fresh = False
             while self._take(block=False):  # batch what has come meanwhile
                 pass
             if (h := self._ready()) is not None:
@@ -253,10 +262,13 @@ class NameTable:
         return None
 
     def _take(self, block: bool) -> bool:
-        """Rank 0: note one other rank's message (False: none had come, not blocking)."""
+        """Rank 0: note one other rank's message (False: none had come, not blocking; or,
+        blocking, this rank posted a name meanwhile)."""
         buf = torch.empty(3, dtype=torch.int64)
         src = self.comm.irecv_any(buf, _ANNOUNCE)
         if not block and not src.done() and src.source < 0:  # nothing has come
+            return False
+        if block and not src.arrive(lambda: self._fresh):
             return False
         src.wait()
         h, rounds, _ = buf.tolist()

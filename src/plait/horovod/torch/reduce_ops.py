@@ -339,10 +339,8 @@ def grouped_allreduce_(
     """Reduce a list of tensors in place; return them."""
     rop = reduce_name(reduction(op, average))
     d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
-    d.run(
-        _traced(rec, [*ops, local(lambda: _copy_back(packs, tensors))]),
-        key("grouped_allreduce", name),
-    )
+    ops.append(local(lambda: _copy_back(packs, tensors)))
+    d.run(_traced(rec, ops), key("grouped_allreduce", name))
     return tuple(tensors)
 
 
