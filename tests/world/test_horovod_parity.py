@@ -28,6 +28,11 @@ from support.horovod_checks import (
     mse,
     same_params,
 )
+from support.horovod_names import (
+    check_duplicate_names,
+    check_hooks_in_any_order,
+    check_names_in_any_order,
+)
 from support.world import worlds_at_once
 
 pytestmark = pytest.mark.timeout(150)
@@ -243,6 +248,11 @@ def check_build_flags(hvd: Any, ck: Checks, comm: Any) -> None:
 
 # in the order they are written, which is the order they run
 SECTIONS = {name[6:]: check for name, check in list(globals().items()) if name.startswith("check_")}
+SECTIONS.update(  # negotiation by name (issue 33): support/horovod_names.py
+    duplicate_names=check_duplicate_names,
+    names_in_any_order=check_names_in_any_order,
+    hooks_in_any_order=check_hooks_in_any_order,
+)
 
 
 def battery(comm: Any) -> dict[str, list[str]]:
@@ -280,6 +290,18 @@ def test_integer_averages_round_toward_zero(world: list[dict[str, list[str]]]) -
 
 def test_the_same_name_in_flight_is_an_error(world: list[dict[str, list[str]]]) -> None:
     assert_section(world, "same_name_in_flight")
+
+
+def test_horovods_duplicate_name_tests(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "duplicate_names")
+
+
+def test_named_ops_meet_by_name_in_any_order(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "names_in_any_order")
+
+
+def test_optimizer_hooks_fire_in_any_order(world: list[dict[str, list[str]]]) -> None:
+    assert_section(world, "hooks_in_any_order")
 
 
 def test_process_sets_take_global_roots(world: list[dict[str, list[str]]]) -> None:

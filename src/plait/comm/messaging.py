@@ -11,7 +11,7 @@ unpickled (servers use their own wire format).
 from __future__ import annotations
 
 import pickle
-import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +21,6 @@ from plait.comm.backends.device_links import LaneRequest, StagedLink
 from plait.comm.core.request import Request
 from plait.comm.dispatch.runner import Runner
 from plait.comm.transport.engine import Engine
-from plait.errors import CommTimeoutError
 
 _USER_TAG = 1 << 63
 _MAX_USER_TAG = (1 << 32) - 1
@@ -44,8 +43,8 @@ def _p2p_args(runner: Runner, t: object, peer: object, tag: object, what: str) -
 class AnySource(Request[None]):
     """A receive from whichever other rank's message under a tag comes first (MPI's
     MPI_ANY_SOURCE; torch's `recv` without `src`). The engine matches by (peer, tag), so
-    `wait` looks for the first peer whose message has come, polling every half
-    millisecond, then receives it from that peer; `source` is that rank (-1 until then)."""
+    `wait` makes progress until some peer's message has come (Engine.await_arrival), then
+    receives it from that peer; `source` is that rank (-1 until then)."""
 
     def __init__(self, runner: Runner, tensor: torch.Tensor, tag: int) -> None:
         self._runner, self._buf = runner, tensor.view(-1)
@@ -72,17 +71,18 @@ class AnySource(Request[None]):
         return self._match() and self._inner is not None and self._inner.done()
 
     def wait(self) -> None:
-        engine = self._runner.engine
-        deadline = time.monotonic() + engine.timeout
-        while not self._match():
-            if time.monotonic() > deadline:
-                raise CommTimeoutError(
-                    f"rank {engine.rank} waited {engine.timeout:.0f} s for a message from any "
-                    "rank (raise PLAIT_TIMEOUT if expected)"
-                )
-            time.sleep(0.0005)
+        self.arrive()
         assert self._inner is not None
         self._inner.wait()
+
+    def arrive(self, until: Callable[[], bool] | None = None) -> bool:
+        """Make progress until some peer's message has come (True: `wait` receives it), or
+        until `until()` holds (False; checked whenever another thread wakes the engine)."""
+        if self._inner is None:
+            if self._runner.engine.await_arrival(self._peers, self._tag, until) is None:
+                return False
+            self._match()
+        return True
 
 
 def isend(

@@ -192,8 +192,41 @@ class Engine(Inbound):
 
     def drive(self, req: Transfer) -> None:
         """Make progress until `req` is done (or its deadline passes)."""
+        self._drive_until(
+            req.done, f"rank {req.peer}, which is alive but did not answer", lambda: req.park(0.002)
+        )
+
+    def await_arrival(
+        self, peers: list[int], tag: int, until: Callable[[], bool] | None = None
+    ) -> int | None:
+        """Make progress until the next message under `tag` from one of `peers` has come
+        (whole, or begun); return that peer (a receive from any source picks it with this:
+        messaging.AnySource), or None once `until()` holds (checked after each `wake()`).
+        Polls the sockets itself, as `drive` does, so the message is seen when it comes, not
+        when the engine thread next looks."""
+        found: list[int] = []
+
+        def arrived() -> bool:
+            peer = self.arrived_from(peers, tag)
+            if peer is not None:
+                found.append(peer)
+            return peer is not None or (until is not None and until())
+
+        self._drive_until(arrived, "a message from any rank", lambda: time.sleep(0.0005))
+        return found[0] if found else None
+
+    def wake(self) -> None:
+        """Make the thread polling the sockets look again at what it waits for (another
+        thread changed it: see await_arrival's `until`)."""
+        self._wake()
+
+    def _drive_until(
+        self, done: Callable[[], bool], waited_for: str, park: Callable[[], None]
+    ) -> None:
+        """Make progress until `done()` (or the deadline passes); `park()` sleeps a little
+        while another thread polls."""
         deadline = time.monotonic() + self.timeout
-        while not req.done():
+        while not done():
             if not self._running:
                 raise PlaitError(_SHUT_DOWN)
             if self.error is not None:  # whatever failed, this request cannot finish now
@@ -202,19 +235,18 @@ class Engine(Inbound):
             self._last_active = now
             if now > deadline:
                 raise CommTimeoutError(
-                    f"rank {self.rank} waited {self.timeout:.0f} s for rank {req.peer}, which "
-                    "is alive but did not answer (raise PLAIT_TIMEOUT if it is busy on purpose, "
-                    "e.g. evaluating)"
+                    f"rank {self.rank} waited {self.timeout:.0f} s for {waited_for} (raise "
+                    "PLAIT_TIMEOUT if it is busy on purpose, e.g. evaluating)"
                 )
             if self._progress.acquire(blocking=False):
                 try:
-                    while not req.done() and time.monotonic() < deadline:
+                    while not done() and time.monotonic() < deadline:
                         self._poll(self.hb_interval / 2)
                 finally:
                     self._progress.release()
             else:  # another thread is polling; it completes our request too
                 self._wake()
-                req.park(0.002)
+                park()
 
     def _loop(self) -> None:
         try:

@@ -4,7 +4,9 @@ Every hvd collective becomes one or more `Op`s (one communicator call each) that
 `Dispatcher` runs on one worker thread, in the order they were issued: plait's
 Communicator matches calls by order, so async calls from gradient hooks and blocking calls
 from the script must reach it in one sequence. A blocking call made while nothing is queued
-runs inline (no thread hop). The dispatcher is also where hvd.join() lives: see join.py.
+runs inline (no thread hop). Ops the script named go to the dispatcher's `NameTable`
+instead (names.py): they meet by name, on a communicator of their own, in any order. The
+dispatcher is also where hvd.join() lives: see join.py.
 
 CUDA tensors: what the script queued on its current stream before a call must come first,
 as in Horovod (which records a ready event on it). An op list that goes to the worker thread
@@ -31,6 +33,7 @@ from plait.comm.dispatch.call_thread import CallThread
 from plait.errors import CollectiveMismatchError, PlaitError
 from plait.horovod.torch import join as joining
 from plait.horovod.torch.exceptions import HorovodInternalError, as_horovod
+from plait.horovod.torch.names import NameTable
 
 T = TypeVar("T")
 
@@ -60,19 +63,40 @@ class Dispatcher:
         self._joinable = joinable
         self._worker = CallThread(f"plait-hvd-{id(self):x}")
         self._order = threading.RLock()  # taken to submit, and while running inline
-        self._rounds = 0  # ops completed or refused; equal on every rank (joined ranks count too)
+        # ops completed or refused; equal on every rank (joined ranks count too); with the
+        # named ops decided (NameTable.decided), what tells hvd.join() which rank joined last
+        self._rounds = 0
         self._join_mode = False  # some rank has joined and every op starts with join.agree
+        # named ops meet by name on a communicator of their own (every rank of `comm` makes
+        # its dispatcher together: hvd.init, add_process_set)
+        named = comm.split(ranks=list(range(comm.size)))
+        assert named is not None
+        self._names = NameTable(named, f"{id(self):x}")
 
-    def run(self, ops: Sequence[Op[Any]]) -> list[Any]:
-        """Run `ops` in order after everything queued; return their results."""
+    def run(self, ops: Sequence[Op[Any]], name: str | None = None) -> list[Any]:
+        """Run `ops` in order after everything queued, or, when `name` (Horovod's name of the
+        op, names.key) is given, once every rank has posted that name; return their results."""
+        if name is not None:
+            return self.submit(ops, name).wait()
         with self._order:
             if self._worker.idle:
                 return self._execute(ops)
             handle = self._queue(ops)
         return handle.wait()
 
-    def submit(self, ops: Sequence[Op[Any]]) -> Request[list[Any]]:
-        """Queue `ops` (kept together, in order); the handle's result is their results."""
+    def submit(self, ops: Sequence[Op[Any]], name: str | None = None) -> Request[list[Any]]:
+        """Queue `ops` (kept together, in order); the handle's result is their results.
+        With `name`, they run once every rank has posted that name (names.py).
+
+        Raises:
+            ValueError: an op of that name is still in progress on this rank.
+        """
+        if name is not None:
+            run, ordered = _streamed(
+                lambda comm, in_join: self._execute_named(comm, ops, name, in_join)
+            )
+            rounds = sum(op.kind != "local" for op in ops)
+            return ordered(self._names.post(name, rounds, run))
         with self._order:
             return self._queue(ops)
 
@@ -92,34 +116,39 @@ class Dispatcher:
             return 0
         joining.require_check()
         serve = Op("join", lambda comm, flat: self._serve_until_all_joined(device))
-        return self.run([serve])[0]
+        self._names.join(device)  # named ops, decided meanwhile, are served too
+        last: int = self.run([serve])[0]
+        self._names.unjoin()
+        return last
 
     def close(self) -> None:
+        self._names.close()
         self._worker.stop()
 
     # ----------------------------------------------------------------- internals
     def _queue(self, ops: Sequence[Op[Any]]) -> Request[list[Any]]:
         """Hand `ops` to the worker thread (the caller holds `_order`), on the caller's CUDA
         stream where CUDA is in use (see the module's docstring)."""
-        if not torch.cuda.is_initialized():  # a CPU job: never touch CUDA
-            return self._worker.submit(lambda: self._execute(ops))
-        stream = torch.cuda.current_stream()
-        after = torch.cuda.Event()
-
-        def run() -> list[Any]:
-            with _on(stream):
-                try:
-                    return self._execute(ops)
-                finally:
-                    after.record(stream)
-
-        return _StreamOrdered(self._worker.submit(run), stream, after)
+        run, ordered = _streamed(lambda comm, in_join: self._execute(ops))
+        return ordered(self._worker.submit(lambda: run(self.comm, False)))
 
     def _execute(self, ops: Sequence[Op[Any]]) -> list[Any]:
         try:
             with torch.no_grad():  # grad mode is per thread; the worker needs it too
                 return [self._one(op) for op in ops]
         except PlaitError as e:
+            raise as_horovod(e) from None
+
+    def _execute_named(
+        self, comm: Communicator, ops: Sequence[Op[Any]], name: str, in_join: bool
+    ) -> list[Any]:
+        """Run the op list named `name` on the named communicator; `in_join`: some rank has
+        joined, and serves each collective after a join.agree round (names.py)."""
+        try:
+            with torch.no_grad():
+                return [self._named_one(comm, op, in_join) for op in ops]
+        except PlaitError as e:
+            e.args = (f"{e} (the op named {name!r})", *e.args[1:])
             raise as_horovod(e) from None
 
     def _one(self, op: Op[T]) -> T:
@@ -137,7 +166,7 @@ class Dispatcher:
             else:
                 self._rounds += 1
                 return out
-        plan = joining.agree(self.comm, joining.describe(op, self._rounds))
+        plan = joining.agree(self.comm, joining.describe(op, self._rounds + self._names.decided))
         if plan.refused:  # the joined ranks skip this call and stay joined
             self._rounds += 1  # a call made after they joined: ours is the later join
             raise HorovodInternalError(plan.refused)
@@ -145,8 +174,16 @@ class Dispatcher:
         self._rounds += 1
         return out
 
+    def _named_one(self, comm: Communicator, op: Op[T], in_join: bool) -> T:
+        if not in_join or op.kind == "local":
+            return op.run(comm, False)
+        plan = joining.agree(comm, joining.describe(op, 0))
+        if plan.refused:
+            raise HorovodInternalError(plan.refused)
+        return op.run(comm, True)
+
     def _serve_until_all_joined(self, device: torch.device | None) -> int:
-        mine = joining.joined_row(self._rounds)
+        mine = joining.joined_row(self._rounds + self._names.decided)
         while True:
             try:
                 plan = joining.agree(self.comm, mine)
@@ -163,6 +200,26 @@ class Dispatcher:
                 continue
             joining.serve(self.comm, plan, device)
             self._rounds += 1
+
+
+def _streamed(
+    fn: Callable[[Communicator, bool], T],
+) -> tuple[Callable[[Communicator, bool], T], Callable[[Request[T]], Request[T]]]:
+    """`fn`, to be run on another thread, on the caller's CUDA stream where CUDA is in use
+    (see the module's docstring), and what makes its request wait for that stream."""
+    if not torch.cuda.is_initialized():  # a CPU job: never touch CUDA
+        return fn, lambda req: req
+    stream = torch.cuda.current_stream()
+    after = torch.cuda.Event()
+
+    def run(comm: Communicator, in_join: bool) -> T:
+        with _on(stream):
+            try:
+                return fn(comm, in_join)
+            finally:
+                after.record(stream)
+
+    return run, lambda req: _StreamOrdered(req, stream, after)
 
 
 @contextlib.contextmanager
@@ -211,7 +268,6 @@ def apply(fn: Any, *args: Any) -> Any:
 class _Pending:
     handle: Request[list[Any]]
     finish: Callable[[list[Any]], Any]
-    name: str | None = None  # the op's name= (Horovod's tensor name), when given
 
 
 _handles: dict[int, _Pending] = {}
@@ -219,36 +275,12 @@ _ids = itertools.count(1)
 _handles_lock = threading.Lock()
 
 
-def register(
-    handle: Request[list[Any]], finish: Callable[[list[Any]], Any], name: str | None = None
-) -> int:
-    """A new Horovod handle (an int) for `handle`; synchronize returns finish(results).
-    `name`: the op's name, held (see `claim`) until the op has finished."""
+def register(handle: Request[list[Any]], finish: Callable[[list[Any]], Any]) -> int:
+    """A new Horovod handle (an int) for `handle`; synchronize returns finish(results)."""
     with _handles_lock:
         hid = next(_ids)
-        _handles[hid] = _Pending(handle, finish, name)
+        _handles[hid] = _Pending(handle, finish)
     return hid
-
-
-def claim(name: str | None, what: str) -> None:
-    """Refuse an op named `name` while another op of that name is in progress, as Horovod
-    does (its ops are matched by name; a second one would be an error on some other rank,
-    later). Checked before the op is submitted, so nothing starts. A name is free again
-    once its op has finished, synchronized or not.
-
-    Raises:
-        ValueError: an op named `name` is still in progress.
-    """
-    if name is None:  # Horovod makes up a unique name for each unnamed op
-        return
-    with _handles_lock:
-        busy = any(p.name == name and not p.handle.done() for p in _handles.values())
-    if busy:
-        raise ValueError(
-            f"cannot {what} a tensor named {name!r}: another operation with that name is "
-            "still in progress (Horovod refuses this too); give each operation in flight its "
-            "own name, or synchronize the first one before"
-        )
 
 
 def clear_handles() -> None:

@@ -15,7 +15,8 @@ import torch
 from plait.horovod.torch import timeline
 from plait.horovod.torch.basics import ProcessSet, dispatcher, state
 from plait.horovod.torch.basics import global_process_set as _global
-from plait.horovod.torch.dispatch import Op, apply, claim, register
+from plait.horovod.torch.dispatch import Op, apply, register
+from plait.horovod.torch.names import key
 from plait.horovod.torch.reduce_ops import allreduce
 
 Tensor = torch.Tensor
@@ -47,9 +48,9 @@ def allgather_async(
     tensor: Tensor, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start concatenating every rank's `tensor` along dim 0 (which may differ); a handle."""
-    claim(name, "allgather")
-    handle = dispatcher(process_set).submit(_traced("allgather", name, [tensor], process_set))
-    return register(handle, lambda results: results[0], name=name)
+    ops = _traced("allgather", name, [tensor], process_set)
+    handle = dispatcher(process_set).submit(ops, key("allgather", name))
+    return register(handle, lambda results: results[0])
 
 
 def _traced(prefix: str, name: str | None, tensors: Sequence[Tensor], ps: ProcessSet) -> Any:
@@ -64,7 +65,8 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: Tensor, ps: ProcessSet, name: Any) -> Tensor:
         ctx.hvd = (tensor.shape[0], ps)
-        out: Tensor = dispatcher(ps).run(_traced("allgather", name, [tensor], ps))[0]
+        ops = _traced("allgather", name, [tensor], ps)
+        out: Tensor = dispatcher(ps).run(ops, key("allgather", name))[0]
         return out
 
     @staticmethod
@@ -86,11 +88,9 @@ def grouped_allgather_async(
     tensors: Sequence[Tensor], name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start an allgather of each tensor; synchronize returns the list of results."""
-    claim(name, "allgather")
-    handle = dispatcher(process_set).submit(
-        _traced("grouped_allgather", name, tensors, process_set)
-    )
-    return register(handle, lambda results: list(results), name=name)
+    ops = _traced("grouped_allgather", name, tensors, process_set)
+    handle = dispatcher(process_set).submit(ops, key("grouped_allgather", name))
+    return register(handle, lambda results: list(results))
 
 
 def grouped_allgather(
@@ -148,22 +148,21 @@ def broadcast_async(
     tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start broadcasting the root's `tensor` into a new tensor; returns a handle."""
-    claim(name, "broadcast")
     ready = timeline.now() if timeline.current() else -1
     out = tensor.detach().clone(memory_format=torch.contiguous_format)
     root = check_root(root_rank, process_set)
-    handle = dispatcher(process_set).submit(_broadcast_ops(out, root, name, process_set, ready))
-    return register(handle, lambda _: out, name=name)
+    ops = _broadcast_ops(out, root, name, process_set, ready)
+    handle = dispatcher(process_set).submit(ops, key("broadcast", name))
+    return register(handle, lambda _: out)
 
 
 def broadcast_async_(
     tensor: Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start overwriting `tensor` with the root's, in place; returns a handle."""
-    claim(name, "broadcast")
     root = check_root(root_rank, process_set)
     ops = _broadcast_ops(tensor, root, name, process_set)
-    return register(dispatcher(process_set).submit(ops), lambda _: tensor, name=name)
+    return register(dispatcher(process_set).submit(ops, key("broadcast", name)), lambda _: tensor)
 
 
 def broadcast_(
@@ -171,7 +170,8 @@ def broadcast_(
 ) -> Tensor:
     """Overwrite `tensor` with the root's, in place; return it."""
     root = check_root(root_rank, process_set)
-    dispatcher(process_set).run(_broadcast_ops(tensor, root, name, process_set))
+    ops = _broadcast_ops(tensor, root, name, process_set)
+    dispatcher(process_set).run(ops, key("broadcast", name))
     return tensor
 
 
@@ -181,7 +181,7 @@ class _Broadcast(torch.autograd.Function):
         ctx.hvd = (root, ps)
         ready = timeline.now() if timeline.current() else -1
         out = tensor.detach().clone(memory_format=torch.contiguous_format)
-        dispatcher(ps).run(_broadcast_ops(out, root, name, ps, ready))
+        dispatcher(ps).run(_broadcast_ops(out, root, name, ps, ready), key("broadcast", name))
         return out
 
     @staticmethod
@@ -251,19 +251,17 @@ def alltoall_async(
     tensor: Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = _global
 ) -> int:
     """Start an alltoall; synchronize returns (output, received splits)."""
-    claim(name, "alltoall")
     d = dispatcher(process_set)
     _splits(splits, tensor, d.comm.size)  # bad splits raise here, not in the worker
-    return register(
-        d.submit([_alltoall_op(tensor, splits, True)]), lambda results: results[0], name=name
-    )
+    handle = d.submit([_alltoall_op(tensor, splits, True)], key("alltoall", name))
+    return register(handle, lambda results: results[0])
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: Tensor, splits: Any, ps: ProcessSet) -> Any:
+    def forward(ctx: Any, tensor: Tensor, splits: Any, ps: ProcessSet, name: Any) -> Any:
         d = dispatcher(ps)
-        out, got = d.run([_alltoall_op(tensor, splits, True)])[0]
+        out, got = d.run([_alltoall_op(tensor, splits, True)], key("alltoall", name))[0]
         ctx.hvd = (got, ps)
         if splits is None:
             return out
@@ -274,7 +272,7 @@ class _Alltoall(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor, *unused: Any) -> tuple[Tensor | None, ...]:
         got, ps = ctx.hvd
         back, _ = alltoall(grad, splits=got, process_set=ps)
-        return back, None, None
+        return back, None, None, None
 
 
 def alltoall(
@@ -283,7 +281,7 @@ def alltoall(
     """Send rows splits[j] of dim 0 to rank j; return what every rank sent here (in rank
     order) and, when `splits` is given, how many rows came from each rank (int32)."""
     _splits(splits, tensor, dispatcher(process_set).comm.size)
-    return apply(_Alltoall, tensor, splits, process_set)
+    return apply(_Alltoall, tensor, splits, process_set, name)
 
 
 # ------------------------------------------------------------------ barrier and join

@@ -20,7 +20,8 @@ from plait.horovod.torch import adasum, timeline
 from plait.horovod.torch.basics import Adasum, Average, ProcessSet, Sum, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.compression import Compression, Compressor
-from plait.horovod.torch.dispatch import Dispatcher, Op, apply, claim, register
+from plait.horovod.torch.dispatch import Dispatcher, Op, apply, register
+from plait.horovod.torch.names import key
 
 Tensor = torch.Tensor
 
@@ -114,7 +115,6 @@ def allreduce_async(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing `tensor` over all ranks into a new tensor; returns a handle."""
-    claim(name, "allreduce")
     tl = timeline.current()
     ready = timeline.now() if tl else 0
     rop = reduce_name(reduction(op, average))
@@ -123,7 +123,7 @@ def allreduce_async(
     ops = allreduce_ops(buf, rop, prescale_factor, postscale_factor)
     if tl:
         ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
-    return register(d.submit(ops), lambda _: buf, name=name)
+    return register(d.submit(ops, key("allreduce", name)), lambda _: buf)
 
 
 def allreduce_async_(
@@ -136,7 +136,6 @@ def allreduce_async_(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing `tensor` in place; don't touch it before synchronize(handle)."""
-    claim(name, "allreduce")
     tl = timeline.current()
     ready = timeline.now() if tl else 0
     rop = reduce_name(reduction(op, average))
@@ -144,7 +143,7 @@ def allreduce_async_(
     ops = _inplace_ops(tensor, rop, prescale_factor, postscale_factor)
     if tl:
         ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
-    return register(d.submit(ops), lambda _: tensor, name=name)
+    return register(d.submit(ops, key("allreduce", name)), lambda _: tensor)
 
 
 def allreduce_(
@@ -164,7 +163,7 @@ def allreduce_(
     ops = _inplace_ops(tensor, rop, prescale_factor, postscale_factor)
     if tl:
         ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
-    d.run(ops)
+    d.run(ops, key("allreduce", name))
     return tensor
 
 
@@ -192,7 +191,7 @@ class _Allreduce(torch.autograd.Function):
         ops = allreduce_ops(buf, rop, pre, post)
         if tl:
             ops = tl.trace(d, "allreduce", name, [tensor], ops, ready)
-        d.run(ops)
+        d.run(ops, key("allreduce", name))
         return buf
 
     @staticmethod
@@ -305,11 +304,10 @@ def grouped_allreduce_async(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing a list of tensors into new tensors (one collective per dtype)."""
-    claim(name, "allreduce")
     rop = reduce_name(reduction(op, average))
     d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
-    handle = d.submit(_traced(rec, ops))
-    return register(handle, lambda _: _unpacked(packs, len(tensors)), name=name)
+    handle = d.submit(_traced(rec, ops), key("grouped_allreduce", name))
+    return register(handle, lambda _: _unpacked(packs, len(tensors)))
 
 
 def grouped_allreduce_async_(
@@ -322,11 +320,11 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = _global,
 ) -> int:
     """Start reducing a list of tensors in place."""
-    claim(name, "allreduce")
     rop = reduce_name(reduction(op, average))
     d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
     ops.append(local(lambda: _copy_back(packs, tensors)))
-    return register(d.submit(_traced(rec, ops)), lambda _: tuple(tensors), name=name)
+    handle = d.submit(_traced(rec, ops), key("grouped_allreduce", name))
+    return register(handle, lambda _: tuple(tensors))
 
 
 def grouped_allreduce_(
@@ -341,7 +339,8 @@ def grouped_allreduce_(
     """Reduce a list of tensors in place; return them."""
     rop = reduce_name(reduction(op, average))
     d, packs, ops, rec = _packed(tensors, process_set, name, rop, prescale_factor, postscale_factor)
-    d.run(_traced(rec, [*ops, local(lambda: _copy_back(packs, tensors))]))
+    ops.append(local(lambda: _copy_back(packs, tensors)))
+    d.run(_traced(rec, ops), key("grouped_allreduce", name))
     return tuple(tensors)
 
 
@@ -354,7 +353,7 @@ class _GroupedAllreduce(torch.autograd.Function):
     ) -> Any:
         ctx.hvd = (op, pre, post, ps)
         d, packs, ops, rec = _packed(tensors, ps, name, reduce_name(op), pre, post)
-        d.run(_traced(rec, ops))
+        d.run(_traced(rec, ops), key("grouped_allreduce", name))
         t0 = timeline.now() if rec else 0
         # separate tensors, not views of one buffer: autograd outputs may be modified in place
         out = tuple(t.clone() for t in _unpacked(packs, len(tensors)))

@@ -14,8 +14,9 @@ import torch
 from plait.horovod.torch.basics import Average, ProcessSet, Sum, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.compression import Compression, Compressor
-from plait.horovod.torch.dispatch import Op, apply, claim, register
+from plait.horovod.torch.dispatch import Op, apply, register
 from plait.horovod.torch.gather_ops import allgather
+from plait.horovod.torch.names import key
 from plait.horovod.torch.reduce_ops import scale
 
 Tensor = torch.Tensor
@@ -48,10 +49,9 @@ def reducescatter_async(
 ) -> int:
     """Start a reducescatter: reduce over ranks, keep this rank's rows of dim 0 (lower ranks get
     one more row when dim 0 does not divide evenly); returns a handle."""
-    claim(name, "reducescatter")
     d = dispatcher(process_set)
-    handle = d.submit([_reducescatter_op(tensor, op, prescale_factor, postscale_factor)])
-    return register(handle, lambda results: results[0], name=name)
+    ops = [_reducescatter_op(tensor, op, prescale_factor, postscale_factor)]
+    return register(d.submit(ops, key("reducescatter", name)), lambda results: results[0])
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -60,10 +60,11 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, tensor: Tensor, op: int, pre: float, post: float, ps: ProcessSet
+        ctx: Any, tensor: Tensor, op: int, pre: float, post: float, ps: ProcessSet, name: Any
     ) -> Tensor:
         ctx.hvd = (op, pre, post, ps)
-        out: Tensor = dispatcher(ps).run([_reducescatter_op(tensor, op, pre, post)])[0]
+        ops = [_reducescatter_op(tensor, op, pre, post)]
+        out: Tensor = dispatcher(ps).run(ops, key("reducescatter", name))[0]
         return out
 
     @staticmethod
@@ -74,7 +75,7 @@ class _Reducescatter(torch.autograd.Function):
                 "reducescatter has a gradient for hvd.Sum and hvd.Average only"
             )
         factor = pre * post * (dispatcher(ps).comm.size if op == Sum else 1)
-        return allgather(grad, process_set=ps) * factor, None, None, None, None
+        return allgather(grad, process_set=ps) * factor, None, None, None, None, None
 
 
 def reducescatter(
@@ -89,7 +90,7 @@ def reducescatter(
     """Reduce over ranks and return this rank's rows of dim 0 (differentiable)."""
     comm_op(op)
     sent, ctx = compression.compress(tensor)
-    out = apply(_Reducescatter, sent, op, prescale_factor, postscale_factor, process_set)
+    out = apply(_Reducescatter, sent, op, prescale_factor, postscale_factor, process_set, name)
     return compression.decompress(out, ctx)
 
 
@@ -102,10 +103,10 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Start a reducescatter of each tensor; synchronize returns the list of results."""
-    claim(name, "reducescatter")
     d = dispatcher(process_set)
     ops = [_reducescatter_op(t, op, prescale_factor, postscale_factor) for t in tensors]
-    return register(d.submit(ops), lambda results: list(results), name=name)
+    handle = d.submit(ops, key("grouped_reducescatter", name))
+    return register(handle, lambda results: list(results))
 
 
 def grouped_reducescatter(

@@ -22,8 +22,9 @@ import torch
 from plait.horovod.torch import timeline
 from plait.horovod.torch.basics import Average, ProcessSet, Sum, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
-from plait.horovod.torch.dispatch import Op, claim, register, synchronize
+from plait.horovod.torch.dispatch import Op, register, synchronize
 from plait.horovod.torch.gather_ops import _allgather_op as allgather_op
+from plait.horovod.torch.names import key
 
 Tensor = torch.Tensor
 _OPS = (Average, Sum)  # what an allgather of entries can compute
@@ -120,7 +121,6 @@ def sparse_allreduce_async(
         TypeError: `tensor` is not a sparse COO tensor.
         ValueError: `op` is neither Average nor Sum, or `name` is in use.
     """
-    claim(name, "sparse_allreduce")
     tl = timeline.current()
     ready = timeline.now() if tl else 0
     d = dispatcher(process_set)
@@ -128,5 +128,7 @@ def sparse_allreduce_async(
     ops = gather.ops
     if tl:
         ops = gather.traced(tl, d, name, ready)
-    # one submission: both allgathers run back to back, after everything queued before
-    return SparseHandle(register(d.submit(ops), gather.finish, name=name))
+    # one submission: both allgathers run back to back, after everything queued before (or,
+    # named, under the name of the first, as Horovod names it)
+    named = None if name is None else key("allgather", f"{name}.indices")
+    return SparseHandle(register(d.submit(ops, named), gather.finish))
