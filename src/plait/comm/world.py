@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import sys
 import threading
@@ -16,7 +15,7 @@ import torch.distributed as dist
 from plait import devices, env
 from plait.comm.backends import cuda
 from plait.comm.bootstrap import connect, rendezvous
-from plait.comm.bootstrap.store import JobStore, make_store
+from plait.comm.bootstrap.store import JobStore, make_store, tcp_host
 from plait.comm.communicator import Communicator
 from plait.comm.transport.engine import Engine
 from plait.errors import PlaitError
@@ -109,8 +108,7 @@ def join_torch(raw: dist.Store, rank: int, size: int, timeout: float | None) -> 
                 )
             _owners.add("torch")
             return _default
-        world = rendezvous.world_from_env()
-        world = dataclasses.replace(world, rank=rank, size=size, agent_store=False)
+        world = rendezvous.world_of_torch(rank, size, tcp_host(raw))
         _torch_stores.append(raw)
         init_timeout = env.get("PLAIT_INIT_TIMEOUT")
         # every rank adds once per join, and a join needs every rank: generation g's adds
