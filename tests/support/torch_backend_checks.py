@@ -93,6 +93,16 @@ def check_movement(gloo: Any, rank: int, size: int) -> None:
     mine, ref = both(gloo, gather_list)
     assert all(torch.equal(a, b) for a, b in zip(mine, ref, strict=True))
 
+    def gather_coalesced(group: Any) -> list[list[torch.Tensor]]:
+        ins = [x, torch.full((rank + 1,), float(rank))[:1], torch.ones(0)]  # shapes differ
+        outs = [[torch.empty_like(t) for t in ins] for _ in range(size)]  # [rank][input]
+        dist.all_gather_coalesced(outs, ins, group=group)
+        return outs
+
+    mine, ref = both(gloo, gather_coalesced)
+    pairs = [ab for m, r in zip(mine, ref, strict=True) for ab in zip(m, r, strict=True)]
+    assert all(torch.equal(a, b) for a, b in pairs)
+
     def gather_into(group: Any, shape: tuple[int, ...]) -> torch.Tensor:
         out = torch.empty(shape)
         dist.all_gather_into_tensor(out, x, group=group)

@@ -113,8 +113,16 @@ class PlaitProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(
         self, outputs: Any, inputs: Sequence[Tensor], opts: Any = None
     ) -> PlaitWork:
-        outs, ins = [list(o) for o in outputs], list(inputs)
-        every = [x for o in outs for x in o]
+        # torch's outputs[j][k] is rank j's input k (allgather's list form is the other
+        # way round: outputs[k][j])
+        ins, by_rank = list(inputs), [list(o) for o in outputs]
+        if any(len(o) != len(ins) for o in by_rank):
+            raise ValueError(
+                f"all_gather_coalesced: each output list must hold {len(ins)} tensors, one "
+                f"per input; got lists of {[len(o) for o in by_rank]}"
+            )
+        outs = [[o[k] for o in by_rank] for k in range(len(ins))]
+        every = [x for o in by_rank for x in o]
         kind = ("allgather_coalesced", "-", ins[0])
         return self._call(kind, C.allgather_lists, (outs, ins), every, opts)
 
