@@ -4,11 +4,13 @@ same ranks (exact where the result is, assert_close for float sums, whose order 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
 R = dist.ReduceOp
@@ -57,6 +59,28 @@ def check_reductions(gloo: Any, rank: int, size: int) -> None:
     assert work.is_completed() and work.is_success()
     assert_close(y, total)
     assert_close(doubled.wait(), total * 2)
+
+
+def check_sparse(gloo: Any, rank: int, size: int) -> None:
+    """all_reduce of sparse tensors (rank 0 has no entries; a dense part; entries shared
+    between ranks) and DDP with a sparse embedding's gradients, against gloo."""
+    at = torch.tensor([[j % size for j in range(rank)], [0] * rank])
+    x = torch.sparse_coo_tensor(at, torch.full((rank, 3), float(rank + 1)), (size, 2, 3))
+    mine, ref = both(gloo, lambda group: _reduced(x, R.SUM, group))
+    assert mine.is_sparse and mine.is_coalesced()
+    assert_close(mine.to_dense(), ref.to_dense())
+    torch.manual_seed(0)
+    base = torch.nn.Embedding(10, 3, sparse=True)
+    trained = []
+    for group in (dist.group.WORLD, gloo):
+        model = DDP(copy.deepcopy(base), process_group=group)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            model(torch.tensor([rank, step, rank + 3])).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        trained.append(model.module.weight.detach())
+    assert_close(trained[0], trained[1])
 
 
 def _reduced(t: torch.Tensor, op: Any, group: Any) -> torch.Tensor:

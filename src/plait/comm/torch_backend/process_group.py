@@ -86,6 +86,10 @@ class PlaitProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors_: Any, opts: Any = None, **kw: Any) -> PlaitWork:
         t = tensors(tensors_)[0]
         red = reduction(kw.get("op", opts))
+        if t.is_sparse:  # gloo's sparse sum (DDP's sparse gradients): records always go
+            return self._call(
+                ("allreduce_sparse", red.op, t), C.sparse_allreduce, (t, red), [t], opts
+            )
         return self._call(("allreduce", red.op, t), C.allreduce, (t, red), [t], opts)
 
     def allreduce_coalesced(self, tensors_: Sequence[Tensor], opts: Any = None) -> PlaitWork:
