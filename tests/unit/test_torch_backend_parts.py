@@ -206,3 +206,17 @@ def test_a_job_torch_started_needs_no_master_variables(monkeypatch: pytest.Monke
     assert world_of_torch(0, 2, None).master_addr == "127.0.0.1"
     monkeypatch.setenv("MASTER_ADDR", "10.9.9.9")
     assert world_of_torch(0, 2, "10.1.2.3").master_addr == "10.9.9.9"
+
+
+def test_failures_are_runtime_errors_as_torchs_backends_are() -> None:
+    """gloo and NCCL raise DistBackendError (a RuntimeError): `except RuntimeError` in code
+    written for them catches plait's failures too, which keep their own types."""
+    from plait.errors import CollectiveMismatchError, CommTimeoutError
+
+    for err in (
+        PeerFailureError(1, "connection closed"),
+        CommTimeoutError("waited"),
+        CollectiveMismatchError(["a", "b"], "ops differ"),
+    ):
+        assert isinstance(err, RuntimeError), type(err)
+    assert isinstance(CommTimeoutError("waited"), TimeoutError)

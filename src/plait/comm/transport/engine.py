@@ -203,8 +203,8 @@ class Engine(Inbound):
             if now > deadline:
                 raise CommTimeoutError(
                     f"rank {self.rank} waited {self.timeout:.0f} s for rank {req.peer}, which "
-                    "is alive but did not answer (raise PLAIT_TIMEOUT if it is busy on purpose, "
-                    "e.g. evaluating)"
+                    "is alive but did not answer within the timeout (raise PLAIT_TIMEOUT if it "
+                    "is busy on purpose, e.g. evaluating)"
                 )
             if self._progress.acquire(blocking=False):
                 try:
