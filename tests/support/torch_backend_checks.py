@@ -5,9 +5,12 @@ same ranks (exact where the result is, assert_close for float sums, whose order 
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -81,6 +84,30 @@ def check_sparse(gloo: Any, rank: int, size: int) -> None:
             opt.zero_grad()
         trained.append(model.module.weight.detach())
     assert_close(trained[0], trained[1])
+
+
+def check_timeouts(gloo: Any, rank: int, size: int) -> None:
+    """new_group(timeout=) bounds its calls' waits, and Work.wait(timeout) the one wait, as
+    gloo's do: rank 0 comes alone, times out, and the call completes once the others come
+    (they wait for rank 0's timeout on the gloo group)."""
+    short = dist.new_group(timeout=timedelta(seconds=0.3))
+    t = torch.ones(2)
+    if rank == 0:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=" timeout "):
+            dist.barrier(group=short)
+        assert 0.3 <= time.monotonic() - started < 5
+        work = dist.all_reduce(t, async_op=True)
+        with pytest.raises(RuntimeError, match=" timeout "):
+            work.wait(timeout=timedelta(seconds=0.1))
+        dist.barrier(group=gloo)
+        work.wait()
+    else:
+        dist.barrier(group=gloo)
+        dist.barrier(group=short)
+        dist.all_reduce(t)
+    assert torch.equal(t, torch.full((2,), float(size)))
+    dist.barrier(group=short)  # the group goes on
 
 
 def _reduced(t: torch.Tensor, op: Any, group: Any) -> torch.Tensor:

@@ -47,6 +47,7 @@ def _everything(comm: Any) -> dict[str, Any]:
     gloo = dist.new_group(backend="gloo")
     checks.check_reductions(gloo, rank, size)
     checks.check_sparse(gloo, rank, size)
+    checks.check_timeouts(gloo, rank, size)
     checks.check_movement(gloo, rank, size)
     checks.check_objects_and_p2p(gloo, rank, size)
     _check_first_call_checked(comm)

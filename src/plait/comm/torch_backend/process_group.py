@@ -40,9 +40,14 @@ Tensor = torch.Tensor
 class PlaitProcessGroup(dist.ProcessGroup):
     """One torch group over a plait Communicator (see the module docstring)."""
 
-    def __init__(self, comm: Communicator, on_shutdown: Callable[[], None]) -> None:
+    def __init__(
+        self, comm: Communicator, on_shutdown: Callable[[], None], timeout: float | None = None
+    ) -> None:
         super().__init__(comm.rank, comm.size)
         self.comm = comm
+        # new_group(timeout=) shorter than the engine's: each Work's wait is bounded by it
+        # (the engine's own deadline, the job's, bounds every wait anyway)
+        self._limit = timeout if timeout is not None and timeout < comm.engine.timeout else None
         self._name = ""
         self._desc = ""
         self._seen: set[tuple[object, ...]] = set()  # kinds of call checked already
@@ -258,16 +263,17 @@ class PlaitProcessGroup(dist.ProcessGroup):
         )  # argument errors raise here, on every rank alike, before any message
         on = t if t is not None and t.is_cuda else None
         try:
-            if not is_async(opts):
+            if not is_async(opts) and self._limit is None:
                 self.comm.run_call(fn, on)
                 return PlaitWork(None, outputs)
-            return PlaitWork(self.comm.start_call(fn, on), outputs, self._waiter)
+            request = self.comm.start_call(fn, on)
+            return PlaitWork(request, outputs, self._waiter, limit=self._limit)
         except PlaitError as e:  # a peer had failed: say so through the Work, as torch's do
             return PlaitWork.failed(e)
 
     def _p2p(self, post: Callable[[], Request[None]], outputs: list[Tensor]) -> PlaitWork:
         try:
-            return PlaitWork(post(), outputs, self._waiter)
+            return PlaitWork(post(), outputs, self._waiter, limit=self._limit)
         except PlaitError as e:
             return PlaitWork.failed(e)
 
