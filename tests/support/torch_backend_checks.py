@@ -89,7 +89,8 @@ def check_sparse(gloo: Any, rank: int, size: int) -> None:
 def check_timeouts(gloo: Any, rank: int, size: int) -> None:
     """new_group(timeout=) bounds its calls' waits, and Work.wait(timeout) the one wait, as
     gloo's do: rank 0 comes alone, times out, and the call completes once the others come
-    (they wait for rank 0's timeout on the gloo group)."""
+    (they wait for rank 0's timeout on the gloo group). The monitored barrier, all at once
+    and rank 0 alone."""
     short = dist.new_group(timeout=timedelta(seconds=0.3))
     t = torch.ones(2)
     if rank == 0:
@@ -108,6 +109,14 @@ def check_timeouts(gloo: Any, rank: int, size: int) -> None:
         dist.all_reduce(t)
     assert torch.equal(t, torch.full((2,), float(size)))
     dist.barrier(group=short)  # the group goes on
+    # gloo's monitored barrier (the group's method: dist.monitored_barrier takes gloo only)
+    dist.group.WORLD.monitored_barrier(timedelta(seconds=60))
+    if rank == 0:  # alone: names every rank that did not come
+        others = ", ".join(map(str, range(1, size)))
+        with pytest.raises(RuntimeError, match=f"Ranks {others} failed to pass monitoredBarrier"):
+            dist.group.WORLD.monitored_barrier(timedelta(seconds=0.2), wait_all_ranks=True)
+        with pytest.raises(RuntimeError, match="Rank 0 timed out in monitoredBarrier"):
+            dist.group.WORLD.monitored_barrier(timedelta(seconds=0))
 
 
 def _reduced(t: torch.Tensor, op: Any, group: Any) -> torch.Tensor:

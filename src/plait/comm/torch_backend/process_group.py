@@ -30,6 +30,7 @@ from plait.comm.communicator import Communicator
 from plait.comm.core.request import Request
 from plait.comm.dispatch.runner import CallContext
 from plait.comm.torch_backend import collectives as C
+from plait.comm.torch_backend import monitored
 from plait.comm.torch_backend.translate import is_async, reduction, tensors
 from plait.comm.torch_backend.work import PlaitWork, Waiter
 from plait.errors import PlaitError
@@ -207,6 +208,10 @@ class PlaitProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None, **kw: Any) -> PlaitWork:
         return self._call(("barrier", "-", None), C.barrier, (), [], opts)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's: rank 0 names the ranks that did not come within `timeout`."""
+        monitored.monitored_barrier(self.comm, timeout, wait_all_ranks)
 
     # ---------------------------------------------------------- point to point
     def send(self, tensors_: Any, dstRank: int, tag: int = 0) -> PlaitWork:

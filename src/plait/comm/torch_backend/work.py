@@ -83,7 +83,7 @@ class PlaitWork(dist._Work):
         req = self._request
         if req is not None:
             limit = seconds(timeout) or self._limit
-            if limit is not None and not _done_within(req, limit):
+            if limit is not None and not done_within(req, limit):
                 raise CommTimeoutError(
                     f"the plait backend's call did not complete within the timeout of "
                     f"{limit:g} s (timed out waiting on its Work)"
@@ -155,7 +155,7 @@ class PlaitWork(dist._Work):
         return self._outputs if err is None else _Failed(err)
 
 
-def _done_within(req: Request[Any], limit: float) -> bool:
+def done_within(req: Request[Any], limit: float) -> bool:
     """Whether `req` finishes within `limit` seconds. It finishes without this thread (the
     call thread, the engine's poller), so looking now and then is enough: the bounded wait
     is torch's rare path, not plait's."""
