@@ -11,8 +11,11 @@ class PlaitError(Exception):
     """Base class of every error plait raises on purpose."""
 
 
-class PeerFailureError(PlaitError):
+class PeerFailureError(PlaitError, RuntimeError):
     """A peer rank died or stopped responding; the communicator is no longer usable.
+
+    A RuntimeError, as torch.distributed's own backends raise theirs (DistBackendError):
+    code written for gloo or NCCL catches it (so are the two below).
 
     Attributes:
         rank: the global rank of the peer that failed.
@@ -30,7 +33,7 @@ class PeerFailureError(PlaitError):
         )
 
 
-class CollectiveMismatchError(PlaitError):
+class CollectiveMismatchError(PlaitError, RuntimeError):
     """Ranks called different collectives, or the same one with incompatible arguments.
 
     Attributes:
@@ -43,7 +46,7 @@ class CollectiveMismatchError(PlaitError):
         super().__init__(f"ranks disagree on the collective call ({detail}):\n{lines}")
 
 
-class CommTimeoutError(PlaitError, TimeoutError):
+class CommTimeoutError(PlaitError, TimeoutError, RuntimeError):
     """A live peer did not answer within the configured timeout (PLAIT_TIMEOUT)."""
 
 

@@ -4,11 +4,16 @@ same ranks (exact where the result is, assert_close for float sums, whose order 
 
 from __future__ import annotations
 
+import copy
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.testing import assert_close
 
 R = dist.ReduceOp
@@ -59,6 +64,61 @@ def check_reductions(gloo: Any, rank: int, size: int) -> None:
     assert_close(doubled.wait(), total * 2)
 
 
+def check_sparse(gloo: Any, rank: int, size: int) -> None:
+    """all_reduce of sparse tensors (rank 0 has no entries; a dense part; entries shared
+    between ranks) and DDP with a sparse embedding's gradients, against gloo."""
+    at = torch.tensor([[j % size for j in range(rank)], [0] * rank])
+    x = torch.sparse_coo_tensor(at, torch.full((rank, 3), float(rank + 1)), (size, 2, 3))
+    mine, ref = both(gloo, lambda group: _reduced(x, R.SUM, group))
+    assert mine.is_sparse and mine.is_coalesced()
+    assert_close(mine.to_dense(), ref.to_dense())
+    torch.manual_seed(0)
+    base = torch.nn.Embedding(10, 3, sparse=True)
+    trained = []
+    for group in (dist.group.WORLD, gloo):
+        model = DDP(copy.deepcopy(base), process_group=group)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            model(torch.tensor([rank, step, rank + 3])).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        trained.append(model.module.weight.detach())
+    assert_close(trained[0], trained[1])
+
+
+def check_timeouts(gloo: Any, rank: int, size: int) -> None:
+    """new_group(timeout=) bounds its calls' waits, and Work.wait(timeout) the one wait, as
+    gloo's do: rank 0 comes alone, times out, and the call completes once the others come
+    (they wait for rank 0's timeout on the gloo group). The monitored barrier, all at once
+    and rank 0 alone."""
+    short = dist.new_group(timeout=timedelta(seconds=0.3))
+    t = torch.ones(2)
+    if rank == 0:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=" timeout "):
+            dist.barrier(group=short)
+        assert 0.3 <= time.monotonic() - started < 5
+        work = dist.all_reduce(t, async_op=True)
+        with pytest.raises(RuntimeError, match=" timeout "):
+            work.wait(timeout=timedelta(seconds=0.1))
+        dist.barrier(group=gloo)
+        work.wait()
+    else:
+        dist.barrier(group=gloo)
+        dist.barrier(group=short)
+        dist.all_reduce(t)
+    assert torch.equal(t, torch.full((2,), float(size)))
+    dist.barrier(group=short)  # the group goes on
+    # gloo's monitored barrier (the group's method: dist.monitored_barrier takes gloo only)
+    dist.group.WORLD.monitored_barrier(timedelta(seconds=60))
+    if rank == 0:  # alone: names every rank that did not come
+        others = ", ".join(map(str, range(1, size)))
+        with pytest.raises(RuntimeError, match=f"Ranks {others} failed to pass monitoredBarrier"):
+            dist.group.WORLD.monitored_barrier(timedelta(seconds=0.2), wait_all_ranks=True)
+        with pytest.raises(RuntimeError, match="Rank 0 timed out in monitoredBarrier"):
+            dist.group.WORLD.monitored_barrier(timedelta(seconds=0))
+
+
 def _reduced(t: torch.Tensor, op: Any, group: Any) -> torch.Tensor:
     y = t.clone()
     dist.all_reduce(y, op=op, group=group)
@@ -92,6 +152,16 @@ def check_movement(gloo: Any, rank: int, size: int) -> None:
 
     mine, ref = both(gloo, gather_list)
     assert all(torch.equal(a, b) for a, b in zip(mine, ref, strict=True))
+
+    def gather_coalesced(group: Any) -> list[list[torch.Tensor]]:
+        ins = [x, torch.full((rank + 1,), float(rank))[:1], torch.ones(0)]  # shapes differ
+        outs = [[torch.empty_like(t) for t in ins] for _ in range(size)]  # [rank][input]
+        dist.all_gather_coalesced(outs, ins, group=group)
+        return outs
+
+    mine, ref = both(gloo, gather_coalesced)
+    pairs = [ab for m, r in zip(mine, ref, strict=True) for ab in zip(m, r, strict=True)]
+    assert all(torch.equal(a, b) for a, b in pairs)
 
     def gather_into(group: Any, shape: tuple[int, ...]) -> torch.Tensor:
         out = torch.empty(shape)

@@ -184,3 +184,39 @@ def test_the_backend_stand_in_answers_what_torch_asks() -> None:
     assert not backend.supports_splitting and not backend.supports_coalescing
     assert not backend.supports_tensor_alloc(torch.device("cpu")) and backend.name() == "plait"
     backend._set_sequence_number_for_group()
+
+
+def test_a_job_torch_started_needs_no_master_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """init_process_group(init_method="file://..." or "tcp://...", rank=, world_size=) sets
+    no MASTER_ADDR/MASTER_PORT (torch's own test suite inits so): the master is the
+    TCPStore's host, else loopback; torch's rank and size win over the environment's."""
+    from datetime import timedelta
+
+    from plait.comm.bootstrap.rendezvous import world_of_torch
+    from plait.comm.bootstrap.store import tcp_host
+
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "7")
+    tcp = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=5))
+    assert tcp_host(dist.PrefixStore("a/", dist.PrefixStore("b/", tcp))) == "127.0.0.1"
+    assert tcp_host(dist.HashStore()) is None
+    world = world_of_torch(1, 3, "10.1.2.3")
+    assert (world.rank, world.size, world.master_addr) == (1, 3, "10.1.2.3")
+    assert world_of_torch(0, 2, None).master_addr == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "10.9.9.9")
+    assert world_of_torch(0, 2, "10.1.2.3").master_addr == "10.9.9.9"
+
+
+def test_failures_are_runtime_errors_as_torchs_backends_are() -> None:
+    """gloo and NCCL raise DistBackendError (a RuntimeError): `except RuntimeError` in code
+    written for them catches plait's failures too, which keep their own types."""
+    from plait.errors import CollectiveMismatchError, CommTimeoutError
+
+    for err in (
+        PeerFailureError(1, "connection closed"),
+        CommTimeoutError("waited"),
+        CollectiveMismatchError(["a", "b"], "ops differ"),
+    ):
+        assert isinstance(err, RuntimeError), type(err)
+    assert isinstance(CommTimeoutError("waited"), TimeoutError)

@@ -9,6 +9,7 @@ import copy
 import itertools
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -45,6 +46,8 @@ def _everything(comm: Any) -> dict[str, Any]:
     assert dist.get_backend() == "plait"
     gloo = dist.new_group(backend="gloo")
     checks.check_reductions(gloo, rank, size)
+    checks.check_sparse(gloo, rank, size)
+    checks.check_timeouts(gloo, rank, size)
     checks.check_movement(gloo, rank, size)
     checks.check_objects_and_p2p(gloo, rank, size)
     _check_first_call_checked(comm)
@@ -121,14 +124,19 @@ def _init_again(comm: Any) -> list[Any]:
     """destroy_process_group then init_process_group("plait") in the same processes (torch
     keeps its store: plait's keys of the last engine must not mislead the next); the
     second init passes timeout= (plait's bound on a live peer), the third names plait for
-    CPU tensors only ("cpu:plait,cuda:nccl")."""
+    CPU tensors only ("cpu:plait,cuda:nccl"), the fourth joins through a file, with no
+    MASTER_ADDR/MASTER_PORT set (as torch's own test suite does)."""
     import plait
     from plait import env
 
     got: list[Any] = [env.get("PLAIT_TIMEOUT")]  # what holds where torch's default was left
+    rank, size = dist.get_rank(), dist.get_world_size()
+    where = [tempfile.mkdtemp() if rank == 0 else None]
+    dist.broadcast_object_list(where, src=0)
     inits: list[dict[str, Any]] = [
         {"timeout": timedelta(seconds=77)},
         {"backend": "cpu:plait,cuda:nccl"},
+        {"init_method": f"file://{where[0]}/store", "rank": rank, "world_size": size},
         {},
     ]
     for kwargs in inits:
@@ -137,7 +145,11 @@ def _init_again(comm: Any) -> list[Any]:
         got.append((t.item(), plait.default().engine.timeout, dist.get_backend()))
         dist.destroy_process_group()
         assert not plait.is_initialized()
+        master = {k: os.environ.pop(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+        if "init_method" not in kwargs:
+            os.environ.update(master)  # env:// (the default) reads them
         dist.init_process_group(kwargs.pop("backend", "plait"), **kwargs)
+        os.environ.update(master)
     return got
 
 
@@ -206,7 +218,12 @@ def test_collectives_ddp_and_structure_match_gloo(worlds: dict[str, Any], world:
 
 def test_init_after_destroy(worlds: dict[str, Any]) -> None:
     default, *rounds = worlds["again"].result()[0]
-    want = [(1.0, default, "plait"), (3.0, 77.0, "plait"), (5.0, default, "cpu:plait,cuda:nccl")]
+    want = [
+        (1.0, default, "plait"),
+        (3.0, 77.0, "plait"),
+        (5.0, default, "cpu:plait,cuda:nccl"),
+        (7.0, default, "plait"),
+    ]
     assert rounds == want and worlds["again"].result()[1] == [default, *want]
 
 

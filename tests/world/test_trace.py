@@ -298,3 +298,4 @@ def test_a_timeout_is_a_failure_instant(tmp_path: Path) -> None:
     ((cat, name, end, args),) = got[0]
     assert (cat, name, end) == ("failure", "CommTimeoutError", None)
     assert "waited" in args["message"] and "rank 1" in args["message"], args
+    assert " timeout " in args["message"], args  # what code written for gloo looks for

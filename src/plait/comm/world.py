@@ -18,7 +18,7 @@ from plait import devices, env
 from plait.comm import membership
 from plait.comm.backends import cuda
 from plait.comm.bootstrap import connect, rendezvous
-from plait.comm.bootstrap.store import JobStore, make_store
+from plait.comm.bootstrap.store import JobStore, make_store, tcp_host
 from plait.comm.communicator import Communicator
 from plait.comm.transport.engine import Engine
 from plait.errors import PeerFailureError, PlaitError
@@ -112,8 +112,7 @@ def join_torch(raw: dist.Store, rank: int, size: int, timeout: float | None) -> 
                 )
             _owners.add("torch")
             return _default
-        world = rendezvous.world_from_env()
-        world = dataclasses.replace(world, rank=rank, size=size, agent_store=False)
+        world = rendezvous.world_of_torch(rank, size, tcp_host(raw))
         _torch_stores.append(raw)
         init_timeout = env.get("PLAIT_INIT_TIMEOUT")
         # every rank adds once per join, and a join needs every rank: generation g's adds

@@ -72,6 +72,23 @@ def world_from_env() -> WorldEnv:
     )
 
 
+def world_of_torch(rank: int, size: int, store_host: str | None) -> WorldEnv:
+    """Where this process sits in a job torch.distributed started: torch's rank and size,
+    whatever its init_method (env://, tcp://, file://, a store passed in), the launcher's
+    local variables where set; the master is MASTER_ADDR, else the host of torch's TCPStore
+    (`store_host`, tcp://), else loopback (a FileStore names no host: PLAIT_IFADDR then
+    says where to listen, as gloo's GLOO_SOCKET_IFNAME does)."""
+    return WorldEnv(
+        rank=rank,
+        size=size,
+        local_rank=_int_env("LOCAL_RANK", None),
+        local_size=_int_env("LOCAL_WORLD_SIZE", None),
+        master_addr=os.environ.get("MASTER_ADDR") or store_host or "127.0.0.1",
+        master_port=_int_env("MASTER_PORT", 0) or 0,
+        agent_store=False,  # torch made the store and gave it to the backend
+    )
+
+
 def one_host(world: WorldEnv) -> bool:
     """Whether every rank of the job runs on this host: LOCAL_WORLD_SIZE == WORLD_SIZE where
     the launcher says, else a loopback MASTER_ADDR."""

@@ -220,6 +220,14 @@ def host_for_ranks(master_addr: str, port: int, size: int) -> JobStore:
     return JobStore(raw, b"", timeout_s=0.0, listener=listener)
 
 
+def tcp_host(store: dist.Store) -> str | None:
+    """The host of the TCPStore beneath torch's prefixes (init_method env:// or tcp://);
+    None for another kind of store (file://)."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store.host if isinstance(store, dist.TCPStore) else None
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """A TCP socket listening on host:port only (never the wildcard address)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

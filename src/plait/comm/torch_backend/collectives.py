@@ -11,6 +11,7 @@ move, so tensors of several dtypes travel together); blocks are dim-0 splits as 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -34,6 +35,36 @@ def allreduce(t: Tensor, red: Reduction, check: bool) -> Run:
         return [t]
 
     return run
+
+
+def sparse_allreduce(t: Tensor, red: Reduction, check: bool) -> Run:
+    """A sparse COO tensor summed over the ranks, as gloo's: each rank's entries gathered
+    (the ranks' counts differ, so the call always exchanges records), added and coalesced
+    into `t` in place. One row per entry: its indices' bytes, then its values' bytes."""
+    if red.op != "sum" or red.factor is not None:
+        raise ValueError(f"all_reduce of a sparse tensor sums only; got {red.op}")
+    mine = t.coalesce()
+    dense = mine.values().shape[1:]
+    indices = mine.indices().t()  # (nnz, sparse dims)
+    rows = torch.cat([_rows_of_bytes(indices), _rows_of_bytes(mine.values())], dim=1)
+    inner = gathers.allgather(rows, "auto", check=True)  # whatever `check`: counts differ
+    split = indices.shape[1] * indices.element_size()
+
+    def run(ctx: CallContext) -> list[Tensor]:
+        every, _ = inner(ctx)  # (entries of all ranks, row bytes)
+        n = every.shape[0]
+        at = every[:, :split].reshape(-1).view(torch.int64).reshape(n, -1).t()
+        entries = every[:, split:].reshape(-1).view(t.dtype).reshape(n, *dense)
+        t.copy_(torch.sparse_coo_tensor(at, entries, t.shape).coalesce())
+        return [t]
+
+    return run
+
+
+def _rows_of_bytes(t: Tensor) -> Tensor:
+    """(rows, ...) as (rows, bytes of a row), uint8."""
+    row = math.prod(t.shape[1:]) * t.element_size()  # the same on every rank, rows or none
+    return t.reshape(-1).view(torch.uint8).reshape(t.shape[0], row)
 
 
 def allreduce_coalesced(ts: Sequence[Tensor], red: Reduction, check: bool) -> Run:

@@ -15,6 +15,7 @@ from typing import Any
 
 from plait.comm import world
 from plait.comm.torch_backend.process_group import PlaitProcessGroup
+from plait.comm.torch_backend.translate import seconds
 from plait.errors import PlaitError
 
 #: torch's default timeout for gloo/plait groups: left as it is, PLAIT_TIMEOUT decides.
@@ -39,7 +40,7 @@ def create(opts: Any, backend_options: Any = None) -> PlaitProcessGroup:
             f"but this process is plait's rank {parent.rank}"
         )
     comm = parent.subgroup(ranks, _comm_id(str(opts.group_id)))
-    pg = PlaitProcessGroup(comm, on_shutdown=lambda: None)
+    pg = PlaitProcessGroup(comm, on_shutdown=lambda: None, timeout=seconds(opts.timeout))
     world.on_close(pg.close)
     return pg
 

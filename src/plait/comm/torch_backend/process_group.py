@@ -30,6 +30,7 @@ from plait.comm.communicator import Communicator
 from plait.comm.core.request import Request
 from plait.comm.dispatch.runner import CallContext
 from plait.comm.torch_backend import collectives as C
+from plait.comm.torch_backend import monitored
 from plait.comm.torch_backend.translate import is_async, reduction, tensors
 from plait.comm.torch_backend.work import PlaitWork, Waiter
 from plait.errors import PlaitError
@@ -40,9 +41,14 @@ Tensor = torch.Tensor
 class PlaitProcessGroup(dist.ProcessGroup):
     """One torch group over a plait Communicator (see the module docstring)."""
 
-    def __init__(self, comm: Communicator, on_shutdown: Callable[[], None]) -> None:
+    def __init__(
+        self, comm: Communicator, on_shutdown: Callable[[], None], timeout: float | None = None
+    ) -> None:
         super().__init__(comm.rank, comm.size)
         self.comm = comm
+        # new_group(timeout=) shorter than the engine's: each Work's wait is bounded by it
+        # (the engine's own deadline, the job's, bounds every wait anyway)
+        self._limit = timeout if timeout is not None and timeout < comm.engine.timeout else None
         self._name = ""
         self._desc = ""
         self._seen: set[tuple[object, ...]] = set()  # kinds of call checked already
@@ -86,6 +92,10 @@ class PlaitProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors_: Any, opts: Any = None, **kw: Any) -> PlaitWork:
         t = tensors(tensors_)[0]
         red = reduction(kw.get("op", opts))
+        if t.is_sparse:  # gloo's sparse sum (DDP's sparse gradients): records always go
+            return self._call(
+                ("allreduce_sparse", red.op, t), C.sparse_allreduce, (t, red), [t], opts
+            )
         return self._call(("allreduce", red.op, t), C.allreduce, (t, red), [t], opts)
 
     def allreduce_coalesced(self, tensors_: Sequence[Tensor], opts: Any = None) -> PlaitWork:
@@ -113,8 +123,16 @@ class PlaitProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(
         self, outputs: Any, inputs: Sequence[Tensor], opts: Any = None
     ) -> PlaitWork:
-        outs, ins = [list(o) for o in outputs], list(inputs)
-        every = [x for o in outs for x in o]
+        # torch's outputs[j][k] is rank j's input k (allgather's list form is the other
+        # way round: outputs[k][j])
+        ins, by_rank = list(inputs), [list(o) for o in outputs]
+        if any(len(o) != len(ins) for o in by_rank):
+            raise ValueError(
+                f"all_gather_coalesced: each output list must hold {len(ins)} tensors, one "
+                f"per input; got lists of {[len(o) for o in by_rank]}"
+            )
+        outs = [[o[k] for o in by_rank] for k in range(len(ins))]
+        every = [x for o in by_rank for x in o]
         kind = ("allgather_coalesced", "-", ins[0])
         return self._call(kind, C.allgather_lists, (outs, ins), every, opts)
 
@@ -191,6 +209,10 @@ class PlaitProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None, **kw: Any) -> PlaitWork:
         return self._call(("barrier", "-", None), C.barrier, (), [], opts)
 
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's: rank 0 names the ranks that did not come within `timeout`."""
+        monitored.monitored_barrier(self.comm, timeout, wait_all_ranks)
+
     # ---------------------------------------------------------- point to point
     def send(self, tensors_: Any, dstRank: int, tag: int = 0) -> PlaitWork:
         t = tensors(tensors_)[0]
@@ -246,16 +268,17 @@ class PlaitProcessGroup(dist.ProcessGroup):
         )  # argument errors raise here, on every rank alike, before any message
         on = t if t is not None and t.is_cuda else None
         try:
-            if not is_async(opts):
+            if not is_async(opts) and self._limit is None:
                 self.comm.run_call(fn, on)
                 return PlaitWork(None, outputs)
-            return PlaitWork(self.comm.start_call(fn, on), outputs, self._waiter)
+            request = self.comm.start_call(fn, on)
+            return PlaitWork(request, outputs, self._waiter, limit=self._limit)
         except PlaitError as e:  # a peer had failed: say so through the Work, as torch's do
             return PlaitWork.failed(e)
 
     def _p2p(self, post: Callable[[], Request[None]], outputs: list[Tensor]) -> PlaitWork:
         try:
-            return PlaitWork(post(), outputs, self._waiter)
+            return PlaitWork(post(), outputs, self._waiter, limit=self._limit)
         except PlaitError as e:
             return PlaitWork.failed(e)
 

@@ -78,8 +78,11 @@ def is_async(opts: Any) -> bool:
     return bool(getattr(opts, "asyncOp", True))
 
 
-def seconds(timeout: timedelta | None) -> float | None:
-    return None if timeout is None else timeout.total_seconds()
+def seconds(timeout: timedelta | float | None) -> float | None:
+    """A timeout torch passes, in seconds; None for none (torch's kNoTimeout is 0)."""
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    return timeout if timeout else None
 
 
 def flat(t: torch.Tensor, name: str = "tensor") -> torch.Tensor:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,8 @@ import torch
 import torch.distributed as dist
 
 from plait.comm.core.request import Future, Request
+from plait.comm.torch_backend.translate import seconds
+from plait.errors import CommTimeoutError
 
 
 class _Failed:
@@ -55,12 +58,14 @@ class PlaitWork(dist._Work):
         outputs: list[torch.Tensor],
         waiter: Waiter | None = None,
         error: BaseException | None = None,
+        limit: float | None = None,
     ) -> None:
         super().__init__()
         self._request = request
         self._outputs = outputs
         self._waiter = waiter
         self._error = error
+        self._limit = limit  # the group's own timeout (s), where shorter than the engine's
         self._future: torch.futures.Future[Any] | None = None
 
     @classmethod
@@ -70,9 +75,20 @@ class PlaitWork(dist._Work):
         return cls(None, [], error=error)
 
     def wait(self, timeout: Any = None) -> bool:
-        """Block until the call is done; raise its error (plait's exception types)."""
-        if self._request is not None:
-            self._request.wait()
+        """Block until the call is done; raise its error (plait's exception types).
+
+        `timeout` (a timedelta; torch's 0 is none), else the group's own timeout, bounds
+        the wait as gloo's does: past it, CommTimeoutError, and the call is left running
+        (later calls of the group queue behind it: make a new group, as after NCCL's)."""
+        req = self._request
+        if req is not None:
+            limit = seconds(timeout) or self._limit
+            if limit is not None and not done_within(req, limit):
+                raise CommTimeoutError(
+                    f"the plait backend's call did not complete within the timeout of "
+                    f"{limit:g} s (timed out waiting on its Work)"
+                )
+            req.wait()
         if self._error is not None:
             raise self._error
         return True
@@ -137,6 +153,21 @@ class PlaitWork(dist._Work):
     def _outcome(self) -> Any:
         err = self._outcome_error()
         return self._outputs if err is None else _Failed(err)
+
+
+def done_within(req: Request[Any], limit: float) -> bool:
+    """Whether `req` finishes within `limit` seconds. It finishes without this thread (the
+    call thread, the engine's poller), so looking now and then is enough: the bounded wait
+    is torch's rare path, not plait's."""
+    deadline = time.monotonic() + limit
+    pause = 0.0005
+    while not req.done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.02)
+    return True
 
 
 class Waiter:

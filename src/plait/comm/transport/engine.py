@@ -235,8 +235,9 @@ class Engine(Inbound):
             self._last_active = now
             if now > deadline:
                 raise CommTimeoutError(
-                    f"rank {self.rank} waited {self.timeout:.0f} s for {waited_for} (raise "
-                    "PLAIT_TIMEOUT if it is busy on purpose, e.g. evaluating)"
+                    f"rank {self.rank} waited {self.timeout:.0f} s for {waited_for}: alive, "
+                    "but no answer within the timeout (raise PLAIT_TIMEOUT if it is busy on "
+                    "purpose, e.g. evaluating)"
                 )
             if self._progress.acquire(blocking=False):
                 try:
