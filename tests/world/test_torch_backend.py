@@ -167,6 +167,8 @@ def _dies(comm: Any, where: str, how: int) -> tuple[str, str, float, str] | None
         if rank == 1 and step[0] == 2:
             os.kill(os.getpid(), how)
 
+    if where == "pipeline":
+        return _dies_in_pipeline(rank, how)
     model: torch.nn.Module
     if where == "ddp":
         model = DDP(Net())
@@ -192,6 +194,40 @@ def _dies(comm: Any, where: str, how: int) -> tuple[str, str, float, str] | None
     return None
 
 
+def _dies_in_pipeline(rank: int, how: int) -> tuple[str, str, float, str] | None:
+    """2 stages (torch.distributed.pipelining, GPipe, 4 micro-batches): stage 1 is killed
+    (or frozen) in its forward of the third step, while stage 0 waits for its gradients."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    torch.manual_seed(0)
+    part = torch.nn.Linear(4, 4)
+    step = [0]
+
+    def maybe_die(*_: Any) -> None:
+        if rank == 1 and step[0] == 2:
+            os.kill(os.getpid(), how)
+
+    part.register_forward_pre_hook(maybe_die)
+    run = ScheduleGPipe(PipelineStage(part, rank, 2, torch.device("cpu")), 4,
+                        loss_fn=lambda out, y: ((out - y) ** 2).mean())  # fmt: skip
+    started = 0.0
+    try:
+        for step[0] in range(6):
+            started = time.monotonic()
+            if rank == 0:
+                run.step(torch.randn(8, 4))
+            else:
+                run.step(target=torch.randn(8, 4))
+    except Exception as e:
+        took = time.monotonic() - started
+        try:
+            dist.all_reduce(torch.ones(1))
+        except Exception as after:
+            return type(e).__name__, str(e), took, type(after).__name__
+        return type(e).__name__, str(e), took, "nothing"
+    return None
+
+
 @pytest.fixture(scope="module")
 def worlds() -> Iterator[dict[str, Any]]:
     torch_init = {"init": "torch:plait"}
@@ -205,6 +241,8 @@ def worlds() -> Iterator[dict[str, Any]]:
             "stop": (3, _dies, ("ddp", signal.SIGSTOP), failing),
             "fsdp-kill": (3, _dies, ("fsdp", signal.SIGKILL), failing),
             "fsdp-stop": (3, _dies, ("fsdp", signal.SIGSTOP), failing),
+            "pipeline-kill": (2, _dies, ("pipeline", signal.SIGKILL), failing),
+            "pipeline-stop": (2, _dies, ("pipeline", signal.SIGSTOP), failing),
         }
     ) as futures:
         yield futures
@@ -227,19 +265,22 @@ def test_init_after_destroy(worlds: dict[str, Any]) -> None:
     assert rounds == want and worlds["again"].result()[1] == [default, *want]
 
 
-@pytest.mark.parametrize("how", ["kill", "stop", "fsdp-kill", "fsdp-stop"])
-def test_rank_lost_in_ddp_backward_or_fsdp_forward_is_named_on_every_survivor(
+@pytest.mark.parametrize(
+    "how", ["kill", "stop", "fsdp-kill", "fsdp-stop", "pipeline-kill", "pipeline-stop"]
+)
+def test_a_lost_rank_is_named_on_every_survivor_in_ddp_fsdp2_and_pipelining(
     worlds: dict[str, Any], how: str
 ) -> None:
     try:
         results = worlds[how].result()
     except WorldError as e:
         pytest.fail(f"the world did not end cleanly: {e}")
-    for rank in (0, 2):
-        assert results[rank] is not None, f"rank {rank}'s backward did not raise"
+    for rank in (0,) if how.startswith("pipeline") else (0, 2):
+        assert results[rank] is not None, f"rank {rank}'s step did not raise"
         kind, message, seconds, then = results[rank]
-        # DDP's wait runs in C++, which wraps it in a RuntimeError; FSDP2's in Python
+        # DDP's wait runs in C++, which wraps it in a RuntimeError; FSDP2's and the
+        # pipeline's in Python, which lets plait's own type through
         assert "rank 1 failed" in message, message
-        assert kind == ("PeerFailureError" if how.startswith("fsdp") else "RuntimeError"), kind
+        assert kind == ("RuntimeError" if how in ("kill", "stop") else "PeerFailureError"), kind
         assert seconds < 15, (seconds, message)
         assert then == "PeerFailureError", then
