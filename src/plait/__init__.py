@@ -12,7 +12,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from plait.errors import CollectiveMismatchError, CommTimeoutError, PeerFailureError, PlaitError
+from plait.errors import (
+    CollectiveMismatchError,
+    CommTimeoutError,
+    FencedError,
+    PeerFailureError,
+    PlaitError,
+)
 from plait.lazy import getattr_from
 
 if TYPE_CHECKING:
@@ -50,6 +56,7 @@ __all__ = [
     "CommTimeoutError",
     "Communicator",
     "DataParallel",
+    "FencedError",
     "Mesh",
     "PeerFailureError",
     "PlaitError",

@@ -33,6 +33,11 @@ class PeerFailureError(PlaitError, RuntimeError):
         )
 
 
+class FencedError(PlaitError):
+    """This rank is not in an elastic job's new membership: the others went on without it
+    (it was silent too long, e.g. frozen). The process must exit."""
+
+
 class CollectiveMismatchError(PlaitError, RuntimeError):
     """Ranks called different collectives, or the same one with incompatible arguments.
 

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from plait.comm import world
-from plait.comm.membership import FencedError
-from plait.errors import PeerFailureError
+from plait.errors import FencedError, PeerFailureError
 from support.world import worlds_at_once
 
 pytestmark = pytest.mark.timeout(120)

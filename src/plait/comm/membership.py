@@ -18,11 +18,7 @@ import time
 from dataclasses import dataclass
 
 from plait.comm.bootstrap.store import POLL_S, JobStore
-from plait.errors import PlaitError
-
-
-class FencedError(PlaitError):
-    """This rank is not in the job's new membership: the others went on without it."""
+from plait.errors import FencedError, PlaitError
 
 
 @dataclass(frozen=True)
