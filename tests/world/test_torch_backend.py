@@ -154,11 +154,11 @@ def _init_again(comm: Any) -> list[Any]:
 
 
 def _dies(comm: Any, where: str, how: int) -> tuple[str, str, float, str] | None:
-    """Rank 1 is killed (or frozen) at step 2, inside DDP's backward (`where="ddp"`) or
-    inside FSDP2's forward, between its units' all-gathers ("fsdp"). The others report
-    what their step raised, how long that step took, and what a dist.* call raises next."""
-    from torch.distributed.fsdp import fully_shard
-
+    """Rank 1 is killed (or frozen) at step 2: inside DDP's backward (`where="ddp"`),
+    inside FSDP2's forward between its units' all-gathers ("fsdp"), or in the forward of
+    the second stage of a 2-stage GPipe pipeline while stage 0 waits for its gradients
+    ("pipeline"). The others report what their step raised, how long that step took, and
+    what a dist.* call raises next."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     step = [0]
@@ -167,23 +167,12 @@ def _dies(comm: Any, where: str, how: int) -> tuple[str, str, float, str] | None
         if rank == 1 and step[0] == 2:
             os.kill(os.getpid(), how)
 
-    if where == "pipeline":
-        return _dies_in_pipeline(rank, how)
-    model: torch.nn.Module
-    if where == "ddp":
-        model = DDP(Net())
-        model.module.a.weight.register_hook(maybe_die)
-    else:
-        model = Net()
-        for unit in (model.a, model.b, model):
-            fully_shard(unit)
-        model.b.register_forward_pre_hook(maybe_die)
-    x = torch.randn(8, 4)
+    one_step = _stepper(where, rank, maybe_die)
     started = 0.0
     try:
         for step[0] in range(6):
             started = time.monotonic()
-            model(x, True).sum().backward()
+            one_step()
     except Exception as e:  # what the survivor saw
         took = time.monotonic() - started
         try:
@@ -194,38 +183,28 @@ def _dies(comm: Any, where: str, how: int) -> tuple[str, str, float, str] | None
     return None
 
 
-def _dies_in_pipeline(rank: int, how: int) -> tuple[str, str, float, str] | None:
-    """2 stages (torch.distributed.pipelining, GPipe, 4 micro-batches): stage 1 is killed
-    (or frozen) in its forward of the third step, while stage 0 waits for its gradients."""
+def _stepper(where: str, rank: int, maybe_die: Any) -> Any:
+    """One training step of `where`'s kind, with `maybe_die` hooked where rank 1 dies."""
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    torch.manual_seed(0)
-    part = torch.nn.Linear(4, 4)
-    step = [0]
-
-    def maybe_die(*_: Any) -> None:
-        if rank == 1 and step[0] == 2:
-            os.kill(os.getpid(), how)
-
-    part.register_forward_pre_hook(maybe_die)
-    run = ScheduleGPipe(PipelineStage(part, rank, 2, torch.device("cpu")), 4,
-                        loss_fn=lambda out, y: ((out - y) ** 2).mean())  # fmt: skip
-    started = 0.0
-    try:
-        for step[0] in range(6):
-            started = time.monotonic()
-            if rank == 0:
-                run.step(torch.randn(8, 4))
-            else:
-                run.step(target=torch.randn(8, 4))
-    except Exception as e:
-        took = time.monotonic() - started
-        try:
-            dist.all_reduce(torch.ones(1))
-        except Exception as after:
-            return type(e).__name__, str(e), took, type(after).__name__
-        return type(e).__name__, str(e), took, "nothing"
-    return None
+    x = torch.randn(8, 4)
+    if where == "pipeline":
+        part = torch.nn.Linear(4, 4)
+        part.register_forward_pre_hook(maybe_die)
+        run = ScheduleGPipe(PipelineStage(part, rank, 2, torch.device("cpu")), 4,
+                            loss_fn=lambda out, y: ((out - y) ** 2).mean())  # fmt: skip
+        return lambda: run.step(x) if rank == 0 else run.step(target=x)
+    model: torch.nn.Module
+    if where == "ddp":
+        model = DDP(Net())
+        model.module.a.weight.register_hook(maybe_die)
+    else:
+        model = Net()
+        for unit in (model.a, model.b, model):
+            fully_shard(unit)
+        model.b.register_forward_pre_hook(maybe_die)
+    return lambda: model(x, True).sum().backward()
 
 
 @pytest.fixture(scope="module")

@@ -70,8 +70,14 @@ def members(
 def child_id(parent_id: int, seq: int, name: str, group: list[int]) -> int:
     """The new communicator's 30-bit id, the same on its members: a hash of the parent's
     id, the parent's call number at the split (equal on every member) and the group."""
-    ident = zlib.crc32(f"{parent_id}:{seq}:{name}:{group}".encode()) & 0x3FFFFFFF
-    return ident if ident > 1 else 2  # 1 is the world's
+    return comm_id(f"{parent_id}:{seq}:{name}:{group}")
+
+
+def comm_id(text: str) -> int:
+    """A 30-bit communicator id hashed from `text` (which the members agree on), never
+    the world's 1."""
+    ident = zlib.crc32(text.encode()) & 0x3FFFFFFF
+    return ident if ident > 1 else 2
 
 
 def _split_call(args: tuple[Any, ...]) -> str:

@@ -7,7 +7,6 @@ import dataclasses
 import os
 import sys
 import threading
-import zlib
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -15,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from plait import devices, env
-from plait.comm import membership
+from plait.comm import membership, split
 from plait.comm.backends import cuda
 from plait.comm.bootstrap import connect, rendezvous
 from plait.comm.bootstrap.store import JobStore, make_store, tcp_host
@@ -175,7 +174,7 @@ def reform(known_dead: set[int] | None = None) -> Communicator:
             timeout_s=init_timeout,
             rank=members.rank,
         )
-        comm_id = zlib.crc32(f"elastic:{members.generation}".encode()) & 0x3FFFFFFF | 2
+        comm_id = split.comm_id(f"elastic:{members.generation}")
         _default = _join(
             world, store, env.get("PLAIT_TIMEOUT"), hb_timeout, init_timeout,
             start_gloo=False, comm_id=comm_id,

@@ -9,11 +9,10 @@ global ranks (empty for the default group).
 
 from __future__ import annotations
 
-import zlib
 from datetime import timedelta
 from typing import Any
 
-from plait.comm import world
+from plait.comm import split, world
 from plait.comm.torch_backend.process_group import PlaitProcessGroup
 from plait.comm.torch_backend.translate import seconds
 from plait.errors import PlaitError
@@ -63,5 +62,4 @@ def _default_group(opts: Any) -> PlaitProcessGroup:
 def _comm_id(group_id: str) -> int:
     """The group's 30-bit communicator id: the same on every member (torch names groups
     alike everywhere), new in each generation of the job's engine, never the world's 1."""
-    ident = zlib.crc32(f"torch:{world.generation()}:{group_id}".encode()) & 0x3FFFFFFF
-    return ident if ident > 1 else 2
+    return split.comm_id(f"torch:{world.generation()}:{group_id}")

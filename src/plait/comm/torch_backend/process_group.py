@@ -263,9 +263,8 @@ class PlaitProcessGroup(dist.ProcessGroup):
         check = kind not in self._seen
         if check:
             self._seen.add(kind)
-        fn = build(
-            *args, check
-        )  # argument errors raise here, on every rank alike, before any message
+        # argument errors raise here, on every rank alike, before any message
+        fn = build(*args, check)
         on = t if t is not None and t.is_cuda else None
         try:
             if not is_async(opts) and self._limit is None:

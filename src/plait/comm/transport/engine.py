@@ -192,9 +192,7 @@ class Engine(Inbound):
 
     def drive(self, req: Transfer) -> None:
         """Make progress until `req` is done (or its deadline passes)."""
-        self._drive_until(
-            req.done, f"rank {req.peer}, which is alive but did not answer", lambda: req.park(0.002)
-        )
+        self._drive_until(req.done, f"rank {req.peer}", lambda: req.park(0.002))
 
     def await_arrival(
         self, peers: list[int], tag: int, until: Callable[[], bool] | None = None
@@ -235,9 +233,9 @@ class Engine(Inbound):
             self._last_active = now
             if now > deadline:
                 raise CommTimeoutError(
-                    f"rank {self.rank} waited {self.timeout:.0f} s for {waited_for}: alive, "
-                    "but no answer within the timeout (raise PLAIT_TIMEOUT if it is busy on "
-                    "purpose, e.g. evaluating)"
+                    f"rank {self.rank} waited {self.timeout:.0f} s for {waited_for}, alive "
+                    "but with no answer within the timeout (raise PLAIT_TIMEOUT if it is busy "
+                    "on purpose, e.g. evaluating)"
                 )
             if self._progress.acquire(blocking=False):
                 try:
