@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from plait.comm import world as plait_world  # plait.init(), plait.shutdown()
 from plait.comm.communicator import Communicator
+from plait.errors import PeerFailureError
 from plait.horovod.torch import timeline
 from plait.horovod.torch.dispatch import Dispatcher, clear_handles
 
@@ -181,7 +182,8 @@ def reform(lost: set[int]) -> None:
     """hvd.elastic's reset, in place of Horovod's shutdown(); init(): the live ranks go on
     in a new membership (plait.reform(), which also admits processes waiting to join), and
     hvd.rank(), hvd.size(), the collectives and DistributedOptimizer work on it. Process
-    sets are unregistered, as Horovod's re-init leaves them. Every live rank calls it.
+    sets are unregistered, as Horovod's re-init leaves them. Every live rank calls it; a
+    rank that dies while the new membership starts up is left out by one more re-form.
 
     Args:
         lost: the ranks known to have failed (the others wait for them no longer).
@@ -198,7 +200,11 @@ def reform(lost: set[int]) -> None:
         comm = plait_world.reform(lost)  # closes the old engine: every wait on it ends
     finally:
         _forget(st)  # the old dispatchers' threads, woken by that close, stop
-    _start(comm)
+    while True:
+        try:
+            return _start(comm)
+        except PeerFailureError as e:  # another rank died in the new membership's start
+            comm = plait_world.reform({e.rank})
 
 
 def _forget(st: _State) -> None:

@@ -168,8 +168,11 @@ class TorchState(ObjectState):
 
     def __setattr__(self, name: str, value: Any) -> None:
         held = self.__dict__.get("_held", {})
-        if name in held and value is not held[name].obj:
-            held[name] = _Held(value)  # Horovod's set_value: the new object, saved
+        if name in held:  # Horovod's set_value: the object, saved at once
+            if value is held[name].obj:
+                held[name].commit(check=False)
+            else:
+                held[name] = _Held(value)
         super().__setattr__(name, value)
 
     def save(self) -> None:
