@@ -194,4 +194,6 @@ class TorchState(ObjectState):
 
 
 def _holdable(value: Any) -> bool:
-    return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
+    """What plait.elastic.State commits as an object: a state_dict, or parts of its own."""
+    stateful = hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
+    return stateful or hasattr(value, "elastic_commit")
