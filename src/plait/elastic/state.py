@@ -141,14 +141,19 @@ class State:
 
     def sync(self, comm: Broadcaster, root: int = 0) -> None:
         """Make every rank's commit `root`'s and restore it: the shapes and plain values go
-        as one object, each tensor by an in-place broadcast into this rank's buffer (made
-        where a joining rank has none of that shape). Every rank of `comm` calls it."""
+        as one object, each tensor by a broadcast into new buffers on the other ranks. Every
+        rank of `comm` calls it.
+
+        A rank that fails in the middle leaves every commit as it was (the receivers' new
+        buffers replace their commit only once everything came): the next sync, from
+        whoever is rank 0 then, may be from any survivor's, never from a half-overwritten one.
+        """
         mine = self._committed
         if comm.rank == root and mine is None:
             raise RuntimeError("State.sync(): the root has not committed anything")
         shape = comm.broadcast_object(skeleton(mine) if comm.rank == root else None, root)
         if comm.rank != root:
-            mine = fit(mine, shape)
+            mine = fit(None, shape)  # new buffers: the commit stays whole until the end
         assert mine is not None
         for tensor in tensors(mine):
             comm.broadcast_(tensor, root)
