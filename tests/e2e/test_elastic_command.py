@@ -31,6 +31,7 @@ def test_the_survivors_of_rank_0_finish_the_run() -> None:
     want = elastic_training.reference(at=3)
     end = elastic_training.STEPS * elastic_training.GLOBAL_BATCH
     for r in results:
-        assert r["changes"] == [[0, 2]] and r["cursor"] == end, r
+        change = {"generation": 1, "left": [0], "joined": 0, "size": 2}
+        assert r["changes"] == [change] and r["cursor"] == end, r
         for got, ref in zip(r["params"], want, strict=True):
             torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-12, atol=0)

@@ -1,6 +1,7 @@
 """An elastic job's membership changes without restarting processes (issue 33): a rank
 killed in the middle of an allreduce, the survivors re-form and go on with the right sums;
-a rank frozen with SIGSTOP is left out, and fenced when SIGCONT wakes it. (Training through
+a rank frozen with SIGSTOP is left out, and fenced when SIGCONT wakes it; a process joins
+the running job at a commit and takes its state from a live rank. (Training through
 plait.elastic.run under `plait run --min-np`: tests/e2e/test_elastic_command.py.)"""
 
 from __future__ import annotations
@@ -69,6 +70,37 @@ def _frozen(comm: Any, said: str) -> Any:
     return {"sums": sums, "size": comm.size}
 
 
+def _joined(comm: Any) -> dict[str, Any]:
+    """Three ranks train under plait.elastic.run; a fourth process joins the running job.
+    The three hold at step 3 (committing, which asks for joiners) until it is admitted, so
+    the change falls at a known step; the joiner takes the state from rank 0 and every rank
+    ends with the same total: 3 workers' sums for 3 steps, then 4 workers' for 3."""
+    import plait
+    from plait.elastic import State
+
+    state = State(total=torch.zeros(1, dtype=torch.float64), step=0, sizes=[])
+
+    @plait.elastic.run
+    def train(state: Any) -> None:
+        comm = plait.default()
+        while state.step < 6:
+            if comm.size == 3 and state.step == 3:
+                time.sleep(0.02)
+                state.commit()  # raises JoinRequested once the joiner registered
+                continue
+            state.total += comm.allreduce(torch.ones(1, dtype=torch.float64))
+            state.sizes = [*state.sizes, comm.size]
+            state.step += 1
+            state.commit(check=state.step > 3)  # not before: the change falls at step 3
+
+    joiner = plait.elastic.joined()
+    train(state)
+    comm = plait.default()
+    return {"total": state.total.item(), "sizes": state.sizes, "changes": state.changes,
+            "rank": comm.rank, "size": comm.size, "joiner": joiner,
+            "joined_after": plait.elastic.joined()}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     common = {"env": ENV, "timeout": 60}
@@ -77,6 +109,7 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         {
             "killed": (3, _killed, (), {**common, "tolerate": [1]}),
             "frozen": (3, _frozen, (said,), {**common, "tolerate": [2]}),
+            "joined": (4, _joined, (), {**common, "joiners": 1}),
         }
     ) as futures:
         yield {**futures, "said": said}
@@ -99,3 +132,14 @@ def test_a_frozen_rank_is_left_out_and_fenced_when_it_wakes(worlds: dict[str, An
     with open(worlds["said"]) as f:
         said = f.read()
     assert "rank 2 is not in generation 1" in said and "must exit" in said, said
+
+
+def test_a_process_joins_the_running_job_at_a_commit(worlds: dict[str, Any]) -> None:
+    results = worlds["joined"].result()
+    change = {"generation": 1, "left": [], "joined": 1, "size": 4}
+    for r, got in enumerate(results):
+        assert (got["rank"], got["size"], got["joined_after"]) == (r, 4, False), got
+        # the joiner's state is rank 0's: the steps before it came, as the others hold them
+        assert got["sizes"] == [3, 3, 3, 4, 4, 4] and got["total"] == 21.0, got
+        assert got["joiner"] == (r == 3), got
+        assert got["changes"] == ([] if r == 3 else [change]), got

@@ -30,6 +30,9 @@ from typing import Any, Protocol
 
 import torch
 
+from plait.comm import world
+from plait.errors import JoinRequested
+
 Tree = Any  # nested dicts, lists and tuples of tensors and plain values
 
 
@@ -63,10 +66,12 @@ class State:
                 self._values[name] = item
         self._committed: dict[str, Tree] | None = None
         self.commits = 0
-        self.commit_seconds = 0.0  # the last commit's cost
+        self.commit_seconds = 0.0  # the last commit's cost: the copy
+        self.check_seconds = 0.0  # and asking whether processes wait to join
         self.reset_callbacks: list[Callable[[], None]] = []
-        # the membership changes this state lived through: (the failed rank, the new size)
-        self.changes: list[tuple[int, int]] = []
+        # the membership changes this state lived through (world.last_change(): the
+        # generation, the old ranks that left, how many joined, the new size)
+        self.changes: list[dict[str, object]] = []
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("_values", {})
@@ -81,13 +86,24 @@ class State:
             super().__setattr__(name, value)
 
     # ------------------------------------------------------------------ commit
-    def commit(self) -> None:
-        """Copy the state into host memory (the buffers of the last commit, reused)."""
+    def commit(self, check: bool = True) -> None:
+        """Copy the state into host memory (the buffers of the last commit, reused); then,
+        in an elastic job (`check`), ask whether processes wait to join.
+
+        Raises:
+            JoinRequested: processes wait to join: on every rank alike (the answer is
+                rank 0's, broadcast), after the copy; plait.elastic.run admits them.
+        """
         began = time.perf_counter()
         current = self._capture()
         self._committed = _copy_into(self._committed, current)
         self.commits += 1
         self.commit_seconds = time.perf_counter() - began
+        if check and world.is_initialized():
+            waiting = world.joiners_waiting(world.default())
+            self.check_seconds = time.perf_counter() - began - self.commit_seconds
+            if waiting:
+                raise JoinRequested(waiting)
 
     def restore(self) -> None:
         """Load the last commit into the objects and values (after a failure: the steps
