@@ -124,8 +124,8 @@ def _bindable(family: int, address: tuple[object, ...]) -> bool:
 
 
 class Discovery:
-    """Runs the discovery script in a background thread: once now, then PERIOD_S after
-    each run ends, until `close()`."""
+    """Runs the discovery script in a background thread: once at `start()`, then
+    `period_s` after each run ends, until `close()`."""
 
     def __init__(self, script: str, slots_per_host: int | None, period_s: float = PERIOD_S) -> None:
         self.script = script
@@ -136,6 +136,9 @@ class Discovery:
         self._running: subprocess.Popen[str] | None = None
         self._local: dict[str, bool] = {}  # host -> is_this_machine, asked once per name
         self._thread = threading.Thread(target=self._loop, name="host discovery", daemon=True)
+
+    def start(self) -> None:
+        """Start running the script in the background."""
         self._thread.start()
 
     def next(self, timeout: float) -> Found | Failed | None:

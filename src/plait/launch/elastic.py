@@ -61,6 +61,14 @@ class ElasticOptions:
     period_s: float = PERIOD_S
 
 
+class Answers(Protocol):
+    """Where the driver reads discovery's answers (discovery.Discovery)."""
+
+    def next(self, timeout: float) -> Found | Failed | None: ...
+
+    def close(self) -> None: ...
+
+
 class Stopped(Protocol):
     """The launcher's signal state (procs.Signals): `first` is set once it got one."""
 
@@ -81,7 +89,7 @@ class Driver:
         self.min_np = min_np
         self._err = err
         self._clock = clock
-        self.discovery: Discovery | None = None  # started by first_hosts
+        self.discovery: Answers | None = None  # started by first_hosts
         self.blacklist = Blacklist(options.cooldown)
         self.hosts: dict[str, int] = {}  # discovery's last good answer, hosts in first-seen order
         self._seen: list[str] = []
@@ -107,9 +115,11 @@ class Driver:
         (`ended` says why) or the launcher got a signal.
         """
         assert self.options.script is not None
-        self.discovery = Discovery(
+        discovery = Discovery(
             self.options.script, self.options.slots_per_host, self.options.period_s
         )
+        discovery.start()
+        self.discovery = discovery
         since = self._clock()
         first, waiting = True, False
         while sigs.first is None and self.ended is None:
@@ -153,9 +163,10 @@ class Driver:
                 )
         return None
 
-    def lost(self, name: str, host: str, how: str, left: int) -> bool:
+    def lost(self, rank: int, name: str, host: str, how: str, left: int) -> bool:
         """A rank failed on its own (not stopped by the launcher): say so and blacklist its
         host. False when fewer than --min-np ranks are `left`: the job must stop."""
+        self.failed.append(rank)
         if left < self.min_np:
             self._say(
                 f"{name} failed ({how}); {left} rank(s) left, fewer than --min-np {self.min_np}"
@@ -201,6 +212,14 @@ class Driver:
                 1,
                 f"reset {self.resets} (membership change) is one more than --reset-limit "
                 f"{limit}: stopping the job",
+            )
+            return Changes()
+        # Horovod's check, for the same reason: a joiner takes the state from a live rank
+        if changes.start and len(changes.stop) == len(live):
+            self._end(
+                1,
+                "discovery leaves none of the running ranks: the joiners would have no "
+                "rank to take the job's state from; stopping the job",
             )
             return Changes()
         left = len(live) - len(changes.stop) + len(changes.start)

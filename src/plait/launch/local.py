@@ -315,7 +315,7 @@ def _wait(
             elif driver is not None:
                 forgiven.add(rk.rank)
                 left = sum(1 for r in ranks if r.rank not in forgiven and r.retire_at is None)
-                if not driver.lost(rk.name, rk.host, describe_exit(code), left):
+                if not driver.lost(rk.rank, rk.name, rk.host, describe_exit(code), left):
                     return rk
             elif rk.rank in survivable:
                 forgiven.add(rk.rank)
