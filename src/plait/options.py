@@ -29,7 +29,7 @@ def option(
     help: str,
     *,
     choices: Sequence[Any] = (),
-    metavar: str | None = None,
+    metavar: str | tuple[str, ...] | None = None,
     default_text: str | None = None,
     cli: bool = True,
     aliases: Sequence[str] = (),
@@ -40,7 +40,7 @@ def option(
     Args:
         help: one line for --help.
         choices: the accepted values (argparse rejects others, listing these).
-        metavar: the placeholder in --help, e.g. "DIR".
+        metavar: the placeholder in --help, e.g. "DIR" (one per value of a tuple field).
         default_text: how --help states the default when the field's own default (often
             None, "decided later") does not say it.
         cli: False keeps the field off the command line.

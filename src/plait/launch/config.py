@@ -98,7 +98,7 @@ class RunConfig:
         metadata=option(
             "seconds (MIN MAX) a host on which a rank failed gets no new ranks: MIN * 2^n "
             "plus up to MIN more the n-th time, within [MIN, MAX] (Horovod's)",
-            metavar="SECONDS",
+            metavar=("MIN", "MAX"),
             default_text="for the rest of the job",
         ),
     )
