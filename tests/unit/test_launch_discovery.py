@@ -13,7 +13,7 @@ from plait.launch.discovery import Discovery, Failed, Found, is_this_machine, pa
 
 
 def test_lines_give_hosts_and_slots_in_order() -> None:
-    text = "b:2\n\n  a:4  \nc\n[::1]:1\nd:0\n"
+    text = "b:2\n\n  a:4  \nc\n[::1]:1\nd:0\nb:2\n"
     assert parse(text, slots_per_host=3) == {"b": 2, "a": 4, "c": 3, "::1": 1, "d": 0}
     assert parse("", None) == {}  # no host ready yet
 
@@ -24,7 +24,7 @@ def test_lines_give_hosts_and_slots_in_order() -> None:
         ("a:2\nb\n", "line 2 'b' gives no slots: print `b:N`, or pass --slots-per-host N"),
         ("a:x\n", "line 1 'a:x': slots must be a whole number >= 0, got 'x'"),
         ("a:-1\n", "slots must be a whole number >= 0, got '-1'"),
-        ("a:1\na:2\n", "line 2 'a:2': host 'a' is listed twice"),
+        ("a:1\na:2\n", "line 2 'a:2': host 'a' was listed with 1 slot(s)"),
         ("host one:2\n", "line 1 'host one:2' is not `host:slots` or `host`"),
     ],
 )

@@ -61,7 +61,8 @@ def parse(text: str, slots_per_host: int | None) -> dict[str, int]:
 
     Raises:
         ValueError: a line that is neither `host:slots` (slots >= 0) nor `host` (with
-            `slots_per_host` given), or a host listed twice; the message quotes the line.
+            `slots_per_host` given), or a host listed twice with different slots; the
+            message quotes the line.
     """
     hosts: dict[str, int] = {}
     for number, raw in enumerate(text.splitlines(), 1):
@@ -88,9 +89,10 @@ def parse(text: str, slots_per_host: int | None) -> dict[str, int]:
             )
         else:
             slots = slots_per_host
-        if host in hosts:
-            raise ValueError(f"line {number} {line!r}: host {host!r} is listed twice")
-        hosts[host] = slots
+        if hosts.setdefault(host, slots) != slots:  # the same line twice is harmless
+            raise ValueError(
+                f"line {number} {line!r}: host {host!r} was listed with {hosts[host]} slot(s)"
+            )
     return hosts
 
 
