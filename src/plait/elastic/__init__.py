@@ -4,7 +4,9 @@
 `batch_policy.py` (the global batch policy: a fixed global batch, or a fixed per-rank batch
 with the learning rate rescaled), `horovod_order.py` (Horovod's ElasticSampler partition
 over the same cursor), `state.py` (State: commit, restore, sync from a live peer),
-`run.py` (`run`: a training function that goes on across membership changes).
+`run.py` (`run`: a training function that goes on across membership changes),
+`trees.py` (the commit's nested tensors and values). ZeRO's shards in a State are
+plait.sharded.ElasticShards (sharded/elastic.py: the strategies sit above this package).
 The membership itself changes in plait.comm (membership.py, world.reform); `joined()` says
 whether this process joined a running job and has not taken its state yet.
 
