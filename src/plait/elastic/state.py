@@ -72,6 +72,10 @@ class State:
     """Objects with state_dicts and plain values, committed together (see the module
     docstring). Plain values are attributes: `state.step += 1`."""
 
+    #: whether a commit holds the RNG states; a subclass says False where the ranks' RNG
+    #: must stay their own (Horovod's TorchState commits none: plait.horovod's elastic)
+    keep_rng = True
+
     def __init__(self, **items: Any) -> None:
         self._objects: dict[str, Stateful] = {}
         self._parts: dict[str, Partitioned] = {}
@@ -160,7 +164,9 @@ class State:
         return {
             "objects": {name: obj.state_dict() for name, obj in self._objects.items()},
             "values": copy.deepcopy(self._values),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}
+            if self.keep_rng
+            else None,
         }
 
     def _load(self, committed: dict[str, Tree]) -> None:
@@ -172,5 +178,6 @@ class State:
                 # gradients are no part of a commit: those of the step in flight are dropped
                 obj.zero_grad(set_to_none=True)
         self._values.update(copy.deepcopy(committed["values"]))
-        torch.set_rng_state(committed["rng"]["torch"].clone())
-        random.setstate(committed["rng"]["python"])
+        if committed["rng"] is not None:
+            torch.set_rng_state(committed["rng"]["torch"].clone())
+            random.setstate(committed["rng"]["python"])
