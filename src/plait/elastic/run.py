@@ -40,6 +40,8 @@ def run(fn: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(fn)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
         sync = world.joined()  # admitted into a running job: take its state first
+        if sync and not state.changes:
+            state.changes.append(world.last_change())  # the change that admitted it
         if not sync and state.commits == 0:
             state.commit(check=False)  # something to go back to, even before the first step
         while True:
