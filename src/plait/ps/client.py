@@ -25,6 +25,7 @@ for its own values (TicTac), so the next forward starts before the whole pull is
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from plait.comm.core.request import Request
 from plait.ps.auth import frame_limit
 from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
 from plait.ps.errors import PSError
+from plait.ps.join import admit
 from plait.ps.request import ServerRequest
 from plait.ps.roles import Role
 from plait.ps.sharding import (
@@ -53,12 +55,24 @@ from plait.ps.transport import Transport
 from plait.ps.wire import DTYPES, Message
 
 
+@dataclass(frozen=True)
+class Round:
+    """A sync round as server 0 told it with its values (elastic workers only): its clock,
+    the workers whose gradients it averaged, and the next round's members as the server
+    knew them when it closed (one that dies in the next round is still among them)."""
+
+    clock: int
+    members: tuple[int, ...]
+    next: tuple[int, ...]
+
+
 class Client:
     """A worker's view of the parameter servers for `named_parameters`.
 
     Raises:
         PSError: parameters that differ from worker 0's (the first difference is named),
-            or a dtype the wire does not carry.
+            or a dtype the wire does not carry; a joiner (role.joining) in a job started
+            without PSConfig(elastic_workers=True).
     """
 
     def __init__(
@@ -82,6 +96,11 @@ class Client:
         else:
             _check_same(specs, specs_from_json(store.get(STORE_PARAMS)), role.rank)
             cfg = PSConfig.from_json(store.get(STORE_CONFIG))  # worker 0's is the job's
+        if role.joining and not cfg.elastic_workers:
+            raise PSError(
+                f"worker {role.rank} cannot join: the job was started without "
+                "PSConfig(elastic_workers=True)"
+            )
         self.cfg = cfg
         self.plan: Plan = make_plan(specs, role.num_servers, cfg.slice_bytes)
         self._keys = [self.plan.keys_of(s) for s in range(role.num_servers)]
@@ -91,6 +110,7 @@ class Client:
         # default (trace.overstore.start puts one there), or set one here
         self.recorder: trace.Recorder | None = role.recorder
         self._final_stats: dict[str, Any] | None = None
+        self.round: Round | None = None  # elastic workers, sync: the last pulled values' round
         # a model on a GPU goes through pinned host copies; one on the CPU as it is
         on_gpu = any(p.device.type == "cuda" for p in self.params)
         self._staging = Staging(self.params) if on_gpu else None
@@ -103,9 +123,12 @@ class Client:
                 self._keys_of_param[seg.param].add(k.key)
         endpoints = [store.get(store_server_key(s)).decode() for s in range(role.num_servers)]
         # worker 0 hosts the store under `plait run`: it must not finish (and take the store
-        # down) before the slowest worker has read it
+        # down) before the slowest worker has read it (a joiner comes later: not counted)
         try:
-            barrier(store, STORE_JOINED, role.num_workers, env.get("PLAIT_INIT_TIMEOUT"), "workers")
+            if not role.joining:
+                barrier(
+                    store, STORE_JOINED, role.num_workers, env.get("PLAIT_INIT_TIMEOUT"), "workers"
+                )
         except TimeoutError as e:
             raise PSError(f"{e}: every worker must create a ps.Client") from None
         self._transport = Transport(
@@ -124,6 +147,8 @@ class Client:
                     lambda s: [gather(self.plan, k, values) for k in self._keys[s]],
                     writes=False,
                 ).wait()
+        if role.joining:  # its first push is this clock + 1 (join.py)
+            self.clock = admit(self._transport, role.num_servers, env.get("PLAIT_INIT_TIMEOUT"))
         self.pull()  # every worker starts from the served values (worker 0's model)
 
     # -- the API --------------------------------------------------------------------------
@@ -360,6 +385,10 @@ class Client:
                     self.versions[k] = reply.versions[i]
         if self._staging is not None:
             self._staging.upload(written)  # to the GPU, queued on the caller's stream
+        meta = reply.meta
+        if server == 0 and "members" in meta:
+            ints = [int(w) for w in meta["members"]], [int(w) for w in meta.get("next", [])]
+            self.round = Round(int(meta.get("round", 0)), tuple(ints[0]), tuple(ints[1]))
 
 
 def _check_same(mine: list[ParamSpec], theirs: list[ParamSpec], rank: int) -> None:
