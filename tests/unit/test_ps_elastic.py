@@ -92,7 +92,7 @@ def test_without_elastic_workers_no_worker_joins() -> None:
 def test_a_joiner_is_a_member_from_the_round_after_the_next() -> None:
     server = _server(2)
     assert server.handle("w0", _push(0, 2, 1, 1.0), 0.1) == []  # round 1 is open
-    # a heartbeat before its join is answered and changes nothing; other requests wait
+    # a heartbeat before its join is answered and changes nothing; anything else is refused
     assert _ok(server.handle("w2", Message("hb", 0, 2), 0.1)).keys() == {"w2"}
     ((_, m),) = server.handle("w2", Message("pull", 1, 2), 0.1)
     assert m.op == "error" and "worker 2 is not in [0, 2)" in str(m.meta["reason"])
@@ -117,8 +117,8 @@ def test_a_joiner_may_ask_for_a_later_clock_until_it_pushes() -> None:
         assert len(_ok(server.handle("w1", _push(1, rid, clock, 1.0), 0.2))) == 2
     # asking for a clock whose round's members are fixed already: the server's own answer
     assert _ok(server.handle("w3", _join(3, 3, wanted=2), 0.3))["w3"].meta["clock"] == 4
-    got = _ok(server.handle("w3", Message("pull", 4, 3, clock=4), 0.3))  # round 4 is closed?
-    assert got == {}  # no: its values are those after round 4
+    got = _ok(server.handle("w3", Message("pull", 4, 3, clock=4), 0.3))
+    assert got == {}  # it waits for round 4: its first is round 5
     server.handle("w0", _push(0, 5, 4, 1.0), 0.4)
     assert len(_ok(server.handle("w1", _push(1, 5, 4, 1.0), 0.4))) == 3  # its pull goes too
     server.handle("w3", _push(3, 5, 5, 1.0), 0.5)  # its first push

@@ -25,7 +25,6 @@ for its own values (TicTac), so the next forward starts before the whole pull is
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +35,7 @@ from plait.comm.bootstrap.store import barrier
 from plait.comm.core.request import Request
 from plait.ps.auth import frame_limit
 from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
+from plait.ps.consistency import Round
 from plait.ps.errors import PSError
 from plait.ps.join import admit
 from plait.ps.request import ServerRequest
@@ -53,17 +53,6 @@ from plait.ps.sharding import (
 from plait.ps.staging import Staging
 from plait.ps.transport import Transport
 from plait.ps.wire import DTYPES, Message
-
-
-@dataclass(frozen=True)
-class Round:
-    """A sync round as server 0 told it with its values (elastic workers only): its clock,
-    the workers whose gradients it averaged, and the next round's members as the server
-    knew them when it closed (one that dies in the next round is still among them)."""
-
-    clock: int
-    members: tuple[int, ...]
-    next: tuple[int, ...]
 
 
 class Client:
@@ -385,10 +374,8 @@ class Client:
                     self.versions[k] = reply.versions[i]
         if self._staging is not None:
             self._staging.upload(written)  # to the GPU, queued on the caller's stream
-        meta = reply.meta
-        if server == 0 and "members" in meta:
-            ints = [int(w) for w in meta["members"]], [int(w) for w in meta.get("next", [])]
-            self.round = Round(int(meta.get("round", 0)), tuple(ints[0]), tuple(ints[1]))
+        if server == 0 and "members" in reply.meta:  # elastic workers, sync (consistency.py)
+            self.round = Round.of(reply.meta)
 
 
 def _check_same(mine: list[ParamSpec], theirs: list[ParamSpec], rank: int) -> None:

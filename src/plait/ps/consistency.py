@@ -96,6 +96,23 @@ class Stats:
         self.histogram[staleness] = self.histogram.get(staleness, 0) + 1
 
 
+@dataclass(frozen=True)
+class Round:
+    """A sync round as a server tells it with its values (elastic workers only): its clock,
+    the workers whose gradients it averaged, and the next round's members as the server
+    knew them when it closed (one that dies in the next round is still among them)."""
+
+    clock: int
+    members: tuple[int, ...]
+    next: tuple[int, ...]
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> Round:
+        """The round a reply's meta describes (`Consistency.round_meta`)."""
+        ints = [[int(w) for w in meta.get(name, [])] for name in ("members", "next")]
+        return cls(int(meta.get("round", 0)), tuple(ints[0]), tuple(ints[1]))
+
+
 class Consistency:
     """One server's bookkeeping of W workers and its keys."""
 
@@ -278,7 +295,7 @@ class Consistency:
             return self.closed_clock + 1
         return min((self.clock[w] for w in self.live()), default=self.closed_clock)
 
-    def admit(self, worker: int, wanted: int | None, now: float) -> int:
+    def admit(self, worker: int, wanted: Any, now: float) -> int:
         """Admit new worker `worker`; return its first clock (its first push is the next).
 
         `wanted`: the first clock the worker asks for (the largest another server gave it),
@@ -287,14 +304,16 @@ class Consistency:
         pushed yet may ask again.
 
         Raises:
-            ValueError: elastic workers are off, or the id is taken (a worker of the job,
-                or a joiner that has pushed).
+            ValueError: elastic workers are off, the id is taken (a worker of the job, or
+                a joiner that has pushed or died), or `wanted` is not a clock.
         """
         if not self.cfg.elastic_workers:
             raise ValueError(
                 f"worker {worker} asks to join, but the job was started without "
                 "PSConfig(elastic_workers=True)"
             )
+        if wanted is not None and (type(wanted) is not int or wanted < 0):
+            raise ValueError(f"join: the clock asked for must be an int >= 0; got {wanted!r:.40}")
         if not 0 <= worker < MAX_WORKERS:
             raise ValueError(f"worker id {worker} is not in [0, {MAX_WORKERS})")
         if self.joined(worker) and not self.may_ask_again(worker):

@@ -300,17 +300,12 @@ class Server:
         if self.cons is None:
             self.joins.append((origin, msg))  # answered once worker 0's init is in
             return
-        wanted = msg.meta.get("clock")
-        if wanted is not None and (type(wanted) is not int or wanted < 0):
-            raise BadRequest(f"join: meta clock must be an int >= 0; got {wanted!r:.40}")
-        w, known = msg.worker, self.cons.joined(msg.worker)
         try:
-            start = self.cons.admit(w, wanted, self.now)
+            start = self.cons.admit(msg.worker, msg.meta.get("clock"), self.now)
         except ValueError as e:
             raise BadRequest(str(e)) from None
         self.max_push_rid += [0] * (self.cons.num_workers - len(self.max_push_rid))
-        if not known:
-            self.log(f"worker {w} joined; its first push will be clock {start + 1}")
+        self.log(f"worker {msg.worker} admitted; its first push will be clock {start + 1}")
         self.send(origin, Message("ok", msg.rid, -1, meta={"clock": start}))
         self.service()  # a joiner that moved its first round on may complete the open one
 
