@@ -100,7 +100,7 @@ class Stats:
 class Round:
     """A sync round as a server tells it with its values (elastic workers only): its clock,
     the workers whose gradients it averaged, and the next round's members as the server
-    knew them when it closed (one that dies in the next round is still among them)."""
+    knew them when it answered (one that dies in the next round is still among them)."""
 
     clock: int
     members: tuple[int, ...]

@@ -257,7 +257,7 @@ class Server:
         # elastic workers: an id past the first W asks to join (heartbeating meanwhile)
         joiner = not 0 <= msg.worker < self.num_workers
         joined = joiner and self.cons is not None and self.cons.joined(msg.worker)
-        if joiner and not (msg.worker < MAX_WORKERS and (joined or msg.op in ("join", "hb"))):
+        if joiner and not (0 <= msg.worker < MAX_WORKERS and (joined or msg.op in ("join", "hb"))):
             raise BadRequest(f"worker {msg.worker} is not in [0, {self.num_workers})")
         if msg.op in ("init", "join"):
             (self.handle_init if msg.op == "init" else self.handle_join)(origin, msg)
