@@ -187,16 +187,18 @@ def last_change() -> dict[str, object]:
     return dict(_changes[-1])
 
 
-def joiners_waiting(comm: Communicator) -> int:
-    """Elastic: how many processes wait to join, the same answer on every rank of `comm`
-    (rank 0 asks the store and broadcasts one int64: a collective, every rank calls it)."""
+def joiners_waiting(comm: Communicator, then: int = 1) -> tuple[int, int]:
+    """Elastic: how many processes wait to join, and rank 0's `then` (when to ask next:
+    plait.elastic.State's cadence), the same on every rank of `comm` (rank 0 asks the store
+    and broadcasts two int64: a collective, every rank calls it)."""
     global _admitted
-    count = torch.zeros(1, dtype=torch.int64)
+    answer = torch.tensor([0, then], dtype=torch.int64)
     if comm.rank == 0 and _store is not None:
         if _admitted is None:  # once per generation: it changes only at a re-form
             _admitted = membership.admitted_count(_store)
-        count[0] = membership.waiting(_store, _admitted)
-    return int(comm.broadcast_(count, 0).item())
+        answer[0] = membership.waiting(_store, _admitted)
+    waiting, agreed = comm.broadcast_(answer, 0).tolist()
+    return int(waiting), int(agreed)
 
 
 def joined() -> bool:

@@ -83,7 +83,7 @@ class State:
             HostsUpdatedInterrupt: processes wait to join.
         """
         d = basics.state().dispatcher
-        if d.run_other("check_host_updates", world.joiners_waiting):
+        if d.run_other("check_host_updates", lambda comm: world.joiners_waiting(comm)[0]):
             raise HostsUpdatedInterrupt(False)
 
     def save(self) -> None:
