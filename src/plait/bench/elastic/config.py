@@ -56,25 +56,29 @@ class ElasticBenchConfig:
     markdown: bool = markdown_field()
 
     def __post_init__(self) -> None:
-        at_least_1(steps_after=self.steps_after, checkpoint_every=self.checkpoint_every,
-                   repeats=self.repeats)  # fmt: skip
-        if self.nproc < MIN_NP + 1:
+        at_least_1(repeats=self.repeats)
+        if self.nproc < MIN_NP + 2:
+            # the launcher counts the ranks it started, not the joiner: two of them fail
+            # (the killed one, the fenced one) and --min-np must still be left
             raise ConfigError(
-                f"-n {self.nproc}: needs at least {MIN_NP + 1} workers (one dies, one is "
-                f"frozen, and --min-np {MIN_NP} must stay)"
+                f"-n {self.nproc}: needs at least {MIN_NP + 2} workers (one is killed, one "
+                f"fenced, and `plait run --min-np {MIN_NP}` must keep {MIN_NP} of its own)"
             )
         if self.global_batch < self.nproc:
             raise ConfigError(
                 f"--global-batch {self.global_batch} < -n {self.nproc}: a worker would get "
                 "no sample"
             )
-        if self.kill_step < 3:
+        if self.steps_after < 3:  # the admission's step, then two normal ones to time
+            raise ConfigError(f"--steps-after must be >= 3; got {self.steps_after}")
+        # warm-up steps, then normal ones; a checkpoint written before the kill, not at it
+        # (it would be written while the rank dies)
+        if self.kill_step < 4 or not 0 < self.checkpoint_every < self.kill_step:
             raise ConfigError(
-                f"--kill-step must be >= 3 (two warm-up steps, then one normal); got "
-                f"{self.kill_step}"
+                f"--kill-step {self.kill_step} must be >= 4 and > --checkpoint-every "
+                f"{self.checkpoint_every}"
             )
         if self.kill_step % self.checkpoint_every == 0:
-            # the checkpoint of that step would be written while the rank dies
             raise ConfigError(
                 f"--kill-step {self.kill_step} % --checkpoint-every {self.checkpoint_every} "
                 "= 0: kill between checkpoints"
