@@ -75,7 +75,7 @@ def _bars(runs: list[Run], figures: dict[str, Any]) -> list[dict[str, Any]]:
              _s(median("join_stall_s")), _range(figures["join_stall_s"]),
              f"<= 1 s + {runs[0]['state_bytes'] / MB:.1f} MB at 500 MB/s = {join_bar:.2f} s",
              median("join_stall_s") <= join_bar),
-        _bar("commit() per step (copy + joiners' check)",
+        _bar("commit() per step, rank 0's (copy + joiners' check)",
              f"{_s(commit)} + {_s(check)} = {(commit + check) / step:.1%} of {_s(step)}",
              "", "printed", None),
     ]  # fmt: skip
