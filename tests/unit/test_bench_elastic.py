@@ -122,6 +122,7 @@ def test_the_report_holds_the_bars_and_both_ways(capsys: pytest.CaptureFixture[s
     assert summary["elastic"]["kill_s"]["values"] == [pytest.approx(0.45), 6.0]
     # paired by repeat: 5.45 / 0.45 and 5.45 / 6.0; the third has no elastic figure
     assert summary["ratio"]["values"] == [pytest.approx(5.45 / 0.45), pytest.approx(5.45 / 6)]
+    assert summary["step_ratio"]["values"] == [pytest.approx(1.0)] * 2  # 0.1 s both ways
 
     def met(what: str) -> bool | None:
         return next(b["met"] for b in summary["bars"] if b["what"].startswith(what))
@@ -138,6 +139,7 @@ def test_the_report_holds_the_bars_and_both_ways(capsys: pytest.CaptureFixture[s
     md = render.markdown(done.markdown)
     assert "| restart: torchrun --max-restarts 1, checkpoint every 10 steps |" in md
     assert "<= 1 s + 1.0 MB at 500 MB/s = 1.00 s" in md
+    assert "| 1.00x (100.0 ms / 100.0 ms) | 1.00-1.00 | printed |  |" in md
 
 
 def test_events_are_read_whole_lines_only(tmp_path: Path) -> None:

@@ -31,7 +31,10 @@ def summarize(runs: dict[str, list[Run]]) -> dict[str, Any]:
             if "failed" not in e and "failed" not in r]  # fmt: skip
     lost = [r["lost_s"] for _, r in both], [e["kill_s"] for e, _ in both]
     out["ratio"] = _spread(stats.paired_ratios(*lost)) if both else None
-    out["bars"] = _bars(done["elastic"], out["elastic"])
+    # a normal step with State.commit() (the elastic job's) over the same without a State
+    steps = [e["step_s"] for e, _ in both], [r["step_s"] for _, r in both]
+    out["step_ratio"] = _spread(stats.paired_ratios(*steps)) if both else None
+    out["bars"] = _bars(done["elastic"], out["elastic"], out["restart"], out["step_ratio"])
     return out
 
 
@@ -40,8 +43,11 @@ def _spread(values: list[float]) -> dict[str, Any]:
             "values": values}  # fmt: skip
 
 
-def _bars(runs: list[Run], figures: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per bar: what is measured, its value, the bar, met (None: no figure)."""
+def _bars(
+    runs: list[Run], figures: dict[str, Any], restart: dict[str, Any], step_ratio: Any
+) -> list[dict[str, Any]]:
+    """One row per bar: what is measured, its value, the bar, met (None: no figure, or no
+    bar: the two rows of what a commit costs are printed)."""
     if not runs:
         return []
 
@@ -78,6 +84,11 @@ def _bars(runs: list[Run], figures: dict[str, Any]) -> list[dict[str, Any]]:
         _bar("commit() per step, rank 0's (copy + joiners' check)",
              f"{_s(commit)} + {_s(check)} = {(commit + check) / step:.1%} of {_s(step)}",
              "", "printed", None),
+        _bar("a step with commit() / the same step without a State (the torchrun job's)",
+             "" if step_ratio is None else
+             f"{ratio(step_ratio['median'])} ({_s(step)} / {_s(restart['step_s']['median'])})",
+             "" if step_ratio is None else f"{step_ratio['min']:.2f}-{step_ratio['max']:.2f}",
+             "printed", None),
     ]  # fmt: skip
 
 
@@ -146,11 +157,6 @@ def _lines(doc: dict[str, Any], config: ElasticBenchConfig) -> list[Line]:
             lines.append(Line(f"joiner, from registering to its first commit: "
                               f"{_s(statistics.median(waits))}; fenced rank was told: "
                               f"{r['fenced_message']}", markup=False))  # fmt: skip
-    if el and re:
-        lines.append(Line(
-            f"a normal step at {config.nproc} ranks: {_s(s['elastic']['step_s']['median'])} in "
-            f"the elastic job (State.commit() included), {_s(s['restart']['step_s']['median'])} "
-            "in the torchrun job (the same step without a State)"))  # fmt: skip
     if re:
         med = {k: statistics.median(v) for k in ("start_s", "init_s", "back_s")
                if (v := [x[k] for x in re if x[k] is not None])}  # fmt: skip
