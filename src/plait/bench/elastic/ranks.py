@@ -106,8 +106,9 @@ def _elastic(config: ElasticBenchConfig, log: Log, joiner: bool) -> None:
     log.event("admitted" if joiner else "init", rank=comm.rank, size=comm.size)
     state = State(model=t.model, optimizer=t.opt, sampler=t.sampler, step=0, gen=0, since=0)
     began = time.monotonic()
-    mine: dict[str, Any] = {"entries": 0, "frozen": None, "woken": None,
-                            "since": time.monotonic()}  # fmt: skip
+    # this process's own: calls of train, the frozen rank's pid and when it was woken
+    # (rank 0), when the current generation began
+    mine: dict[str, Any] = {"entries": 0, "frozen": None, "woken": None, "gen_began": began}
 
     def stop_here(comm: Any) -> bool:
         """Rank 0's say: the run has done what it is for (or waited too long for it)."""
@@ -117,7 +118,7 @@ def _elastic(config: ElasticBenchConfig, log: Log, joiner: bool) -> None:
         if now - began > RUN_LIMIT_S:
             return True
         if state.gen == 1:
-            return now - mine["since"] > JOIN_WAIT_S
+            return now - mine["gen_began"] > JOIN_WAIT_S
         woken = mine["woken"]
         if state.gen < 3 or woken is None or state.since < config.steps_after - 1:
             return False
@@ -144,8 +145,9 @@ def _elastic(config: ElasticBenchConfig, log: Log, joiner: bool) -> None:
         if mine["entries"] or joiner:  # a change: every rank holds rank 0's commit now
             state.gen += 1
             state.since = 0
-            mine["since"] = log.event("sync", step=state.step, gen=state.gen, rank=comm.rank,
-                                      size=comm.size, read_bytes=disk_read_bytes())  # fmt: skip
+            mine["gen_began"] = log.event("sync", step=state.step, gen=state.gen,
+                                          rank=comm.rank, size=comm.size,
+                                          read_bytes=disk_read_bytes())  # fmt: skip
         mine["entries"] += 1
         pids = comm.allgather_object(os.getpid())
         if state.gen == 2 and comm.rank == 0:
