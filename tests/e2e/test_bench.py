@@ -1,5 +1,6 @@
 """`plait bench collectives`, `train`, `comm` and `torch-backend` end to end, tiny: every
-algorithm, workload and way appears, ratios are computed, bad input is refused. The commands
+algorithm, workload and way appears, ratios are computed, bad input is refused (`elastic`
+too, whose smallest run takes a minute). The commands
 run at once, once for the module: what is checked is the tables, not the times."""
 
 import json
@@ -52,6 +53,7 @@ def ran(folder: Path) -> Ran:
             "torch-backend cuda": Command([*bench, "torch-backend", "--device", "cuda"]),
             "bad algorithm": Command([*bench, "collectives", "--algorithms", "ring,fastest"]),
             "uneven batch": Command([*bench, "train", "--nproc", "3", "--global-batch", "8"]),
+            "elastic too few": Command([*bench, "elastic", "-n", "3"]),
         },
         timeout=190,
     )  # fmt: skip
@@ -99,6 +101,15 @@ def test_bench_train_rejects_uneven_batch(ran: Ran) -> None:
     proc = ran["uneven batch"]
     assert proc.returncode == 2
     assert "--global-batch 8 % 3 ranks = 2 != 0" in proc.stderr
+
+
+@pytest.mark.timeout(200)
+def test_bench_elastic_refuses_too_few_workers(ran: Ran) -> None:
+    """Before starting anything (a real run takes a minute at its smallest: its figures and
+    report are tested from events in tests/unit/test_bench_elastic.py)."""
+    proc = ran["elastic too few"]
+    assert proc.returncode == 2
+    assert "-n 3: needs at least 4 workers (one is killed, one fenced" in proc.stderr
 
 
 @pytest.mark.timeout(200)

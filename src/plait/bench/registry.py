@@ -11,6 +11,7 @@ from __future__ import annotations
 from plait.bench.auth.config import AuthBenchConfig
 from plait.bench.collectives.config import CollectivesConfig
 from plait.bench.comm.config import CommBenchConfig
+from plait.bench.elastic.config import ElasticBenchConfig
 from plait.bench.horovod.config import HorovodBenchConfig
 from plait.bench.infer.config import InferBenchConfig
 from plait.bench.memory.config import MemoryBenchConfig
@@ -36,6 +37,7 @@ BENCHMARKS: dict[str, type] = {
     "auth": AuthBenchConfig,
     "horovod": HorovodBenchConfig,
     "torch-backend": TorchBackendBenchConfig,
+    "elastic": ElasticBenchConfig,
 }
 
 
