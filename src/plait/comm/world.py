@@ -19,6 +19,7 @@ from plait.comm.backends import cuda
 from plait.comm.bootstrap import connect, rendezvous
 from plait.comm.bootstrap.store import JobStore, make_store, tcp_host
 from plait.comm.communicator import Communicator
+from plait.comm.core.request import Request
 from plait.comm.transport.engine import Engine
 from plait.errors import PeerFailureError, PlaitError
 
@@ -191,14 +192,20 @@ def joiners_waiting(comm: Communicator, then: int = 1) -> tuple[int, int]:
     """Elastic: how many processes wait to join, and rank 0's `then` (when to ask next:
     plait.elastic.State's cadence), the same on every rank of `comm` (rank 0 asks the store
     and broadcasts two int64: a collective, every rank calls it)."""
+    waiting, agreed = ask_joiners(comm, then).wait().tolist()
+    return int(waiting), int(agreed)
+
+
+def ask_joiners(comm: Communicator, then: int = 1) -> Request[torch.Tensor]:
+    """`joiners_waiting`, started: the broadcast goes on while the caller computes; its
+    (2,) int64 tensor [waiting, then] is rank 0's answer on every rank."""
     global _admitted
     answer = torch.tensor([0, then], dtype=torch.int64)
     if comm.rank == 0 and _store is not None:
         if _admitted is None:  # once per generation: it changes only at a re-form
             _admitted = membership.admitted_count(_store)
         answer[0] = membership.waiting(_store, _admitted)
-    waiting, agreed = comm.broadcast_(answer, 0).tolist()
-    return int(waiting), int(agreed)
+    return comm.broadcast_async_(answer, 0)
 
 
 def joined() -> bool:

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from plait.comm import world
+from plait.comm.core.request import Request
 from plait.elastic.trees import clone, copy_into, fit, skeleton, tensors
 from plait.errors import JoinRequested
 
@@ -42,9 +43,10 @@ Tree = Any  # nested dicts, lists and tuples of tensors and plain values
 #: How often commit() asks whether processes wait to join, in seconds: each question is a
 #: store round trip on rank 0 and a broadcast, which cost as much as copying 35 MB (6 ms
 #: at load, plait bench elastic), so not every step of a fast loop asks. A joiner then
-#: waits at most this long, plus a step, for the boundary that admits it.
+#: waits at most this long, plus two steps, for the boundary that admits it (the answer
+#: to a question is taken at the next commit: its broadcast overlaps that step).
 CHECK_PERIOD_S = 0.1
-MAX_CHECK_EVERY = 1000  # commits: a bound where steps take microseconds
+MAX_EVERY = 1000  # commits: a bound where steps take microseconds
 
 
 class Stateful(Protocol):
@@ -100,6 +102,7 @@ class State:
         self.check_seconds = 0.0  # and asking whether processes wait to join
         self.reset_callbacks: list[Callable[[], None]] = []
         self._countdown = 1  # commits until the next question about joiners (1: the next)
+        self._asked: Request[torch.Tensor] | None = None  # the question in flight
         self._interval = 0.0  # the time between commits, smoothed
         self._last_commit: float | None = None
         # the membership changes this state lived through (world.last_change(): the
@@ -122,8 +125,8 @@ class State:
     def commit(self, check: bool = True) -> None:
         """Copy the state into host memory (the buffers of the last commit, reused); then,
         in an elastic job (`check`), ask whether processes wait to join: about every
-        CHECK_PERIOD_S, at the same commits on every rank (rank 0's step time says how many
-        commits that is; `check_seconds` is the last question's cost, 0 between them).
+        CHECK_PERIOD_S, at the same commits on every rank; the answer is taken at the next
+        commit, its broadcast overlapping the step (`check_seconds`: what asking cost).
 
         Raises:
             JoinRequested: processes wait to join: on every rank alike (the answer is
@@ -131,7 +134,8 @@ class State:
         """
         began = time.perf_counter()
         if self._last_commit is not None:  # the step's time, smoothed (the cadence's unit)
-            self._interval = 0.8 * self._interval + 0.2 * (began - self._last_commit)
+            dt = began - self._last_commit
+            self._interval = 0.8 * self._interval + 0.2 * dt if self._interval else dt
         self._last_commit = began
         current = self._capture()
         self._committed = copy_into(self._committed, current)
@@ -141,16 +145,25 @@ class State:
         self.commit_seconds = time.perf_counter() - began
         self.check_seconds = 0.0
         if check and world.is_initialized():
+            self._ask_about_joiners(began + self.commit_seconds)
+
+    def _ask_about_joiners(self, began: float) -> None:
+        """About every CHECK_PERIOD_S: start the question (rank 0 reads the store and
+        broadcasts its answer while the next step computes), and take the answer at the
+        next commit, so every rank raises at the same one. Rank 0's step time says how
+        many commits the period is, sent with its answer."""
+        try:
+            if self._asked is not None:
+                waiting, self._countdown = self._asked.wait().tolist()
+                self._asked = None
+                if waiting:
+                    raise JoinRequested(int(waiting))
             self._countdown -= 1
-            if self._countdown > 0:
-                return
-            # ask about every CHECK_PERIOD_S: rank 0's step time sets how many commits that
-            # is, sent with its answer, so every rank asks at the same commits
-            then = max(1, min(MAX_CHECK_EVERY, round(CHECK_PERIOD_S / max(self._interval, 1e-9))))
-            waiting, self._countdown = world.joiners_waiting(world.default(), then)
-            self.check_seconds = time.perf_counter() - began - self.commit_seconds
-            if waiting:
-                raise JoinRequested(waiting)
+            if self._countdown <= 0 and self._asked is None:
+                every = round(CHECK_PERIOD_S / self._interval) if self._interval else 1
+                self._asked = world.ask_joiners(world.default(), max(1, min(MAX_EVERY, every)))
+        finally:
+            self.check_seconds = time.perf_counter() - began
 
     def restore(self) -> None:
         """Load the last commit into the objects and values (after a failure: the steps
@@ -183,7 +196,9 @@ class State:
         self._load(mine)
         for part in self._parts.values():  # each re-lays its parts over `comm`
             part.elastic_sync(comm)
-        self._countdown = 1  # every rank of the new membership asks at the same commits
+        # every rank of the new membership asks at the same commits (a question in flight
+        # went to the old one)
+        self._countdown, self._asked = 1, None
         for callback in self.reset_callbacks:
             callback()
 
