@@ -69,7 +69,28 @@ def configure(options: dict[str, Any]) -> TrainConfig:
             )
         options["workers"] = world
         options = resume_after_restart(options, os.environ)
+        if options.get("elastic"):
+            _check_elastic_launcher(options, os.environ)
     return _check(TrainConfig.from_options(options))
+
+
+def _check_elastic_launcher(options: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """--elastic as a rank of a launcher's job: the launcher must host the store (any rank
+    may die, rank 0 too) and keep the job going when a rank dies: `plait run --min-np`."""
+    given = [flag for flag, name in (("--min-workers", "min_workers"),
+             ("--max-workers", "max_workers")) if options.get(name) is not None]  # fmt: skip
+    if given:
+        raise ConfigError(
+            f"{' and '.join(given)} bound the workers `plait train` starts; under a launcher "
+            "its own options do (plait run --min-np N --max-np M): leave them out"
+        )
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        raise ConfigError(
+            "--elastic under a launcher needs one that hosts the job's store and goes on when "
+            "a rank dies: start it with `plait run -n N --min-np M -m plait train --elastic "
+            "...` (torchrun's agent stops every worker when one fails: there, use "
+            "--max-restarts with --out DIR, which resumes from the last checkpoint)"
+        )
 
 
 def resume_after_restart(options: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
@@ -210,11 +231,14 @@ def run(
     servers = config.servers or 0
     mode = config.ps.mode if config.ps is not None else None
     also = f" and {servers} parameter servers ({mode})" if servers else ""
+    elastic = config.elastic
+    if elastic.elastic:
+        also = f" (elastic: the run goes on while at least {elastic.min_workers} live)"
     renderer.text(f"plait train: starting {config.workers} workers{also}")
     children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0),
                     PLAIT_DEVICE=str(config.device.name))  # fmt: skip
     cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(config.to_dict())]
-    stream = progress.RankZeroStream(renderer)
+    stream = progress.RankZeroStream(renderer, any_rank=elastic.elastic)
     # async/ssp: the servers go on without a dead worker; worker 0 reports, so it must live
     survivable = range(1, config.workers) if mode in ("async", "ssp") else ()
     try:
@@ -225,6 +249,8 @@ def run(
             stdout=cast(TextIO, stream),
             servers=servers,
             survivable=survivable,
+            # --elastic: the launcher hosts the store and every worker may die, down to N
+            min_alive=elastic.min_workers if elastic.elastic else None,
         )
     finally:
         if isinstance(renderer, progress.Bar):

@@ -1,6 +1,7 @@
-"""The training loop: one for every strategy, driving that strategy's Step (train/step.py).
+"""One rank's run of the training loop (loop.py builds it): for every strategy, driving
+that strategy's Step (train/step.py); `plait train --elastic` runs elastic.py's subclass.
 
-Each rank builds the workload and its strategy's Step, and trains the slices of global
+Each rank trains the slices of global
 batches the Step gives it (data/sampler.py: N parts of B/N samples take the step one
 process with B samples would take). Per-step losses stay on the rank until a flush (log,
 evaluation, checkpoint, end; and every ~2% of the run for the bar), when `Step.average`
@@ -35,96 +36,14 @@ from typing import Any
 import torch
 
 from plait import env, trace
-from plait.train import (
-    board,
-    checkpoint,
-    compile,
-    distill,
-    parts_compute,
-    profile,
-    traced,
-    workloads,
-)
-from plait.train.config import TrainConfig, WorkloadConfig
-from plait.train.errors import ConfigError, NonFiniteLossError
+from plait.train import checkpoint, compile, distill, parts_compute, profile, traced
+from plait.train.config import TrainConfig
+from plait.train.errors import NonFiniteLossError
 from plait.train.progress import Emit
 from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
-from plait.train.step import Step, step_type
+from plait.train.step import Step
 from plait.train.straggler import Straggler
 from plait.train.workload import LossFn, Workload
-
-__all__ = ["TrainResult", "train"]
-
-
-def train(
-    config: TrainConfig | None = None,
-    group: Any = None,
-    *,
-    workload: Workload | str | None = None,
-    emit: Emit | None = None,
-    t0: float | None = None,
-    stop_after: int | None = None,
-) -> TrainResult:
-    """Train `workload` as configured, as this rank of the job; every rank calls it.
-
-    Args:
-        config: the run (default: `TrainConfig()`, or with `workload` given, its generic
-            recipe). With `workload` given, `config` must be made for it (a `workload`
-            path, or `WorkloadConfig(given=True)` for a Workload object).
-        group: the process group to train in: a Communicator for allreduce, a worker's
-            `plait.ps.Role` for ps; None: join the job from the environment (a server
-            rank of a ps job serves and exits there).
-        workload: a Workload, or the import path of a function returning one
-            ("mypkg.mymod:make"); None: `config`'s (--workload, or --model on --data).
-        emit: where rank 0 sends progress records (progress.py); None: silent.
-        t0: the `time.time()` the job started (for wall time); now when None.
-        stop_after: end the run after this step as if interrupted (after that step's
-            checkpoint, if it is a checkpoint step): no final evaluation or JSON.
-
-    Returns:
-        The run's figures: the same on every rank under allreduce; under ps worker 0's
-        (the others' hold their own step counts only).
-
-    Raises:
-        ConfigError: the workload does not resolve or does not fit the run.
-        NonFiniteLossError: a loss became NaN or infinite (on every reporting rank alike).
-        CheckpointError: --resume found no usable checkpoint, or a write failed.
-    """
-    if config is None:  # a Workload from Python takes the generic recipe, as --workload does
-        custom = WorkloadConfig(given=True) if isinstance(workload, Workload) else None
-        path = WorkloadConfig(path=workload) if isinstance(workload, str) else None
-        config = TrainConfig(workload=custom or path or WorkloadConfig())
-    elif workload is not None and config.workload.path is None and not config.workload.given:
-        raise ConfigError(
-            f"train() got a workload, but config trains the built-in {config.workload.model} "
-            "(its recipe's defaults): make config with TrainConfig(workload="
-            "WorkloadConfig(given=True), ...) for a Workload object, or "
-            "TrainConfig.from_options({'workload': 'mod:make', ...}) for an import path"
-        )
-    elif workload is None and config.workload.given:
-        raise ConfigError(
-            "config was made for a Workload object (WorkloadConfig(given=True)), but train() "
-            "got none: pass it, train(config, workload=...)"
-        )
-    kind = step_type(config.strategy, config.mesh.on_mesh, config.zero)
-    group = kind.join(config) if group is None else group
-    # --trace: before the Step is built, so that its sub-communicators share the recorder
-    tracing = traced.Tracing(group, config.log.trace)
-    work = workloads.resolve(config, workload)
-    work.check_data(config.batch_size)
-    step = kind(config, group, work)
-    writer = None  # --tensorboard: rank 0 writes what it reports
-    try:
-        if config.log.tensorboard and step.rank == 0:
-            writer = board.Board(config.log.tensorboard)
-        emit = board.tee(emit, writer)
-        run = _Run(config, step, work, emit, time.time() if t0 is None else t0, tracing)
-        return run.go(stop_after)
-    finally:
-        tracing.close()
-        step.close()
-        if writer is not None:
-            writer.close()
 
 
 def _poisoned(loss_fn: LossFn) -> LossFn:
@@ -132,7 +51,7 @@ def _poisoned(loss_fn: LossFn) -> LossFn:
     return lambda output, target: loss_fn(output, target) * float("nan")
 
 
-class _Run:
+class RankRun:
     """One rank's run: the bookkeeping the loop's phases share around the Step."""
 
     def __init__(
@@ -181,15 +100,7 @@ class _Run:
     def go(self, stop_after: int | None) -> TrainResult:
         """Train every slice the Step gives this rank, then finish the run."""
         s, c = self.step, self.config
-        self.resume()
-        self.announce()
-        s.start()
-        if c.compute.compile:  # torch.compile compiles at the first call: off the clock
-            self.compile_s = compile.warm_up(
-                lambda: s.forward_backward(*self.batch_of(1, 0), self.loss_fn)
-            )
-        self.started = time.perf_counter()
-        self.window = (self.started, self.paused_s, self.first)
+        self.begin()
         last = self.first  # the highest global step this rank has trained
         clock = self.first  # the steps this rank has trained (= `last` under sync/allreduce)
         slices = s.slices(self.first, self.steps)
@@ -214,19 +125,43 @@ class _Run:
             if s.reports and crossed and step < self.steps:
                 self.between(step, crossed, stop_after)
                 if step == stop_after:
-                    self.tracing.finish(self.options)
-                    result = self.result(step, self.train_s())
-                    result.stopped_at = step
-                    return result
+                    return self.stop(step)
         self.profiler.stop()  # a worker that skipped the window's last step (ps async)
         s.finish()
         return self.end(trained_last=last == self.steps > self.first)
+
+    def begin(self) -> None:
+        """Before the first step: resume, the header, the Step's start, --compile's
+        warm-up; then the training clock starts."""
+        s = self.step
+        self.resume()
+        self.announce()
+        s.start()
+        if self.config.compute.compile:  # torch.compile compiles at the first call: off the clock
+            self.compile_s = compile.warm_up(
+                lambda: s.forward_backward(*self.batch_of(1, 0), self.loss_fn)
+            )
+        self.started = time.perf_counter()
+        self.window = (self.started, self.paused_s, self.first)
+
+    def stop(self, step: int) -> TrainResult:
+        """End the run after step `step` as if interrupted (stop_after): no final
+        evaluation or JSON."""
+        self.tracing.finish(self.options)
+        result = self.result(step, self.train_s())
+        result.stopped_at = step
+        return result
 
     def forward_backward(self, step: int, part: int) -> None:
         """Gradients of part `part` of global step `step` (1-based); keep its loss."""
         with trace.maybe(self.rec, "data", "data"):
             x, y = self.batch_of(step, part)
-        loss_fn = _poisoned(self.loss_fn) if step == self.nan_at else self.loss_fn
+        self.gradients(step, x, y, self.loss_fn)
+
+    def gradients(self, step: int, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> None:
+        """Gradients of the slice (x, y) of global step `step` under `loss_fn` (clipped if
+        the recipe says so); keep its loss."""
+        loss_fn = _poisoned(loss_fn) if step == self.nan_at else loss_fn
         loss = self.step.forward_backward(x, y, loss_fn)
         clip = self.config.recipe.grad_clip
         if clip > 0:
@@ -236,7 +171,10 @@ class _Run:
     def batch_of(self, step: int, part: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of part `part` of global step `step`, on the Step's device;
         with --teacher the targets are the teacher's logits and the labels (distill.pack)."""
-        indices = self.sampler.shard(step - 1, part, self.step.replicas)
+        return self.batch_at(self.sampler.shard(step - 1, part, self.step.replicas))
+
+    def batch_at(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of the training samples `indices`, as `batch_of` gives them."""
         x, y = self.work.data.train_batch(indices)
         x, y = x.to(self.step.device), y.to(self.step.device)  # the same tensors on the CPU
         return (x, y) if self.distiller is None else (x, self.distiller.targets(x, y))
@@ -278,9 +216,11 @@ class _Run:
                             "token": self.token, "eval_unit": self.work.metric.unit})  # fmt: skip
         return result
 
-    def resume(self) -> None:
-        """--resume: the Step's state, the RNG, the losses and evaluations so far."""
+    def resume(self) -> dict[str, Any] | None:
+        """--resume: the Step's state, the RNG, the losses and evaluations so far; returns
+        the checkpoint's common part (None without --resume)."""
         c = self.config.checkpoint
+        state: dict[str, Any] | None = None
         if c.resume:
             assert c.out is not None
             if self.step.sharded_checkpoints:
@@ -295,6 +235,7 @@ class _Run:
             self.saved_step = self.first
         elif c.out is not None and self.step.rank == 0:
             checkpoint.check_writable(c.out)
+        return state
 
     def announce(self) -> None:
         c, d = self.config, self.work.data
@@ -305,8 +246,12 @@ class _Run:
             "workers": self.step.world_size, "global_batch": self.batch, "steps": self.steps,
             "peak_lr": c.peak_lr, "first_step": self.first, "resumed_from": resumed,
             "device": self.step.device.type, "compute": parts_compute.describe(c.compute),
-            **self.step.describe(), **self.distilled(),
+            **self.step.describe(), **self.distilled(), **self.header_fields(),
         })  # fmt: skip
+
+    def header_fields(self) -> dict[str, Any]:
+        """More of the header's fields, for a kind of run that has its own (elastic.py)."""
+        return {}
 
     def distilled(self) -> dict[str, Any]:
         """--teacher: the teacher's figures, T and A (the header's and --json's)."""
@@ -356,11 +301,10 @@ class _Run:
     def _save(self, step: int) -> None:
         if self.out is None:
             return
-        epoch, offset = self.sampler.position(step)
         common = {
             "step": step, "rng": checkpoint.rng_state(), "losses": self.losses,
             "evals": self.evals, "options": self.options,
-            "data_position": {"epoch": epoch, "offset": offset, "samples_seen": step * self.batch},
+            "data_position": self.data_position(step),
         }  # fmt: skip
         if self.step.sharded_checkpoints:  # every rank writes its shards
             self.step.save_checkpoint(self.out, common)
@@ -369,6 +313,11 @@ class _Run:
             if self.step.rank == 0:
                 checkpoint.save(self.out, {**common, **self.step.state_dict(), **by_rank})
         self.saved_step = step
+
+    def data_position(self, step: int) -> dict[str, int]:
+        """Where the data stream is after step `step`: the checkpoint's "data_position"."""
+        epoch, offset = self.sampler.position(step)
+        return {"epoch": epoch, "offset": offset, "samples_seen": step * self.batch}
 
     def paused(self, work: Callable[[], None]) -> None:
         """Run `work` off the training clock (samples/s counts training steps only)."""

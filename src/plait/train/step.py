@@ -91,6 +91,11 @@ class Step(Protocol):
         """Sharded checkpoints: load this rank's part; return rank 0's `common`."""
         raise ConfigError(f"{type(self).__name__} does not read sharded checkpoints")
 
+    def rejoin(self, comm: Any) -> None:
+        """--elastic: go on over `comm`, the world of the job's next membership, with the
+        same model and optimizer (make again whatever holds the old communicator)."""
+        raise ConfigError(f"{type(self).__name__} cannot go on after a membership change")
+
     def describe(self) -> dict[str, Any]:
         """The run header's fields: "strategy", "optimizer", "replicas", "mesh"."""
         ...

@@ -39,14 +39,28 @@ class DataParallelStep(AllreduceStep):
         if config.log.trace_blocks:  # --trace-blocks: hooks, only when asked for
             traced.watch_blocks(self.model, comm.recorder)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
-        self.wrapped = DataParallel(self.computed, comm=comm,
-                                    compression=self.compute.compression,
-                                    priority=config.priority, slice_mb=config.slice_mb)  # fmt: skip
+        self.wrapped = self._wrap(comm)
         self.optimizer = make_optimizer(self.model, config)
         self.scheduled = None  # --priority: each layer steps when the next forward needs it
         if config.priority:
             self.scheduled = self.wrapped.scheduled(self.optimizer)
             self.optimizer = self.scheduled  # type: ignore[assignment]
+
+    def _wrap(self, comm: Communicator) -> DataParallel:
+        c = self.config
+        return DataParallel(self.computed, comm=comm, compression=self.compute.compression,
+                            priority=c.priority, slice_mb=c.slice_mb)  # fmt: skip
+
+    def rejoin(self, comm: Communicator) -> None:
+        """Elastic (train/elastic.py): go on over `comm`, the world of the job's next
+        membership, with the same model and optimizer: a new DataParallel around the model
+        (the old one's hooks removed; a collective on `comm`, which checks that every rank
+        holds the same parameters). Not with --priority (the config refuses it)."""
+        assert self.scheduled is None, "--elastic with --priority is refused by the config"
+        self.wrapped.close()
+        self.comm, self.rank, self.world_size = comm, comm.rank, comm.size
+        self.replicas, self.part = comm.size, comm.rank
+        self.wrapped = self._wrap(comm)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
