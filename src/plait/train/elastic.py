@@ -232,7 +232,8 @@ class ElasticRun(RankRun):
         e, done = self.config.elastic, max(1, last_step - self.first)
         result.extra["elastic"] = {
             "min_workers": e.min_workers, "max_workers": e.max_workers,
-            "policy": self.policy.describe(), "batch_policy": e.batch_policy,
+            "policy": self.policy.describe([c["workers"] for c in self.record.changes]),
+            "batch_policy": e.batch_policy,
             "changes": self.record.changes, "commit_s": self.commit_s / done,
             "commit_fraction": self.commit_s / max(train_s, 1e-9),
         }  # fmt: skip

@@ -99,12 +99,18 @@ def elastic_line(e: Record, workers: int) -> str:
 
 def membership_line(rec: Record) -> str:
     """--elastic: a membership change, as the new rank 0 reports it."""
-    who = [f"rank {', '.join(map(str, rec['left']))} left"] if rec["left"] else []
-    who += [f"{rec['joined']} joined"] if rec["joined"] else []
     return (
-        f"membership: {' and '.join(who) or 'no change'} (generation {rec['generation']}); "
-        f"{rec['workers']} workers redo step {rec['step']} with {rec['batch']}"
+        f"membership: {_who(rec)} (generation {rec['generation']}); {rec['workers']} workers "
+        f"redo step {rec['step']} with {rec['batch']}"
     )
+
+
+def _who(change: Record) -> str:
+    """ "rank 0 left", "ranks 1, 3 left and 2 joined"."""
+    left = change["left"]
+    who = [f"rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left"] if left else []
+    who += [f"{change['joined']} joined"] if change["joined"] else []
+    return " and ".join(who) or "no change"
 
 
 def elastic_rows(rec: Record) -> list[tuple[str, str]]:
@@ -112,11 +118,8 @@ def elastic_rows(rec: Record) -> list[tuple[str, str]]:
     e = rec.get("elastic")
     if not e:
         return []
-    changes = "; ".join(
-        f"step {c['step']}: {', '.join(f'rank {r}' for r in c['left']) or 'none'} left, "
-        f"{c['joined']} joined -> {c['workers']} workers (generation {c['generation']})"
-        for c in e["changes"]
-    )
+    changes = "; ".join(f"step {c['step']}: {_who(c)} -> {c['workers']} workers (generation "
+                        f"{c['generation']})" for c in e["changes"])  # fmt: skip
     return [
         ("batch policy", e["policy"]),
         ("membership", changes or f"no change ({rec['world_size']} workers throughout)"),
