@@ -16,6 +16,7 @@ from plait.errors import (
     CollectiveMismatchError,
     CommTimeoutError,
     FencedError,
+    JoinRequested,
     PeerFailureError,
     PlaitError,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Communicator",
     "DataParallel",
     "FencedError",
+    "JoinRequested",
     "Mesh",
     "PeerFailureError",
     "PlaitError",

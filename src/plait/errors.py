@@ -38,6 +38,20 @@ class FencedError(PlaitError):
     (it was silent too long, e.g. frozen). The process must exit."""
 
 
+class JoinRequested(PlaitError):
+    """Processes wait to join this elastic job: raised by plait.elastic.State.commit() on
+    every rank alike, at the same step boundary; plait.elastic.run re-forms the job with
+    them (Horovod's HostsUpdatedInterrupt).
+
+    Attributes:
+        waiting: how many processes wait.
+    """
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(f"{waiting} process(es) wait to join the job at this step boundary")
+        self.waiting = waiting
+
+
 class CollectiveMismatchError(PlaitError, RuntimeError):
     """Ranks called different collectives, or the same one with incompatible arguments.
 

@@ -56,7 +56,7 @@ LAYERS: list[set[str]] = [
     {"comm.mesh"},
     {"comm.world"},
     {"comm.communicator"},
-    {"comm.messaging", "comm.split", "comm.membership"},
+    {"comm.messaging", "comm.split", "comm.membership", "comm.placement"},
     {"comm.reductions", "comm.gathers"},
     {"comm.arguments"},
     {"comm.dispatch"},  # running a call: the routing table, auto, the runner

@@ -68,9 +68,9 @@ def _child(
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
-        WORLD_SIZE=str(size),
+        WORLD_SIZE=os.environ.get("PLAIT_TEST_WORLD_SIZE", str(size)),
         LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(size),
+        LOCAL_WORLD_SIZE=os.environ.get("PLAIT_TEST_WORLD_SIZE", str(size)),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
@@ -119,8 +119,13 @@ def run_world(
     tolerate: Iterable[int] = (),
     exit_within: float = 10.0,
     init: str = "plait",
+    joiners: int = 0,
 ) -> list[Any]:
     """Run fn(comm, *args) on `size` fresh processes; return each rank's result.
+
+    `joiners`: the last `joiners` processes join the running job (PLAIT_ELASTIC_JOIN=1:
+    their plait.init() waits until the others admit them, plait.elastic); the job's store
+    is then hosted here, as `plait run --min-np` hosts it, and WORLD_SIZE is size - joiners.
 
     `init`: how each rank joins: "plait" (plait.init()), or "torch:plait" /
     "torch:gloo" (dist.init_process_group with that backend; `comm` is plait's default
@@ -139,10 +144,22 @@ def run_world(
     # and more ranks than GPUs is an error there (tests/world/test_*_cuda.py set PLAIT_DEVICE)
     world_env = {**os.environ, "OMP_NUM_THREADS": "1", "PLAIT_DEVICE": "cpu", **(env or {})}
     out, ends = CONTEXT.Queue(), CONTEXT.Queue()  # each rank's report; how its shutdown went
+    store = None
+    envs = [world_env] * size
+    if joiners:
+        from plait.comm.bootstrap.store import host_for_ranks
+
+        store = host_for_ranks("127.0.0.1", port, size - joiners)
+        world_env = {
+            **world_env, "TORCHELASTIC_USE_AGENT_STORE": "true",
+            "PLAIT_TEST_WORLD_SIZE": str(size - joiners),
+        }  # fmt: skip
+        joining = {**world_env, "PLAIT_ELASTIC_JOIN": "1"}
+        envs = [world_env if r < size - joiners else joining for r in range(size)]
     procs = [
         CONTEXT.Process(
             target=_child,
-            args=(r, size, port, world_env, fn, args, out, ends, init),
+            args=(r, size, port, envs[r], fn, args, out, ends, init),
             daemon=True,
         )
         for r in range(size)
@@ -204,6 +221,8 @@ def run_world(
             if r in tolerate or p.is_alive():
                 p.kill()  # SIGKILL also ends a process frozen with SIGSTOP
             p.join(timeout=5)
+        if store is not None:
+            store.close()
     errors = {r: v for r, (s, v) in results.items() if s == "error" and r not in tolerate}
     if errors:
         raise WorldError(

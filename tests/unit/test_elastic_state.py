@@ -69,7 +69,7 @@ def test_commits_reuse_their_buffers() -> None:
 
 
 def _committed_tensors(state: State) -> list[torch.Tensor]:
-    from plait.elastic.state import _tensors
+    from plait.elastic.trees import tensors as _tensors
 
     return _tensors(state._committed)
 
@@ -148,3 +148,17 @@ def test_restore_drops_the_gradients_of_the_step_in_flight() -> None:
     assert all(p.grad is not None for p in model.parameters())
     state.restore()
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_dead_ranks_zero_shards_come_from_its_successor_and_two_neighbours_lose_them() -> None:
+    from plait.errors import PlaitError
+    from plait.sharded.elastic import _holder
+
+    new_of = {0: 0, 1: 1, 3: 2}  # old rank 2 of 4 died: old 3 (now 2) holds its replica
+    assert [_holder(q, 4, new_of) for q in range(4)] == [(0, False), (1, False), (2, True),
+                                                         (2, False)]  # fmt: skip
+    assert _holder(3, 4, {0: 0, 1: 1}) == (0, True)  # the ring wraps: 0 holds 3's copy
+    with pytest.raises(
+        PlaitError, match="shards of old rank 2 are lost: it died, and so did rank 3"
+    ):
+        _holder(2, 4, {0: 0, 1: 1})

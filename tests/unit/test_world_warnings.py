@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from plait.comm import world
+from plait.comm import placement
 
 
 @pytest.mark.parametrize(
@@ -28,8 +28,8 @@ def test_oversubscribed_host_is_named_once(
     cores: int,
     says: str | None,
 ) -> None:
-    monkeypatch.setattr(world.torch, "get_num_threads", lambda: threads)
-    monkeypatch.setattr(world.os, "cpu_count", lambda: cores)
-    world._warn_oversubscribed(rank, local)
+    monkeypatch.setattr(placement.torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: cores)
+    placement.warn_oversubscribed(rank, local)
     err = capsys.readouterr().err
     assert (says in err) if says else err == "", err

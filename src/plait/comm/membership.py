@@ -9,6 +9,13 @@ The others wait for that list. A rank that arrives after the list was published,
 not on it, is fenced: it raises FencedError and must exit (a rank frozen with SIGSTOP and
 woken with SIGCONT lands here: its peers went on without it).
 
+Joining: a new process (PLAIT_ELASTIC_JOIN=1) `register`s: it takes the next slot of
+`plait/elastic/registered` and writes its id under it, then waits in `admission` for the
+generation that admits it. The live ranks see `waiting()` > 0 at a step boundary (the
+elastic State's commit asks), re-form, and the coordinator admits every registered joiner
+not admitted yet: the members are the survivors in old order, then the joiners in slot
+order (also where the change was a failure: whoever waits comes in with it).
+
 Nothing here touches sockets: world.reform() joins the new membership's engine after.
 """
 
@@ -27,12 +34,18 @@ class Membership:
     and this process's new rank."""
 
     generation: int
-    members: tuple[int, ...]
+    members: tuple[int, ...]  # the old ranks that stay, in their old order
     rank: int
+    joined: tuple[int, ...] = ()  # the joiners' ids (their RANK at start), after the members
 
     @property
     def size(self) -> int:
-        return len(self.members)
+        return len(self.members) + len(self.joined)
+
+
+REGISTERED = "plait/elastic/registered"  # how many joiners ever registered (their slots)
+ADMITTED = "plait/elastic/admitted"  # how many of those a generation admitted
+ENDED = "plait/elastic/ended"  # set when the run finished: joiners still waiting leave
 
 
 def agree(
@@ -58,13 +71,57 @@ def agree(
         members = _coordinate(store, key, old_size, known_dead, wait_s)
     else:
         members = _published(store, key, old_rank, publish_timeout_s)
+    joined = _ids(store.get(f"{key}/joined"))
     if old_rank not in members:
         raise FencedError(
             f"rank {old_rank} is not in generation {g} of the job (members: old ranks "
             f"{list(members)}): the others went on without it after it was silent; this "
             "process must exit"
         )
-    return Membership(g, members, members.index(old_rank))
+    return Membership(g, members, members.index(old_rank), joined)
+
+
+def waiting(store: JobStore, admitted: int) -> int:
+    """How many joiners registered beyond the `admitted` (one store round trip; what
+    `admitted_count` said after the last change)."""
+    return store.add(REGISTERED, 0) - admitted
+
+
+def admitted_count(store: JobStore) -> int:
+    """How many joiners the job admitted so far (changes only at a re-form)."""
+    return store.add(ADMITTED, 0)
+
+
+def register(store: JobStore, joiner_id: int) -> int:
+    """Ask to join the job; returns this joiner's slot (1, 2, ...) for `admission`."""
+    slot = store.add(REGISTERED, 1)
+    store.set(f"plait/elastic/joiner/{slot}", str(joiner_id))
+    return slot
+
+
+def admission(store: JobStore, slot: int, joiner_id: int, timeout_s: float) -> Membership | None:
+    """Wait until a generation admits the joiner in `slot`; None if the run ended first.
+
+    Raises:
+        PlaitError: neither happened within `timeout_s` (the live ranks never reached a
+            step boundary that checks for joiners: a run not under plait.elastic?).
+    """
+    key = f"plait/elastic/admit/{slot}"
+    deadline = time.monotonic() + timeout_s
+    while not store.check([key]):
+        if store.check([ENDED]):
+            return None
+        if time.monotonic() > deadline:
+            raise PlaitError(
+                f"joining process {joiner_id}: not admitted within {timeout_s:.0f} s (the "
+                "live ranks admit joiners at a commit of plait.elastic.State; PLAIT_INIT_TIMEOUT "
+                "bounds the wait)"
+            )
+        time.sleep(POLL_S)
+    g = int(store.get(key).decode())
+    members = _ids(store.get(f"plait/elastic/{g}/members"))
+    joined = _ids(store.get(f"plait/elastic/{g}/joined"))
+    return Membership(g, members, len(members) + joined.index(joiner_id), joined)
 
 
 def _coordinate(
@@ -77,8 +134,22 @@ def _coordinate(
         if set(expected) <= set(here) or time.monotonic() > deadline:
             break
         time.sleep(POLL_S)
-    store.set(f"{key}/members", ",".join(map(str, here)))
+    _admit(store, key)
+    store.set(f"{key}/members", _text(here))  # last: the others wait for this key
     return tuple(here)
+
+
+def _admit(store: JobStore, key: str) -> None:
+    """Admit every joiner registered and not admitted yet into generation `key`."""
+    admitted, registered = store.add(ADMITTED, 0), store.add(REGISTERED, 0)
+    slots = range(admitted + 1, registered + 1)
+    # a joiner writes its id just after taking its slot: the wait is a store round trip
+    ids = [int(store.get(f"plait/elastic/joiner/{slot}").decode()) for slot in slots]
+    store.set(f"{key}/joined", _text(ids))
+    store.add(ADMITTED, len(ids))
+    generation = key.rsplit("/", 1)[1]
+    for slot in slots:
+        store.set(f"plait/elastic/admit/{slot}", generation)
 
 
 def _published(store: JobStore, key: str, old_rank: int, timeout_s: float) -> tuple[int, ...]:
@@ -90,4 +161,13 @@ def _published(store: JobStore, key: str, old_rank: int, timeout_s: float) -> tu
                 "(the coordinating rank died while agreeing?)"
             )
         time.sleep(POLL_S)
-    return tuple(int(r) for r in store.get(f"{key}/members").decode().split(","))
+    return _ids(store.get(f"{key}/members"))
+
+
+def _text(ids: list[int]) -> str:
+    return ",".join(map(str, ids))
+
+
+def _ids(stored: bytes) -> tuple[int, ...]:
+    text = stored.decode()
+    return tuple(int(r) for r in text.split(",")) if text else ()

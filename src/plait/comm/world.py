@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from plait import devices, env
-from plait.comm import membership, split
+from plait.comm import membership, placement, split
 from plait.comm.backends import cuda
 from plait.comm.bootstrap import connect, rendezvous
 from plait.comm.bootstrap.store import JobStore, make_store, tcp_host
@@ -35,6 +35,9 @@ _generation = 0  # which join of this process's store the engine is (torch backe
 # it lives; freed between, a peer that connected to it for the next join would be cut off
 _torch_stores: list[dist.Store] = []
 _elastic_generation = 0  # how many times reform() re-formed this job
+_changes: list[dict[str, object]] = []  # every re-form this process lived through
+_admitted: int | None = None  # joiners admitted so far, as rank 0 last read it
+_joined = False  # this process joined a running elastic job and has not synced yet
 _owns_torch_group = False
 _failed = False  # a peer failed in this process: the exit hook must not wait on gloo
 _store: JobStore | None = None  # the job's store: shutdown() frees rank 0's port
@@ -76,7 +79,10 @@ def init() -> Communicator:
         else:
             store = make_store(world, init_timeout)
         try:
-            _default = _join(world, store, timeout, hb_timeout, init_timeout)
+            if world.joiner:
+                _default = _join_running(world, store, timeout, hb_timeout, init_timeout)
+            else:
+                _default = _join(world, store, timeout, hb_timeout, init_timeout)
         except BaseException:
             store.close()  # rank 0: the port is free for the next try
             raise
@@ -149,7 +155,7 @@ def reform(known_dead: set[int] | None = None) -> Communicator:
     Raises:
         FencedError: this rank is not in the new membership: exit.
     """
-    global _default, _elastic_generation
+    global _default
     with _lock:
         old = _default
         if old is None or _store is None:
@@ -164,26 +170,106 @@ def reform(known_dead: set[int] | None = None) -> Communicator:
         members = membership.agree(
             _store, _elastic_generation, old.rank, old.size, dead, hb_timeout + 1.0, init_timeout
         )
-        _elastic_generation = members.generation
-        world = dataclasses.replace(
-            rendezvous.world_from_env(), rank=members.rank, size=members.size, agent_store=False
-        )
-        store = JobStore(
-            dist.PrefixStore(f"plait/elastic/{members.generation}/mesh", _store.raw),
-            _store.key,
-            timeout_s=init_timeout,
-            rank=members.rank,
-        )
-        comm_id = split.comm_id(f"elastic:{members.generation}")
-        _default = _join(
-            world, store, env.get("PLAIT_TIMEOUT"), hb_timeout, init_timeout,
-            start_gloo=False, comm_id=comm_id,
-        )  # fmt: skip
+        _default = _join_generation(members, _store, env.get("PLAIT_TIMEOUT"), hb_timeout)
         _default.recorder = recorder
+        left = [r for r in range(old.size) if r not in members.members]
+        _changes.append(
+            {"generation": members.generation, "left": left, "joined": len(members.joined),
+             "size": members.size}
+        )  # fmt: skip
         if recorder is not None:
-            info = {"generation": members.generation, "old_ranks": list(members.members)}
+            info = {**_changes[-1], "old_ranks": list(members.members)}
             recorder.instant("membership", "membership changed", info)
         return _default
+
+
+def last_change() -> dict[str, object]:
+    """The last re-form of this job: {"generation", "left" (old ranks), "joined" (how
+    many), "size"}."""
+    if not _changes:
+        raise PlaitError("plait.reform() was not called in this process")
+    return dict(_changes[-1])
+
+
+def joiners_waiting(comm: Communicator) -> int:
+    """Elastic: how many processes wait to join, the same answer on every rank of `comm`
+    (rank 0 asks the store and broadcasts one int64: a collective, every rank calls it)."""
+    global _admitted
+    count = torch.zeros(1, dtype=torch.int64)
+    if comm.rank == 0 and _store is not None:
+        if _admitted is None:  # once per generation: it changes only at a re-form
+            _admitted = membership.admitted_count(_store)
+        count[0] = membership.waiting(_store, _admitted)
+    return int(comm.broadcast_(count, 0).item())
+
+
+def joined() -> bool:
+    """Whether this process joined a running elastic job and has not taken its state yet
+    (plait.elastic.run syncs it first, then calls `synced`)."""
+    return _joined
+
+
+def synced() -> None:
+    global _joined
+    _joined = False
+
+
+def end_elastic() -> None:
+    """Elastic: the run is over; joiners still waiting to be admitted leave."""
+    if _store is not None:
+        _store.set(membership.ENDED, "1")
+
+
+def _join_running(
+    world: rendezvous.WorldEnv,
+    store: JobStore,
+    timeout: float,
+    hb_timeout: float,
+    init_timeout: float,
+) -> Communicator:
+    """init() in a process started to join a running elastic job (PLAIT_ELASTIC_JOIN=1):
+    register, wait to be admitted at the live ranks' next step boundary, then join that
+    generation's engine (RANK named this process to the launcher only)."""
+    global _joined
+    slot = membership.register(store, world.rank)
+    members = membership.admission(store, slot, world.rank, init_timeout)
+    if members is None:
+        print(
+            f"plait: joining process {world.rank}: the run ended before it was admitted; "
+            "nothing to do",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(0)
+    _joined = True
+    return _join_generation(members, store, timeout, hb_timeout)
+
+
+def _join_generation(
+    members: membership.Membership, store: JobStore, timeout: float, hb_timeout: float
+) -> Communicator:
+    """The engine of elastic generation `members` (after reform(), or for a joiner): its
+    mesh under the generation's own keys, a world communicator id of its own."""
+    global _elastic_generation, _admitted
+    _elastic_generation, _admitted = members.generation, None
+    init_timeout = env.get("PLAIT_INIT_TIMEOUT")
+    world = dataclasses.replace(
+        rendezvous.world_from_env(),
+        rank=members.rank,
+        size=members.size,
+        agent_store=False,
+        joiner=False,
+    )
+    mesh_store = JobStore(
+        dist.PrefixStore(f"plait/elastic/{members.generation}/mesh", store.raw),
+        store.key,
+        timeout_s=init_timeout,
+        rank=members.rank,
+    )
+    comm_id = split.comm_id(f"elastic:{members.generation}")
+    return _join(
+        world, mesh_store, timeout, hb_timeout, init_timeout, start_gloo=False, comm_id=comm_id
+    )
 
 
 def on_close(fn: Callable[[], None]) -> None:
@@ -237,9 +323,9 @@ def _join(
     store.set(f"plait/node/{world.rank}", rendezvous.node_id())
     nodes = [store.get(f"plait/node/{r}").decode() for r in range(world.size)]
     here = [r for r, n in enumerate(nodes) if n == nodes[world.rank]]
-    _warn_oversubscribed(world.rank, len(here))
+    placement.warn_oversubscribed(world.rank, len(here))
     try:
-        _take_device(store, world.rank, world.size, here.index(world.rank), len(here))
+        placement.take_device(store, world.rank, world.size, here.index(world.rank), len(here))
     except devices.DeviceError:
         engine.close()  # the peers see this rank leave, not a silence
         raise
@@ -249,47 +335,6 @@ def _join(
     comm = Communicator(engine, list(range(world.size)), nodes, comm_id, pg)
     comm.label = "world"
     return comm
-
-
-def _warn_oversubscribed(rank: int, local: int) -> None:
-    """Say so (rank 0 of the host, once) where this host's ranks run more torch threads
-    than it has cores: the reduction kernels' OpenMP threads of one rank then wait on
-    cores the others' hold, and a collective of a large tensor can take 10-50x longer
-    (measured: a 400 KB allreduce on 2 ranks of 2 cores, 18 ms against 0.35 ms)."""
-    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
-    if rank == 0 and local > 1 and threads > 1 and threads * local > cores:
-        print(
-            f"plait: {local} ranks on this host each run {threads} torch threads on "
-            f"{cores} cores: set OMP_NUM_THREADS={max(1, cores // local)} (torchrun and plait "
-            "run set 1), or collectives of large tensors wait on each other's threads",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def _take_device(store: JobStore, rank: int, size: int, local_rank: int, local: int) -> None:
-    """Select this rank's device (cuda:LOCAL_RANK where GPUs are), then agree with every rank
-    on how CUDA tensors travel (cuda.agree): each says what it can, through the store, even
-    when it failed, so nobody waits on a rank that is leaving.
-
-    Raises:
-        DeviceError: this rank's device cannot be had, another rank's could not, or
-            PLAIT_CUDA_TRANSPORT=nccl where a rank cannot use NCCL.
-    """
-    key = "plait/cuda-transport/{}"
-    try:
-        devices.select(local_rank, local)
-        mine = cuda.verdict()
-    except devices.DeviceError as e:
-        store.set(key.format(rank), f"error: {e}")
-        raise
-    store.set(key.format(rank), mine)
-    verdicts = [store.get(key.format(r)).decode() for r in range(size)]
-    failed = [(r, v) for r, v in enumerate(verdicts) if v.startswith("error: ")]
-    if failed:
-        r, why = failed[0]
-        raise devices.DeviceError(f"rank {r} could not take its device: {why[len('error: ') :]}")
-    cuda.agree(verdicts)
 
 
 def is_initialized() -> bool:

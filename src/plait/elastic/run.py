@@ -9,13 +9,16 @@
 
     train(State(model=model, optimizer=opt, sampler=sampler, step=0))
 
-When a collective raises PeerFailureError, the live ranks re-form the job
-(`plait.reform()`), every rank takes the new rank 0's last commit (`State.sync`: always,
-also where a rank's own commit is as new, since another's may be one step older), the
-state's reset callbacks run (make again what held the old communicator), and `fn` is
-called again: the in-flight step is redone by the survivors. Horovod's elastic loop syncs
-only after some interrupts, and its users hit a deadlock when survivors skip the sync that
-newcomers wait in (horovod issue 3494): here every rank syncs after every change.
+When a collective raises PeerFailureError, or State.commit() says processes wait to join
+(JoinRequested, at the same step on every rank), the live ranks re-form the job
+(`plait.reform()`, which admits the joiners), every rank takes the new rank 0's last commit
+(`State.sync`: always, also where a rank's own commit is as new, since another's may be one
+step older), the state's reset callbacks run (make again what held the old communicator),
+and `fn` is called again: the in-flight step is redone by the survivors. A joiner's wrapper
+(`world.joined()`) syncs first, in the same sync as the others' after their re-form.
+Horovod's elastic loop syncs only after some interrupts, and its users hit a deadlock when
+survivors skip the sync that newcomers wait in (horovod issue 3494): here every rank syncs
+after every change.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any, TypeVar
 
 from plait.comm import world
 from plait.elastic.state import State
-from plait.errors import PeerFailureError
+from plait.errors import JoinRequested, PeerFailureError
 
 T = TypeVar("T")
 
@@ -36,14 +39,20 @@ def run(fn: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(fn)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
-        if state.commits == 0:
-            state.commit()  # something to go back to, even before the first step
+        if world.joined():  # admitted into a running job: take its state first
+            state.sync(world.default())
+            world.synced()
+        elif state.commits == 0:
+            state.commit(check=False)  # something to go back to, even before the first step
         while True:
             try:
-                return fn(state, *args, **kwargs)
-            except PeerFailureError as e:
-                comm = world.reform({e.rank})
-                state.changes.append((e.rank, comm.size))
+                result = fn(state, *args, **kwargs)
+                world.end_elastic()  # joiners still waiting to be admitted leave
+                return result
+            except (PeerFailureError, JoinRequested) as e:
+                lost = {e.rank} if isinstance(e, PeerFailureError) else set()
+                comm = world.reform(lost)
+                state.changes.append(world.last_change())
                 state.sync(comm)
 
     return wrapper

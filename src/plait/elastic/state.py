@@ -9,6 +9,9 @@
     state.sync(comm)        # the new membership's rank 0 (the oldest survivor) to everyone,
                             # joiners included: they had nothing to restore
 
+Items whose state each rank holds a part of (plait.sharded.ElasticShards: ZeRO's shards) commit,
+restore and sync themselves (`Partitioned`; sharded/elastic.py).
+
 What a commit holds: each object's `state_dict()` (modules, optimizers, schedulers, the
 sampler: anything with state_dict/load_state_dict), the RNG states of torch and Python, and
 plain values (the step, ...) deep-copied. Tensors are copied into buffers made at the first
@@ -30,6 +33,10 @@ from typing import Any, Protocol
 
 import torch
 
+from plait.comm import world
+from plait.elastic.trees import clone, copy_into, fit, skeleton, tensors
+from plait.errors import JoinRequested
+
 Tree = Any  # nested dicts, lists and tuples of tensors and plain values
 
 
@@ -49,24 +56,41 @@ class Broadcaster(Protocol):
     def broadcast_object(self, obj: Any = None, root: int = 0) -> Any: ...
 
 
+class Partitioned(Protocol):
+    """An item whose state each rank holds a part of (plait.sharded.ElasticShards: ZeRO's
+    shards): rank 0's commit is no use to the others, so it commits, restores and syncs
+    itself."""
+
+    def elastic_commit(self) -> None: ...
+
+    def elastic_restore(self) -> None: ...
+
+    def elastic_sync(self, comm: Any) -> None: ...
+
+
 class State:
     """Objects with state_dicts and plain values, committed together (see the module
     docstring). Plain values are attributes: `state.step += 1`."""
 
     def __init__(self, **items: Any) -> None:
         self._objects: dict[str, Stateful] = {}
+        self._parts: dict[str, Partitioned] = {}
         self._values: dict[str, Any] = {}
         for name, item in items.items():
-            if hasattr(item, "state_dict") and hasattr(item, "load_state_dict"):
+            if hasattr(item, "elastic_commit"):
+                self._parts[name] = item
+            elif hasattr(item, "state_dict") and hasattr(item, "load_state_dict"):
                 self._objects[name] = item
             else:
                 self._values[name] = item
         self._committed: dict[str, Tree] | None = None
         self.commits = 0
-        self.commit_seconds = 0.0  # the last commit's cost
+        self.commit_seconds = 0.0  # the last commit's cost: the copy
+        self.check_seconds = 0.0  # and asking whether processes wait to join
         self.reset_callbacks: list[Callable[[], None]] = []
-        # the membership changes this state lived through: (the failed rank, the new size)
-        self.changes: list[tuple[int, int]] = []
+        # the membership changes this state lived through (world.last_change(): the
+        # generation, the old ranks that left, how many joined, the new size)
+        self.changes: list[dict[str, object]] = []
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("_values", {})
@@ -81,13 +105,26 @@ class State:
             super().__setattr__(name, value)
 
     # ------------------------------------------------------------------ commit
-    def commit(self) -> None:
-        """Copy the state into host memory (the buffers of the last commit, reused)."""
+    def commit(self, check: bool = True) -> None:
+        """Copy the state into host memory (the buffers of the last commit, reused); then,
+        in an elastic job (`check`), ask whether processes wait to join.
+
+        Raises:
+            JoinRequested: processes wait to join: on every rank alike (the answer is
+                rank 0's, broadcast), after the copy; plait.elastic.run admits them.
+        """
         began = time.perf_counter()
         current = self._capture()
-        self._committed = _copy_into(self._committed, current)
+        self._committed = copy_into(self._committed, current)
+        for part in self._parts.values():
+            part.elastic_commit()
         self.commits += 1
         self.commit_seconds = time.perf_counter() - began
+        if check and world.is_initialized():
+            waiting = world.joiners_waiting(world.default())
+            self.check_seconds = time.perf_counter() - began - self.commit_seconds
+            if waiting:
+                raise JoinRequested(waiting)
 
     def restore(self) -> None:
         """Load the last commit into the objects and values (after a failure: the steps
@@ -95,6 +132,8 @@ class State:
         if self._committed is None:
             raise RuntimeError("State.restore() before any commit(): nothing to go back to")
         self._load(self._committed)
+        for part in self._parts.values():
+            part.elastic_restore()
 
     def sync(self, comm: Broadcaster, root: int = 0) -> None:
         """Make every rank's commit `root`'s and restore it: the shapes and plain values go
@@ -103,14 +142,16 @@ class State:
         mine = self._committed
         if comm.rank == root and mine is None:
             raise RuntimeError("State.sync(): the root has not committed anything")
-        skeleton = comm.broadcast_object(_skeleton(mine) if comm.rank == root else None, root)
+        shape = comm.broadcast_object(skeleton(mine) if comm.rank == root else None, root)
         if comm.rank != root:
-            mine = _fit(mine, skeleton)
+            mine = fit(mine, shape)
         assert mine is not None
-        for tensor in _tensors(mine):
+        for tensor in tensors(mine):
             comm.broadcast_(tensor, root)
         self._committed = mine
         self._load(mine)
+        for part in self._parts.values():  # each re-lays its parts over `comm`
+            part.elastic_sync(comm)
         for callback in self.reset_callbacks:
             callback()
 
@@ -126,88 +167,10 @@ class State:
         for name, obj in self._objects.items():
             # a copy: the objects must not share the commit's buffers (the next step would
             # write into them through the optimizer's state)
-            obj.load_state_dict(_clone(committed["objects"][name]))
+            obj.load_state_dict(clone(committed["objects"][name]))
             if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
                 # gradients are no part of a commit: those of the step in flight are dropped
                 obj.zero_grad(set_to_none=True)
         self._values.update(copy.deepcopy(committed["values"]))
         torch.set_rng_state(committed["rng"]["torch"].clone())
         random.setstate(committed["rng"]["python"])
-
-
-class _Slot:
-    """A tensor's place in a skeleton: what a joining rank allocates to receive it."""
-
-    __slots__ = ("dtype", "shape")
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.shape, self.dtype = tuple(t.shape), t.dtype
-
-    def empty(self) -> torch.Tensor:
-        return torch.empty(self.shape, dtype=self.dtype)
-
-
-def _copy_into(old: Tree, new: Tree) -> Tree:
-    """`new` with each tensor copied to host memory, into `old`'s tensor at the same place
-    where one of the same shape and dtype is there."""
-    if isinstance(new, torch.Tensor):
-        if isinstance(old, torch.Tensor) and old.shape == new.shape and old.dtype == new.dtype:
-            return old.copy_(new)
-        return new.detach().to("cpu", copy=True)
-    if isinstance(new, dict):
-        old_d = old if isinstance(old, dict) else {}
-        return {k: _copy_into(old_d.get(k), v) for k, v in new.items()}
-    if isinstance(new, (list, tuple)):
-        old_s = (
-            old if isinstance(old, (list, tuple)) and len(old) == len(new) else [None] * len(new)
-        )
-        return type(new)(_copy_into(o, n) for o, n in zip(old_s, new, strict=True))
-    return copy.deepcopy(new)
-
-
-def _clone(tree: Tree) -> Tree:
-    if isinstance(tree, torch.Tensor):
-        return tree.clone()
-    if isinstance(tree, dict):
-        return {k: _clone(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_clone(v) for v in tree)
-    return copy.deepcopy(tree)
-
-
-def _skeleton(tree: Tree) -> Tree:
-    """`tree` with each tensor replaced by its _Slot (picklable, small)."""
-    if isinstance(tree, torch.Tensor):
-        return _Slot(tree)
-    if isinstance(tree, dict):
-        return {k: _skeleton(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_skeleton(v) for v in tree)
-    return tree
-
-
-def _fit(mine: Tree, skeleton: Tree) -> Tree:
-    """The skeleton's tree with this rank's tensors where they fit (else new ones)."""
-    if isinstance(skeleton, _Slot):
-        fits = isinstance(mine, torch.Tensor) and tuple(mine.shape) == skeleton.shape
-        return mine if fits and mine.dtype == skeleton.dtype else skeleton.empty()
-    if isinstance(skeleton, dict):
-        known = mine if isinstance(mine, dict) else {}
-        return {k: _fit(known.get(k), v) for k, v in skeleton.items()}
-    if isinstance(skeleton, (list, tuple)):
-        same = isinstance(mine, (list, tuple)) and len(mine) == len(skeleton)
-        parts = mine if same else [None] * len(skeleton)
-        return type(skeleton)(_fit(m, s) for m, s in zip(parts, skeleton, strict=True))
-    return skeleton
-
-
-def _tensors(tree: Tree) -> list[torch.Tensor]:
-    """Every tensor of `tree`, in a fixed order (dicts by insertion: the same on every rank
-    once fitted to one skeleton)."""
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        return [t for v in tree.values() for t in _tensors(v)]
-    if isinstance(tree, (list, tuple)):
-        return [t for v in tree for t in _tensors(v)]
-    return []

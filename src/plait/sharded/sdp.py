@@ -208,6 +208,19 @@ class ShardedDataParallel(nn.Module):
         parameters are gathered again before they are next used."""
         self._gathers.stale = self.stage < 3
 
+    def release(self) -> nn.Module:
+        """Let go of the module (an elastic job re-lays the shards over a new membership):
+        the hooks removed, each sharded parameter a tensor of its own again, its contents
+        undefined (stage 3 had freed them: the caller writes them). Returns the module, to
+        be wrapped anew; this wrapper must not be used after."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        for flat in self.units:
+            for e, p in zip(flat.unit.entries, flat.params, strict=True):
+                p.data = torch.empty(e.shape, dtype=p.dtype, device=p.device)
+        return self.module
+
     def memory(self) -> dict[str, int]:
         """Bytes of model states this rank holds now (without the optimizer's: count those
         from its state), and stage 3's most gathered at once.

@@ -33,11 +33,14 @@ class WorldEnv:
     master_addr: str
     master_port: int
     agent_store: bool  # torchrun's agent already hosts the store at MASTER_PORT
+    # joins a running elastic job (PLAIT_ELASTIC_JOIN=1): `rank` is an id past the job's
+    # ranks that names the process; its rank comes with its admission (comm/membership.py)
+    joiner: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError(f"WORLD_SIZE must be >= 1; got {self.size}")
-        if not 0 <= self.rank < self.size:
+        if not self.joiner and not 0 <= self.rank < self.size:
             raise ValueError(f"RANK must be in [0, WORLD_SIZE={self.size}); got {self.rank}")
 
 
@@ -61,6 +64,14 @@ def world_from_env() -> WorldEnv:
             f"WORLD_SIZE={size} but MASTER_ADDR/MASTER_PORT are not set: start the job with "
             "`plait run -n N script.py` or `torchrun --nproc-per-node N script.py`"
         )
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    joiner = os.environ.get("PLAIT_ELASTIC_JOIN") == "1"
+    if joiner and not agent_store:
+        raise PlaitError(
+            "PLAIT_ELASTIC_JOIN=1: a process joining a running job needs the store its "
+            "launcher hosts (TORCHELASTIC_USE_AGENT_STORE=true); `plait run --min-np N` starts "
+            "joiners so"
+        )
     return WorldEnv(
         rank=rank,
         size=size,
@@ -68,7 +79,8 @@ def world_from_env() -> WorldEnv:
         local_size=_int_env("LOCAL_WORLD_SIZE", None),
         master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
         master_port=_int_env("MASTER_PORT", 0) or 0,
-        agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+        agent_store=agent_store,
+        joiner=joiner,
     )
 
 
