@@ -146,6 +146,10 @@ VARIABLES: tuple[Var, ...] = (
         "RANK:N: that worker kills itself (SIGKILL): a parameter-server worker after its "
         "N-th push; under --elastic, the rank the launcher started as RANK, as its backward "
         "of step N begins", "test hooks"),
+    Var("PLAIT_TRAIN_JOIN_AT", "int", None,
+        "K: under --elastic, the workers wait at step K's commit until a process asks to "
+        "join, and the commits before it do not ask (a join falls at a known step)",
+        "test hooks"),
     Var("PLAIT_TRAIN_SAMPLE_LOG", "text", None,
         "FILE: under --elastic, rank 0 appends a line per committed step to FILE: the step, "
         "then its sample ids (the last line of a step counts: a step is redone after a "

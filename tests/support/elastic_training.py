@@ -2,7 +2,7 @@
 float64 linear model (`workload`, given as --workload FILE.py:workload) with momentum SGD
 and the per-rank batch policy, so that a membership change shows in the numbers (the
 global batch and the learning rate change with the workers). `reference` trains the same
-steps in one process, the change a planned event at a given step."""
+steps in one process, the changes planned events at given steps."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from plait.options import flag
 from plait.train import Metric, TensorData, TrainConfig, Workload
 
 SAMPLES, HELD_OUT = 60, 12
-# 4 workers of 3 samples each (global batch 12), down to 2 before the run stops; 10 steps
-# read one whole epoch and part of the next, whatever step a worker dies in
+# 4 workers of 3 samples each (global batch 12), down to 2 before the run stops, up to 5;
+# 10 steps read at least one whole epoch and part of the next, whatever the workers do
 OPTIONS: dict[str, Any] = {
     "workload": f"{Path(__file__).resolve()}:workload", "workers": 4, "steps": 10,
-    "batch_size": 12, "lr": 0.1, "elastic": True, "min_workers": 2,
+    "batch_size": 12, "lr": 0.1, "elastic": True, "min_workers": 2, "max_workers": 5,
     "batch_policy": "per-rank", "eval_every": 5,
 }  # fmt: skip
 
@@ -56,10 +56,10 @@ def workload() -> Workload:
                     loss=mse, metric=Metric("held-out mse", _summed))  # fmt: skip
 
 
-def reference(at: int) -> list[torch.Tensor]:
-    """The parameters after one process trains OPTIONS' steps as the workers would: 4
-    workers' global batches and learning rates before step `at`, 3 workers' from it on
-    (the elastic sampler's plans; the per-rank policy's lr factor)."""
+def reference(workers: list[int]) -> list[torch.Tensor]:
+    """The parameters after one process trains OPTIONS' steps as the workers would:
+    `workers[s - 1]` workers' global batch and learning rate at step s (the elastic
+    sampler's plans; the per-rank policy's lr factor)."""
     from plait.elastic import ElasticSampler
     from plait.train.optimizers import make_optimizer
 
@@ -69,13 +69,12 @@ def reference(at: int) -> list[torch.Tensor]:
     opt = make_optimizer(model, config)
     policy = config.elastic.policy(config.batch_size, config.workers)
     sampler = ElasticSampler(SAMPLES, policy, seed=config.workload.seed)
-    for step in range(1, config.steps + 1):
-        workers = 4 if step < at else 3
-        plan = sampler.plan(workers)
+    for step, n in enumerate(workers, start=1):
+        plan = sampler.plan(n)
         x, y = work.data.train_batch(plan.ids)
         mse(model(x), y).backward()
         for group in opt.param_groups:
-            group["lr"] = config.lr_at(step) * policy.lr_factor(workers)
+            group["lr"] = config.lr_at(step) * policy.lr_factor(n)
         opt.step()
         opt.zero_grad()
         sampler.advance(plan)

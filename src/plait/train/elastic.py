@@ -22,9 +22,15 @@ committed cursor with the workers left: no sample is skipped or repeated. Rank 0
 (progress, log lines, evaluations' lines, checkpoints, the summary, --json, --tensorboard)
 pass to the new rank 0, the oldest survivor.
 
+A process started with PLAIT_ELASTIC_JOIN=1 running the same command joins the run: it
+builds its model, is admitted at the workers' next commit (which raises JoinRequested on
+every rank alike), takes the state in the same sync as they do, and only then wraps its
+model in DataParallel with them (a collective of the members).
+
 Test hooks (plait/env.py): PLAIT_TRAIN_KILL_AT="RANK:N" SIGKILLs the process the launcher
 started as RANK as its backward of step N begins (the others are in that step's
-collectives); PLAIT_TRAIN_SAMPLE_LOG=FILE makes rank 0 append each committed step's
+collectives); PLAIT_TRAIN_JOIN_AT=K holds the workers at step K's commit until a process
+asks to join; PLAIT_TRAIN_SAMPLE_LOG=FILE makes rank 0 append each committed step's
 sample ids to FILE.
 """
 
@@ -50,6 +56,7 @@ from plait.train.progress import Emit
 from plait.train.rank_run import RankRun
 from plait.train.result import TrainResult
 from plait.train.step import Step
+from plait.train.steps.data_parallel import DataParallelStep
 from plait.train.traced import Tracing
 from plait.train.workload import LossFn, Workload
 
@@ -81,9 +88,14 @@ class ElasticRun(RankRun):
         self.policy = e.policy(config.batch_size, config.workers)
         self.data = ElasticSampler(work.data.num_train, self.policy, seed=config.workload.seed)
         self.flush_every = 1  # a step's loss is the run's before the step is committed
-        self.launch_rank = step.rank  # how the launcher names this process: "[rank R]"
-        self.comm = world.default()  # the membership the Step trains over
+        # a process that joins the running job (PLAIT_ELASTIC_JOIN=1) takes everything from
+        # the others in its first sync (plait.elastic.run), then wraps its model (`rejoin`)
+        self.joining = world.joined()
+        # how the launcher names this process ("[rank R]"; a joiner: its RANK, a fresh id)
+        self.launch_rank = int(os.environ.get("RANK", step.rank)) if self.joining else step.rank
+        self.comm: Communicator | None = None if self.joining else world.default()
         self.record = Record(self, list(range(step.world_size)))
+        assert isinstance(step, DataParallelStep), "the config refuses the other Steps"
         self.state = State(training=_StepState(step), data=self.data, record=self.record,
                            done=self.first)  # fmt: skip
         self.first_cursor = 0
@@ -91,6 +103,7 @@ class ElasticRun(RankRun):
         who, _, at = (env.get("PLAIT_TRAIN_KILL_AT") or "").partition(":")
         self.kill_at = int(at) if at and who == str(self.launch_rank) else None
         self.sample_log: str | None = env.get("PLAIT_TRAIN_SAMPLE_LOG")
+        self.join_at: int | None = env.get("PLAIT_TRAIN_JOIN_AT")
 
     # ------------------------------------------------------------------------ the run
     def go(self, stop_after: int | None) -> TrainResult:
@@ -103,6 +116,16 @@ class ElasticRun(RankRun):
         finally:
             if self.board is not None:
                 self.board.close()
+
+    def begin(self) -> None:
+        """A joiner: no resume (the others' state comes in its sync), no header (rank 0
+        printed it), no --compile warm-up (its forward and backward would be collectives
+        the members are not in); the clock starts."""
+        if not self.joining:
+            super().begin()
+            return
+        self.started = time.perf_counter()
+        self.window = (self.started, self.paused_s, self.first)
 
     def resume(self) -> dict[str, Any] | None:
         """--resume: also the data stream's cursor (the checkpoint's samples seen)."""
@@ -152,13 +175,26 @@ class ElasticRun(RankRun):
             self.data.advance(plan)
             state.done = step
             self.log_samples(step, plan)
-            state.commit()
-            self.commit_s += state.commit_seconds
+            self.commit(step)
             if step == stop_after:
                 return self.stop(step)
         self.profiler.stop()
         s.finish()
         return self.end(trained_last=self.steps > self.first)
+
+    def commit(self, step: int) -> None:
+        """Commit step `step`, which asks whether processes wait to join (a collective:
+        JoinRequested on every rank alike). PLAIT_TRAIN_JOIN_AT=K: not before step K, and at
+        K wait for one (unless one joined already)."""
+        if self.join_at is not None and step < self.join_at:
+            self.state.commit(check=False)
+            self.commit_s += self.state.commit_seconds
+            return
+        if step == self.join_at and not any(c["joined"] for c in self.record.changes):
+            while not world.joiners_waiting(world.default()):
+                time.sleep(0.05)  # every rank alike: rank 0's answer is broadcast
+        self.state.commit()
+        self.commit_s += self.state.commit_seconds
 
     def loss_of(self, step: int, scale: float) -> LossFn:
         """The loss of this rank's share of step `step`: times `scale` where the shares
@@ -200,7 +236,8 @@ class ElasticRun(RankRun):
             say = board.tee(self.emit, self.board)
             if say is not None:
                 self.say = say
-        self.say("membership", {**change, "batch": self.shares(comm.size)})
+        if change is not None:
+            self.say("membership", {**change, "batch": self.shares(comm.size)})
 
     def shares(self, workers: int) -> str:
         """The step at `workers` workers: "global batch 12 (3/3/3/3 per worker)", with the
@@ -246,17 +283,22 @@ class Record:
     (tensors: a commit copies them at once), the last checkpoint's step, the membership
     (the launch ranks, in rank order) and its changes."""
 
-    def __init__(self, run: RankRun, members: list[int]) -> None:
+    def __init__(self, run: ElasticRun, members: list[int]) -> None:
         self.run = run
         self.members = members
         self.changes: list[dict[str, Any]] = []
 
-    def change(self, comm: Communicator, step: int) -> dict[str, Any]:
-        """After a re-form: who left and who joined (every rank says who it is), recorded;
-        returns the change."""
-        members: list[int] = comm.allgather_object(self.run.launch_rank)  # type: ignore[attr-defined]
+    def change(self, comm: Communicator, step: int) -> dict[str, Any] | None:
+        """After a re-form: who left and who joined (every rank says who it is, and rank 0,
+        which re-formed, the generation), recorded; returns the change, None where the
+        members are the same (a joiner that died before it trained: two re-forms)."""
+        mine = world.last_change()["generation"] if comm.rank == 0 else None
+        said: list[tuple[int, Any]] = comm.allgather_object((self.run.launch_rank, mine))
+        members = [r for r, _ in said]
+        if members == self.members:
+            return None
         change = {
-            "generation": len(self.changes) + 1, "step": step,
+            "generation": said[0][1], "step": step,
             "left": [r for r in self.members if r not in members],
             "joined": sum(r not in self.members for r in members), "workers": comm.size,
         }  # fmt: skip
@@ -271,6 +313,7 @@ class Record:
             "evals": torch.tensor(r.evals, dtype=torch.float64).reshape(-1, 2),
             "throughput": torch.tensor(r.throughput, dtype=torch.float64).reshape(-1, 2),
             "saved_step": r.saved_step, "members": self.members, "changes": self.changes,
+            "first": r.first, "first_cursor": self.run.first_cursor,
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -278,18 +321,19 @@ class Record:
         r.losses = state["losses"].tolist()
         r.evals = [[int(s), v] for s, v in state["evals"].tolist()]
         r.throughput = [[int(s), v] for s, v in state["throughput"].tolist()]
-        r.saved_step = state["saved_step"]
+        r.saved_step, r.first = state["saved_step"], state["first"]
+        self.run.first_cursor = state["first_cursor"]
         self.members, self.changes = list(state["members"]), list(state["changes"])
 
 
 class _StepState:
     """The Step's state (model, optimizer, loss scaler) as the State commits it."""
 
-    def __init__(self, step: Step) -> None:
+    def __init__(self, step: DataParallelStep) -> None:
         self.step = step
 
     def state_dict(self) -> dict[str, Any]:
         return self.step.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step.load_state_dict(state)
+        self.step.load_shared_state(state)

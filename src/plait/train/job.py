@@ -62,6 +62,8 @@ def configure(options: dict[str, Any]) -> TrainConfig:
         world = int(os.environ["WORLD_SIZE"])
         if options.get("strategy") == "ps":
             return _configure_ps_rank(options, world)
+        if joining(options):  # the run's command as given; WORLD_SIZE does not count
+            return _check(TrainConfig.from_options({"workers": world, **options}))
         if options.get("workers", world) != world:
             raise ConfigError(
                 f"workers {options['workers']} != WORLD_SIZE {world}: under torchrun or "
@@ -72,6 +74,13 @@ def configure(options: dict[str, Any]) -> TrainConfig:
         if options.get("elastic"):
             _check_elastic_launcher(options, os.environ)
     return _check(TrainConfig.from_options(options))
+
+
+def joining(options: Mapping[str, Any]) -> bool:
+    """Whether this process joins a running elastic run (PLAIT_ELASTIC_JOIN=1 with
+    --elastic): it runs the run's own command, --workers (the starting workers, which the
+    batch policy counts from) and --min-workers included."""
+    return bool(options.get("elastic")) and os.environ.get("PLAIT_ELASTIC_JOIN") == "1"
 
 
 def _check_elastic_launcher(options: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -239,6 +248,11 @@ def run(
                     PLAIT_DEVICE=str(config.device.name))  # fmt: skip
     cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(config.to_dict())]
     stream = progress.RankZeroStream(renderer, any_rank=elastic.elastic)
+    # --elastic: the launcher hosts the job's store; at MASTER_ADDR:MASTER_PORT when they
+    # are set, so that a process started later can join the run there (docs/elastic.md)
+    addr, port = "127.0.0.1", None  # launch()'s: this machine, a free port
+    if elastic.elastic and os.environ.get("MASTER_PORT"):
+        addr, port = os.environ.get("MASTER_ADDR", addr), int(os.environ["MASTER_PORT"])
     # async/ssp: the servers go on without a dead worker; worker 0 reports, so it must live
     survivable = range(1, config.workers) if mode in ("async", "ssp") else ()
     try:
@@ -251,6 +265,8 @@ def run(
             survivable=survivable,
             # --elastic: the launcher hosts the store and every worker may die, down to N
             min_alive=elastic.min_workers if elastic.elastic else None,
+            master_addr=addr,
+            master_port=port,
         )
     finally:
         if isinstance(renderer, progress.Bar):

@@ -99,9 +99,11 @@ def elastic_line(e: Record, workers: int) -> str:
 
 def membership_line(rec: Record) -> str:
     """--elastic: a membership change, as the new rank 0 reports it."""
+    # after a failure the step in flight is trained again; a join comes at a commit
+    again = "redo step" if rec["left"] else "go on from step"
     return (
         f"membership: {_who(rec)} (generation {rec['generation']}); {rec['workers']} workers "
-        f"redo step {rec['step']} with {rec['batch']}"
+        f"{again} {rec['step']} with {rec['batch']}"
     )
 
 
