@@ -19,6 +19,7 @@ def _elastic(**options: object) -> TrainConfig:
 
 
 def test_the_bounds_default_to_one_and_the_starting_workers() -> None:
+    assert _elastic(zero=3).zero == 3  # ZeRO's shards go elastic (plait.sharded.ElasticShards)
     e = _elastic(workers=4).elastic
     assert (e.min_workers, e.max_workers, e.batch_policy) == (1, 4, "global")
     e = _elastic(workers=4, min_workers=2, max_workers=6, batch_policy="per-rank").elastic
@@ -32,7 +33,7 @@ def test_the_bounds_default_to_one_and_the_starting_workers() -> None:
         ({"strategy": "ps"}, "--elastic does not run with --strategy ps yet"),
         ({"pp": 2}, "pipelines and tensor parallelism are not elastic yet"),
         ({"model": "gpt", "tp": 2}, "pipelines and tensor parallelism are not elastic yet"),
-        ({"zero": 2}, "ZeRO's shards are not re-laid over a new membership"),
+        ({"zero": 2, "optimizer": "lars"}, "--elastic --zero 2 does not run with --optimizer lars"),
         ({"priority": True}, "--elastic does not run with --priority yet"),
         ({"workers": 4, "min_workers": 5}, "min_workers 5 > workers 4"),
         ({"workers": 4, "max_workers": 3}, "max_workers 3 < workers 4: the run starts with 4"),

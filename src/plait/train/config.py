@@ -326,8 +326,9 @@ class TrainConfig:
             )
 
     def _check_elastic(self) -> None:
-        """--elastic: whole models over allreduce, between --min-workers and --max-workers,
-        each with a sample of every step at the most workers (the global batch policy)."""
+        """--elastic: allreduce (ZeRO's shards too: plait.sharded.ElasticShards), not a
+        mesh, between --min-workers and --max-workers, each with a sample of every step at
+        the most workers (the global batch policy)."""
         if not self.elastic.elastic:
             return
         if self.strategy == "ps":
@@ -342,12 +343,11 @@ class TrainConfig:
                 "not elastic yet (a dead rank's layers live on no other rank); restart them "
                 "from a checkpoint instead (--out DIR, then --resume)"
             )
-        if self.zero:
+        if self.zero and self.optimizer in ("lars", "lamb"):
             raise ConfigError(
-                f"--elastic does not run with --zero {self.zero} yet: ZeRO's shards are not "
-                "re-laid over a new membership from the committed state (a dead rank's shards "
-                "must first be kept by a peer); leave out --zero, or resume a --zero run from "
-                "its checkpoint (--out DIR, then --resume) at any number of workers"
+                f"--elastic --zero {self.zero} does not run with --optimizer {self.optimizer} "
+                "yet: its per-layer norms need the shards' layer map, which the elastic "
+                "shards do not pass to the optimizer; use --optimizer sgd or adamw"
             )
         if self.priority:
             raise ConfigError(

@@ -57,6 +57,7 @@ from plait.train.rank_run import RankRun
 from plait.train.result import TrainResult
 from plait.train.step import Step
 from plait.train.steps.data_parallel import DataParallelStep
+from plait.train.steps.sharded import ShardedStep
 from plait.train.traced import Tracing
 from plait.train.workload import LossFn, Workload
 
@@ -95,8 +96,7 @@ class ElasticRun(RankRun):
         self.launch_rank = int(os.environ.get("RANK", step.rank)) if self.joining else step.rank
         self.comm: Communicator | None = None if self.joining else world.default()
         self.record = Record(self, list(range(step.world_size)))
-        assert isinstance(step, DataParallelStep), "the config refuses the other Steps"
-        self.state = State(training=_StepState(step), data=self.data, record=self.record,
+        self.state = State(**_training(step), data=self.data, record=self.record,
                            done=self.first)  # fmt: skip
         self.first_cursor = 0
         self.commit_s = 0.0  # every commit's copy, summed
@@ -324,6 +324,16 @@ class Record:
         r.saved_step, r.first = state["saved_step"], state["first"]
         self.run.first_cursor = state["first_cursor"]
         self.members, self.changes = list(state["members"]), list(state["changes"])
+
+
+def _training(step: Step) -> dict[str, Any]:
+    """The State's items of the Step: the replicas' state (DataParallel), or ZeRO's shards
+    (which commit, replicate and re-lay themselves) and the loss scaler."""
+    if isinstance(step, ShardedStep):
+        assert step.elastic is not None, "made with --elastic"
+        return {"shards": step.elastic, "compute": step.compute}
+    assert isinstance(step, DataParallelStep), "the config refuses the other Steps"
+    return {"training": _StepState(step)}
 
 
 class _StepState:

@@ -28,7 +28,7 @@ class ElasticConfig:
             "keep training when a worker dies: the others re-form the job, take the last "
             "step's state from a live peer (in memory, not from disk) and redo the step in "
             "flight; no sample is skipped or repeated (docs/elastic.md). --strategy "
-            "allreduce without --zero, --pp, --tp or --priority"
+            "allreduce (--zero too), not with --pp, --tp or --priority"
         ),
     )
     min_workers: int | None = field(
