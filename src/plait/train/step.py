@@ -1,4 +1,4 @@
-"""The Step protocol: how one rank trains under one strategy; the loop (loop.py) drives it.
+"""The Step protocol: how one rank trains under one strategy; the loop (rank_run.py) drives it.
 
 For each slice of a global batch this rank trains, the loop calls
 
