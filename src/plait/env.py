@@ -163,6 +163,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("PLAIT_TEST_MESH_DELAY", "text", None,
         "RANK:SECONDS: that rank waits before joining the engine's mesh, so the others' "
         "listeners stay open (tests of strangers at the door)", "test hooks"),
+    Var("PLAIT_DISCOVERY_PERIOD", "seconds", 1.0,
+        "seconds from the end of one run of `plait run --host-discovery-script` to the next "
+        "(Horovod's period is 1 s)", "test hooks"),
     Var("PLAIT_INFER_DIE", "text", None,
         "RANK:BATCHES: a `plait infer` worker kills itself (SIGKILL) after that many batches, "
         "in the job's first attempt only", "test hooks"),

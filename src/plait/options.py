@@ -29,7 +29,7 @@ def option(
     help: str,
     *,
     choices: Sequence[Any] = (),
-    metavar: str | None = None,
+    metavar: str | tuple[str, ...] | None = None,
     default_text: str | None = None,
     cli: bool = True,
     aliases: Sequence[str] = (),
@@ -40,7 +40,7 @@ def option(
     Args:
         help: one line for --help.
         choices: the accepted values (argparse rejects others, listing these).
-        metavar: the placeholder in --help, e.g. "DIR".
+        metavar: the placeholder in --help, e.g. "DIR" (one per value of a tuple field).
         default_text: how --help states the default when the field's own default (often
             None, "decided later") does not say it.
         cli: False keeps the field off the command line.
@@ -79,15 +79,31 @@ def flag(name: str) -> str:
 
 
 def scalar_type(annotation: Any) -> type:
-    """The scalar type of a field annotation: `int | None` -> int."""
+    """The scalar type of a field annotation: `int | None` -> int; `tuple[int, int]` -> int
+    (an option that takes several values, `_count`)."""
+    annotation = _unoptional(annotation)
+    if typing.get_origin(annotation) is tuple and len(set(typing.get_args(annotation))) == 1:
+        annotation = typing.get_args(annotation)[0]
+    if annotation not in _SCALARS:
+        raise TypeError(f"cannot derive an option from type {annotation!r}")
+    return typing.cast(type, annotation)
+
+
+def _unoptional(annotation: Any) -> Any:
+    """`X | None` -> X."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) != 1:
             raise TypeError(f"cannot derive an option from the union {annotation}")
-        annotation = args[0]
-    if annotation not in _SCALARS:
-        raise TypeError(f"cannot derive an option from type {annotation!r}")
-    return typing.cast(type, annotation)
+        return args[0]
+    return annotation
+
+
+def _count(annotation: Any) -> int | None:
+    """How many values the option of a `tuple[T, ...]` field takes (argparse's nargs);
+    None for a scalar."""
+    annotation = _unoptional(annotation)
+    return len(typing.get_args(annotation)) if typing.get_origin(annotation) is tuple else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +114,7 @@ class _Option:
     field: dataclasses.Field[Any]
     kind: type  # int, float, str or bool
     title: str | None  # the --help group of its component; None: the dataclass's own
+    nargs: int | None = None  # a tuple field's option takes this many values
 
 
 def component(annotation: Any) -> type | None:
@@ -142,7 +159,7 @@ def _options(
         if sub is not None:
             found += _options(sub, f.metadata.get("group", title), f.metadata.get("only"))
         else:
-            found.append(_Option(_name(f), f, scalar_type(hint), title))
+            found.append(_Option(_name(f), f, scalar_type(hint), title, _count(hint)))
     names = [o.name for o in found]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -166,6 +183,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
             kwargs["action"] = argparse.BooleanOptionalAction if default else "store_true"
         else:
             kwargs["type"] = kind
+            if o.nargs is not None:
+                kwargs["nargs"] = o.nargs  # argparse gives a list; the dataclass makes it a tuple
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
             kwargs["metavar"] = meta.get("metavar") or (

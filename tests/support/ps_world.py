@@ -5,6 +5,10 @@ Ranks [0, W) run fn(role, *args) and report its result; ranks [W, W+S) run ps.in
 which serves and exits the process. Every world has a deadline, and a world passes only if
 every server then exits cleanly too (status 0, after writing its exit checkpoint where it
 has one): a server that crashes while shutting down fails the world.
+
+With `joiners=J`, J more processes (RANK W+S, ...) start with PLAIT_ELASTIC_JOIN=1 and run
+fn as workers that join the running job (ps.init gives them ids W, W+1, ...); the store is
+then the test process's, as `plait run --min-np` hosts it, so any worker may die.
 """
 
 from __future__ import annotations
@@ -60,9 +64,8 @@ def _restart_server(env: dict[str, str], rank: int, argv: list[str]) -> None:
 class PSWorld:
     """A running world: its processes, and how to kill and restart a server."""
 
-    def __init__(self, workers: int, servers: int, env: dict[str, str]) -> None:
+    def __init__(self, workers: int, servers: int, env: dict[str, str], port: int) -> None:
         self.workers, self.servers = workers, servers
-        port = free_port()
         self.env = {
             **os.environ,
             "OMP_NUM_THREADS": "1",
@@ -97,21 +100,32 @@ def run_ps_world(
     env: dict[str, str] | None = None,
     tolerate: Iterable[int] = (),
     controller: Callable[[PSWorld], None] | None = None,
+    joiners: int = 0,
 ) -> list[Any]:
-    """Run the world; return the W workers' results (None for tolerated ranks)."""
+    """Run the world; return the W workers' results, then the J joiners' (None for
+    tolerated ranks)."""
     tolerate = set(tolerate)
-    world = PSWorld(workers, servers, env or {})
+    port, store = free_port(), None
+    world = PSWorld(workers, servers, env or {}, port)
     size = workers + servers
+    envs = [world.env] * size
+    if joiners:
+        from plait.comm.bootstrap.store import host_for_ranks
+
+        store = host_for_ranks("127.0.0.1", port, size)
+        world.env["TORCHELASTIC_USE_AGENT_STORE"] = "true"
+        envs = [world.env] * size + [{**world.env, "PLAIT_ELASTIC_JOIN": "1"}] * joiners
     world.procs = [
-        CONTEXT.Process(target=_child, args=(r, world.env, fn, args, world.out), daemon=True)
-        for r in range(size)
+        CONTEXT.Process(target=_child, args=(r, e, fn, args, world.out), daemon=True)
+        for r, e in enumerate(envs)
     ]
     for p in world.procs:
         p.start()
     if controller is not None:
         threading.Thread(target=controller, args=(world,), daemon=True).start()
     results: dict[int, tuple[str, Any]] = {}
-    needed = set(range(workers)) - tolerate
+    workers_at = [*range(workers), *range(size, size + joiners)]  # their ranks
+    needed = set(workers_at) - tolerate
     deadline = time.monotonic() + timeout
     try:
         while not needed <= results.keys():
@@ -141,13 +155,15 @@ def run_ps_world(
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
+        if store is not None:
+            store.close()
     exempt = tolerate | world.killed
     errors = {r: v for r, (s, v) in results.items() if s == "error" and r not in exempt}
     if errors:
         raise AssertionError("\n".join(f"--- rank {r}:\n{tb}" for r, tb in errors.items()))
     unclean = [
         f"rank {r}: {_exit(results.get(r), world.procs[r].exitcode)}"
-        for r in range(size)
+        for r in range(size + joiners)
         if r not in exempt and (world.procs[r].exitcode != 0 or results.get(r, ("",))[0] == "")
     ] + [
         f"restarted server {i}: exit code {p.exitcode}"
@@ -155,7 +171,7 @@ def run_ps_world(
         if p.exitcode != 0
     ]
     assert not unclean, "processes that did not exit cleanly: " + "; ".join(unclean)
-    return [results[r][1] if r in results and r not in tolerate else None for r in range(workers)]
+    return [results[r][1] if r in results and r not in tolerate else None for r in workers_at]
 
 
 def _exit(report: tuple[str, Any] | None, code: int | None) -> str:

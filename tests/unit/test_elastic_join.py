@@ -42,12 +42,12 @@ def test_joiners_are_admitted_after_the_survivors_in_slot_order() -> None:
         t.join(10)
     joined = (7, 5)
     assert got == {
-        "rank 0": membership.Membership(1, (0, 2), 0, joined),
-        "rank 2": membership.Membership(1, (0, 2), 1, joined),
-        "joiner 7": membership.Membership(1, (0, 2), 2, joined),
-        "joiner 5": membership.Membership(1, (0, 2), 3, joined),
+        "rank 0": membership.Membership(1, (0, 2), 0, joined, (1,)),
+        "rank 2": membership.Membership(1, (0, 2), 1, joined, (1,)),
+        "joiner 7": membership.Membership(1, (0, 2), 2, joined, (1,)),
+        "joiner 5": membership.Membership(1, (0, 2), 3, joined, (1,)),
     }
-    assert got["rank 0"].size == 4
+    assert got["joiner 5"].change() == {"generation": 1, "left": [1], "joined": 2, "size": 4}
     assert membership.waiting(store, membership.admitted_count(store)) == 0
 
 
@@ -59,7 +59,7 @@ def test_a_late_survivor_is_fenced_and_nobody_is_admitted_twice() -> None:
         membership.agree(store, 0, 1, 2, set(), wait_s=0.0, publish_timeout_s=5.0)
     # the next change admits no one again
     nxt = membership.agree(store, 1, 0, 2, {1}, wait_s=0.0, publish_timeout_s=5.0)
-    assert nxt == membership.Membership(2, (0,), 0, ())
+    assert nxt == membership.Membership(2, (0,), 0, (), (1,))
 
 
 def test_a_joiner_leaves_when_the_run_ends_first_and_says_when_nobody_admits_it() -> None:

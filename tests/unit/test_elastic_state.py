@@ -11,6 +11,7 @@ import torch
 
 from plait.elastic import BatchPolicy, ElasticSampler
 from plait.elastic.state import State
+from plait.errors import PeerFailureError
 
 
 def _setup(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, ElasticSampler]:
@@ -138,6 +139,37 @@ def test_sync_gives_every_rank_the_roots_commit(joiner_trained: bool) -> None:
     assert len(got) == len(want[0]) and all(
         torch.equal(a, b) for a, b in zip(got, want[0], strict=True)
     )
+
+
+def test_a_sync_cut_short_leaves_the_receivers_commit_whole() -> None:
+    """The root dies after half its tensors: the receiver's commit is still its own (the
+    next sync, from the next rank 0, may come from it)."""
+    model, opt, sampler = _setup(0)
+    root = State(model=model, optimizer=opt, sampler=sampler, step=5)
+    _train(model, opt, sampler)
+    root.commit()
+    recorder = _Recorder()
+    root.sync(recorder)
+    r_model, r_opt, r_sampler = _setup(1)
+    receiver = State(model=r_model, optimizer=r_opt, sampler=r_sampler, step=4)
+    _train(r_model, r_opt, r_sampler)
+    receiver.commit()
+    before = _snapshot(r_model, r_opt)
+    cut = recorder.sent[: len(recorder.sent) // 2]  # then the root is gone
+    replay = _Replayer(cut)
+
+    def dead(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        if not replay.sent:
+            raise PeerFailureError(0, "died in the sync")
+        return _Replayer.broadcast_(replay, tensor, root)
+
+    replay.broadcast_ = dead  # type: ignore[method-assign]
+    with pytest.raises(PeerFailureError):
+        receiver.sync(replay)
+    _train(r_model, r_opt, r_sampler)  # the step in flight, then back to the commit
+    receiver.restore()
+    assert receiver.step == 4
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(r_model, r_opt), before, strict=True))
 
 
 def test_restore_drops_the_gradients_of_the_step_in_flight() -> None:

@@ -11,7 +11,7 @@ import pytest
 from plait.cli.main import build_parser
 from plait.errors import ConfigError
 from plait.launch.config import RunConfig
-from plait.launch.job import command
+from plait.launch.job import check_discovery_script, command
 from plait.options import given
 
 
@@ -21,6 +21,16 @@ def test_the_command_line_gives_the_options() -> None:
     # everything after SCRIPT belongs to the script, -n included
     assert (ns.script, ns.script_args) == ("pkg.mod", ["-n", "x", "--flag"])
     assert given(build_parser().parse_args(["run", "s.py"]), RunConfig) == {}
+
+
+def test_horovods_elastic_flags_are_plait_runs() -> None:
+    argv = ["run", "-n", "2", "--min-num-proc", "1", "--max-num-proc", "3",
+            "--host-discovery-script", "./d.sh", "--slots", "2", "--reset-limit", "4",
+            "--blacklist-cooldown-range", "10", "100", "x.py"]  # fmt: skip
+    config = RunConfig(**given(build_parser().parse_args(argv), RunConfig), script="x.py")
+    assert (config.min_np, config.max_np, config.slots_per_host, config.reset_limit) == (1, 3, 2, 4)
+    assert config.host_discovery_script == "./d.sh"
+    assert config.blacklist_cooldown_range == (10, 100)
 
 
 @pytest.mark.parametrize(
@@ -56,3 +66,15 @@ def test_each_rank_runs_the_script_or_the_module(tmp_path: Path) -> None:
         command(RunConfig(script="pkg.mod"))
     with pytest.raises(ConfigError, match=r"\(a directory"):
         command(RunConfig(script=str(tmp_path)))
+
+
+def test_a_discovery_script_must_be_a_command_the_shell_can_run(tmp_path: Path) -> None:
+    script = tmp_path / "discover.sh"
+    script.write_text("echo localhost:2\n")
+    with pytest.raises(ConfigError, match=f"{script} is not executable: `chmod \\+x {script}`"):
+        check_discovery_script(str(script))
+    check_discovery_script(f"sh {script}")  # a command on PATH, given the file
+    script.chmod(0o755)
+    check_discovery_script(str(script))
+    with pytest.raises(ConfigError, match=r"no such file or command 'nope/d\.sh'"):
+        check_discovery_script("nope/d.sh --flag")

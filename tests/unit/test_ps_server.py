@@ -139,6 +139,9 @@ def test_bad_requests_get_an_error_reply() -> None:
     ((origin, m),) = server.handle("w0", wrong, 0.1)
     assert (origin, m.op, m.rid, m.meta["error"]) == ("w0", "error", 2, "bad_request")
     assert "shape [4]" in m.meta["reason"]
+    bare = Message("push", 3, 0, [0], [], [0], clock=1)  # keys but no tensor frame
+    ((origin, m),) = server.handle("w0", bare, 0.1)  # an error reply, not a crashed server
+    assert (m.op, m.meta["reason"]) == ("error", "0 tensors for 1 keys")
     ((origin, m),) = server.reject("x", "header is not valid msgpack")
     assert (origin, m.op, m.meta["error"]) == ("x", "error", "bad_request")
     assert m.meta["inc"] == server.incarnation  # every reply names the incarnation

@@ -1,11 +1,13 @@
 """The environment `plait run` gives each rank (launch.rank_env): roles with --servers, and
-ranks numbered node by node with --nnodes, with the errors of both."""
+ranks numbered node by node with --nnodes, with the errors of both; and an elastic job's
+joiners (launch.env.join_env)."""
 
 from __future__ import annotations
 
 import pytest
 
 from plait.launch import rank_env
+from plait.launch.env import join_env
 
 
 def test_rank_env_roles() -> None:
@@ -45,3 +47,10 @@ def test_rank_env_numbers_ranks_node_by_node() -> None:
         rank_env(0, 2, master_addr="h", master_port=1, nnodes=2, node_rank=2)
     with pytest.raises(ValueError, match="export PLAIT_SERVERS=S on every node"):
         rank_env(0, 2, master_addr="h", master_port=1, nnodes=2, servers=1)
+
+
+def test_a_joiner_gets_a_fresh_rank_and_the_join_flag() -> None:
+    env = join_env(7, 1, 3, master_addr="h", master_port=1, base={"X": "y"})
+    got = {k: env[k] for k in ("RANK", "ROLE_RANK", "LOCAL_RANK", "WORLD_SIZE", "X")}
+    assert got == {"RANK": "7", "ROLE_RANK": "7", "LOCAL_RANK": "1", "WORLD_SIZE": "3", "X": "y"}
+    assert env["PLAIT_ELASTIC_JOIN"] == "1" and env["MASTER_PORT"] == "1"

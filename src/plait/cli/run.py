@@ -15,6 +15,13 @@ which serves on server ranks and returns on workers. A failing server stops the 
 without a dead worker) a failing worker is reported and the others go on; the job's exit
 status is then 0 if every other rank exits 0.
 
+Elastic jobs (Horovod's flags): with --min-np N the launcher hosts the job's store and a
+failing rank is reported while at least N others live (they re-form: plait.elastic.run);
+with --host-discovery-script SCRIPT (run every second, printing `host:slots` lines, names
+of this machine only) new slots get joining ranks, up to --max-np, and the ranks of a host
+that leaves are stopped; a host on which a rank failed gets no new ranks
+(--blacklist-cooldown-range), and --reset-limit bounds the membership changes.
+
 Several hosts: run one `plait run` per host with torchrun's static multi-node flags,
 
     plait run -n N --nnodes M --node-rank K --master-addr HOST0 --master-port 29500 script.py

@@ -37,6 +37,12 @@ class Membership:
     members: tuple[int, ...]  # the old ranks that stay, in their old order
     rank: int
     joined: tuple[int, ...] = ()  # the joiners' ids (their RANK at start), after the members
+    left: tuple[int, ...] = ()  # the old ranks that are not in it
+
+    def change(self) -> dict[str, object]:
+        """What changed, as plait records it (State.changes, the trace, the run's summary)."""
+        return {"generation": self.generation, "left": list(self.left),
+                "joined": len(self.joined), "size": self.size}  # fmt: skip
 
     @property
     def size(self) -> int:
@@ -71,14 +77,14 @@ def agree(
         members = _coordinate(store, key, old_size, known_dead, wait_s)
     else:
         members = _published(store, key, old_rank, publish_timeout_s)
-    joined = _ids(store.get(f"{key}/joined"))
+    joined, left = _ids(store.get(f"{key}/joined")), _ids(store.get(f"{key}/left"))
     if old_rank not in members:
         raise FencedError(
             f"rank {old_rank} is not in generation {g} of the job (members: old ranks "
             f"{list(members)}): the others went on without it after it was silent; this "
             "process must exit"
         )
-    return Membership(g, members, members.index(old_rank), joined)
+    return Membership(g, members, members.index(old_rank), joined, left)
 
 
 def waiting(store: JobStore, admitted: int) -> int:
@@ -121,7 +127,8 @@ def admission(store: JobStore, slot: int, joiner_id: int, timeout_s: float) -> M
     g = int(store.get(key).decode())
     members = _ids(store.get(f"plait/elastic/{g}/members"))
     joined = _ids(store.get(f"plait/elastic/{g}/joined"))
-    return Membership(g, members, len(members) + joined.index(joiner_id), joined)
+    left = _ids(store.get(f"plait/elastic/{g}/left"))
+    return Membership(g, members, len(members) + joined.index(joiner_id), joined, left)
 
 
 def _coordinate(
@@ -135,6 +142,7 @@ def _coordinate(
             break
         time.sleep(POLL_S)
     _admit(store, key)
+    store.set(f"{key}/left", _text([r for r in range(old_size) if r not in here]))
     store.set(f"{key}/members", _text(here))  # last: the others wait for this key
     return tuple(here)
 

@@ -172,11 +172,7 @@ def reform(known_dead: set[int] | None = None) -> Communicator:
         )
         _default = _join_generation(members, _store, env.get("PLAIT_TIMEOUT"), hb_timeout)
         _default.recorder = recorder
-        left = [r for r in range(old.size) if r not in members.members]
-        _changes.append(
-            {"generation": members.generation, "left": left, "joined": len(members.joined),
-             "size": members.size}
-        )  # fmt: skip
+        _changes.append(members.change())
         if recorder is not None:
             info = {**_changes[-1], "old_ranks": list(members.members)}
             recorder.instant("membership", "membership changed", info)
@@ -242,6 +238,7 @@ def _join_running(
         )
         raise SystemExit(0)
     _joined = True
+    _changes.append(members.change())  # the change that admitted it
     return _join_generation(members, store, timeout, hb_timeout)
 
 

@@ -39,20 +39,24 @@ def run(fn: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(fn)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
-        if world.joined():  # admitted into a running job: take its state first
-            state.sync(world.default())
-            world.synced()
-        elif state.commits == 0:
+        sync = world.joined()  # admitted into a running job: take its state first
+        if sync and not state.changes:
+            state.changes.append(world.last_change())  # the change that admitted it
+        if not sync and state.commits == 0:
             state.commit(check=False)  # something to go back to, even before the first step
         while True:
             try:
+                if sync:  # inside the try: a rank may die in the sync too
+                    state.sync(world.default())
+                    world.synced()
+                    sync = False
                 result = fn(state, *args, **kwargs)
                 world.end_elastic()  # joiners still waiting to be admitted leave
                 return result
             except (PeerFailureError, JoinRequested) as e:
                 lost = {e.rank} if isinstance(e, PeerFailureError) else set()
-                comm = world.reform(lost)
+                world.reform(lost)
                 state.changes.append(world.last_change())
-                state.sync(comm)
+                sync = True
 
     return wrapper

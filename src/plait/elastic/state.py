@@ -72,6 +72,10 @@ class State:
     """Objects with state_dicts and plain values, committed together (see the module
     docstring). Plain values are attributes: `state.step += 1`."""
 
+    #: whether a commit holds the RNG states; a subclass says False where the ranks' RNG
+    #: must stay their own (Horovod's TorchState commits none: plait.horovod's elastic)
+    keep_rng = True
+
     def __init__(self, **items: Any) -> None:
         self._objects: dict[str, Stateful] = {}
         self._parts: dict[str, Partitioned] = {}
@@ -137,14 +141,19 @@ class State:
 
     def sync(self, comm: Broadcaster, root: int = 0) -> None:
         """Make every rank's commit `root`'s and restore it: the shapes and plain values go
-        as one object, each tensor by an in-place broadcast into this rank's buffer (made
-        where a joining rank has none of that shape). Every rank of `comm` calls it."""
+        as one object, each tensor by a broadcast into new buffers on the other ranks. Every
+        rank of `comm` calls it.
+
+        A rank that fails in the middle leaves every commit as it was (the receivers' new
+        buffers replace their commit only once everything came): the next sync, from
+        whoever is rank 0 then, may be from any survivor's, never from a half-overwritten one.
+        """
         mine = self._committed
         if comm.rank == root and mine is None:
             raise RuntimeError("State.sync(): the root has not committed anything")
         shape = comm.broadcast_object(skeleton(mine) if comm.rank == root else None, root)
         if comm.rank != root:
-            mine = fit(mine, shape)
+            mine = fit(None, shape)  # new buffers: the commit stays whole until the end
         assert mine is not None
         for tensor in tensors(mine):
             comm.broadcast_(tensor, root)
@@ -160,7 +169,9 @@ class State:
         return {
             "objects": {name: obj.state_dict() for name, obj in self._objects.items()},
             "values": copy.deepcopy(self._values),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}
+            if self.keep_rng
+            else None,
         }
 
     def _load(self, committed: dict[str, Tree]) -> None:
@@ -172,5 +183,6 @@ class State:
                 # gradients are no part of a commit: those of the step in flight are dropped
                 obj.zero_grad(set_to_none=True)
         self._values.update(copy.deepcopy(committed["values"]))
-        torch.set_rng_state(committed["rng"]["torch"].clone())
-        random.setstate(committed["rng"]["python"])
+        if committed["rng"] is not None:
+            torch.set_rng_state(committed["rng"]["torch"].clone())
+            random.setstate(committed["rng"]["python"])

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from plait.errors import ConfigError
 from plait.options import option
 
+COOLDOWN_BOUNDS = (1, 3600)  # Horovod's bounds on --blacklist-cooldown-range, in seconds
+
 
 @dataclass(kw_only=True)
 class RunConfig:
@@ -49,7 +51,64 @@ class RunConfig:
             "on (they re-form with plait.reform() / plait.elastic.run) while at least N "
             "live; the launcher hosts the job's store, so any rank may die",
             metavar="N",
-            default_text="not elastic: a failing rank stops the job",
+            aliases=("--min-num-proc",),
+            default_text="-n with --host-discovery-script; else not elastic: a failing rank "
+            "stops the job",
+        ),
+    )
+    max_np: int | None = field(
+        default=None,
+        metadata=option(
+            "elastic: at most N ranks at once; ranks beyond -n are started only as "
+            "discovery offers slots, so without --host-discovery-script the cap is -n",
+            metavar="N",
+            aliases=("--max-num-proc",),
+            default_text="every slot discovery offers (Horovod's)",
+        ),
+    )
+    host_discovery_script: str | None = field(
+        default=None,
+        metadata=option(
+            "elastic: a command run every second that prints this machine's hosts, one "
+            "`host:slots` (or `host`, with --slots-per-host) a line; ranks start in new "
+            "slots as joiners and stop when their host leaves. Names of this machine only "
+            "(localhost, 127.0.0.1, its hostname or addresses)",
+            metavar="SCRIPT",
+        ),
+    )
+    slots_per_host: int | None = field(
+        default=None,
+        metadata=option(
+            "the slots of a host the discovery script prints without `:slots`",
+            metavar="K",
+            aliases=("--slots",),
+            default_text="none: each line must say host:slots",
+        ),
+    )
+    reset_limit: int | None = field(
+        default=None,
+        metadata=option(
+            "elastic: stop the job at the reset (membership change: ranks lost or joined) after N",
+            metavar="N",
+            default_text="no limit",
+        ),
+    )
+    blacklist_cooldown_range: tuple[int, int] | None = field(
+        default=None,
+        metadata=option(
+            "seconds (MIN MAX) a host on which a rank failed gets no new ranks: MIN * 2^n "
+            "plus up to MIN more the n-th time, within [MIN, MAX] (Horovod's)",
+            metavar=("MIN", "MAX"),
+            default_text="for the rest of the job",
+        ),
+    )
+    elastic_timeout: int | None = field(
+        default=None,
+        metadata=option(
+            "with --host-discovery-script: how long to wait for -n slots at the start, and "
+            "how long discovery may fail in a row before the job stops",
+            metavar="SECONDS",
+            default_text="600 (Horovod's)",
         ),
     )
     module: bool = field(
@@ -108,13 +167,70 @@ class RunConfig:
             )
         if self.min_np is not None and not 1 <= self.min_np <= self.nproc:
             raise ConfigError(f"--min-np must be in 1..{self.nproc} (-n), got {self.min_np}")
-        if self.min_np is not None and (self.servers or self.nnodes > 1):
-            raise ConfigError(
-                "--min-np (elastic) is for a single host's workers: not with --servers or "
-                "--nnodes yet"
-            )
+        self._check_elastic()
         if self.nnodes > 1:
             self._check_hosts()
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job is elastic: --min-np or a discovery script (as for horovodrun)."""
+        return self.min_np is not None or self.host_discovery_script is not None
+
+    @property
+    def least_np(self) -> int | None:
+        """The fewest live ranks an elastic job goes on with: --min-np, else -n (Horovod's
+        default); None for a job that is not elastic."""
+        if not self.elastic:
+            return None
+        return self.nproc if self.min_np is None else self.min_np
+
+    def _check_elastic(self) -> None:
+        """The elastic options: each with what it needs, in range."""
+        if self.blacklist_cooldown_range is not None:
+            self.blacklist_cooldown_range = tuple(self.blacklist_cooldown_range)  # type: ignore[assignment]
+        needs_discovery = {
+            "--slots-per-host": self.slots_per_host,
+            "--blacklist-cooldown-range": self.blacklist_cooldown_range,
+            "--elastic-timeout": self.elastic_timeout,
+        }
+        for flag, value in needs_discovery.items():
+            if value is not None and self.host_discovery_script is None:
+                raise ConfigError(
+                    f"{flag} is about discovered hosts: it needs --host-discovery-script SCRIPT"
+                )
+        for flag, value in {"--max-np": self.max_np, "--reset-limit": self.reset_limit}.items():
+            if value is not None and not self.elastic:
+                raise ConfigError(
+                    f"{flag} is for an elastic job: give --min-np N or --host-discovery-script "
+                    "SCRIPT too"
+                )
+        if not self.elastic:
+            return
+        if self.servers or self.nnodes > 1:
+            raise ConfigError(
+                "--min-np and --host-discovery-script (elastic) are for a single host's "
+                "workers: not with --servers or --nnodes yet"
+            )
+        if self.max_np is not None and self.max_np < self.nproc:
+            raise ConfigError(
+                f"--max-np {self.max_np} < -n {self.nproc}: -n ranks start the job (with "
+                "discovery: once -n slots are offered), --max-np is the most it grows to"
+            )
+        for flag, value, least in (
+            ("--slots-per-host", self.slots_per_host, 1),
+            ("--reset-limit", self.reset_limit, 0),
+            ("--elastic-timeout", self.elastic_timeout, 1),
+        ):
+            if value is not None and value < least:
+                raise ConfigError(f"{flag} must be at least {least}, got {value}")
+        if self.blacklist_cooldown_range is not None:
+            low, high = self.blacklist_cooldown_range
+            if not COOLDOWN_BOUNDS[0] <= low <= high <= COOLDOWN_BOUNDS[1]:
+                raise ConfigError(
+                    f"--blacklist-cooldown-range {low} {high}: expected MIN MAX with "
+                    f"{COOLDOWN_BOUNDS[0]} <= MIN <= MAX <= {COOLDOWN_BOUNDS[1]} seconds "
+                    "(Horovod's bounds)"
+                )
 
     def _check_hosts(self) -> None:
         """What a job across hosts needs: one rendezvous every host knows; no --servers."""

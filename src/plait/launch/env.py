@@ -99,6 +99,31 @@ def rank_env(
     return env
 
 
+def join_env(
+    rank: int,
+    local_rank: int,
+    size: int,
+    *,
+    master_addr: str,
+    master_port: int,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of a process that joins a running elastic job on this machine.
+
+    Issue 33's join contract: the first ranks' variables (`rank_env`, here for local rank
+    `local_rank` of `size`) plus PLAIT_ELASTIC_JOIN=1, with RANK (and ROLE_RANK) a fresh
+    id never used in the job before, which only names the process's output: `plait.init()`
+    in a joiner waits to be admitted and takes the rank the live ranks give it. WORLD_SIZE
+    is `size`, the launcher's count of ranks once this one is in, which a joiner ignores.
+
+    Raises:
+        ValueError: `local_rank` not in [0, size).
+    """
+    env = rank_env(local_rank, size, master_addr=master_addr, master_port=master_port, base=base)
+    env.update(RANK=str(rank), ROLE_RANK=str(rank), PLAIT_ELASTIC_JOIN="1")
+    return env
+
+
 def with_secret(base: Mapping[str, str] | None, nnodes: int) -> dict[str, str]:
     """`base` (`os.environ` when None) with its ranks' job secret (comm/bootstrap/secret.py).
 

@@ -17,57 +17,44 @@ M-node job (global ranks K*N..K*N+N-1), torchrun's static rendezvous: one launch
 node, all given the same MASTER_ADDR/MASTER_PORT, where node 0 runs rank 0 and its store.
 Each launcher watches only its own ranks; a failure on another node reaches them as a
 PeerFailureError (plait) or a gloo error, they exit, and so this launcher stops too.
+
+Elastic jobs (`min_alive`, Horovod's --min-np): the launcher hosts the job's store, every
+rank may fail while `min_alive` live, and with a discovery script (`elastic.script`) ranks
+are started as joiners and stopped as hosts come and go. elastic.py decides; this module
+starts and stops the processes (procs.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
 import signal
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from plait.launch.env import rank_env, with_secret
+from plait.launch.elastic import Driver, ElasticOptions
+from plait.launch.env import join_env, rank_env, with_secret
 from plait.launch.failure import RankFacts, describe_exit, exit_status, explain
-from plait.launch.output import LinePump, write_line
+from plait.launch.output import write_line
 from plait.launch.ports import free_port
+from plait.launch.procs import (
+    POLL_S,
+    RankProc,
+    Signals,
+    catch_signals,
+    die_with_parent,
+    finish_retiring,
+    retire,
+    see_exits,
+    spawn,
+    stop_all,
+)
+from plait.launch.slots import Live
 
 __all__ = ["describe_exit", "exit_status", "launch"]
 
-_POLL_S = 0.05  # how often ranks are polled; exits are seen within this delay
 _PUMP_JOIN_S = 2.0  # how long to wait for output still in the pipes after the ranks are gone
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-@dataclass
-class _Rank:
-    rank: int
-    proc: subprocess.Popen[bytes]
-    out: LinePump
-    err: LinePump
-    name: str  # how messages name it: "rank 2", "rank 2 (worker 2)", "rank 5 (server 1)"
-
-
-@dataclass
-class _Signals:
-    """What the launcher's SIGINT/SIGTERM handler saw."""
-
-    first: int | None = None
-    count: int = 0
-    wake: threading.Event = field(default_factory=threading.Event)
-
-    def handle(self, signum: int, frame: object) -> None:
-        if self.first is None:
-            self.first = signum
-        self.count += 1
-        self.wake.set()
 
 
 def launch(
@@ -86,6 +73,7 @@ def launch(
     node_rank: int = 0,
     statuses: dict[int, int] | None = None,
     min_alive: int | None = None,
+    elastic: ElasticOptions | None = None,
 ) -> int:
     """Run `cmd` as `nproc` local ranks with the torchrun environment; return the job's status.
 
@@ -109,6 +97,11 @@ def launch(
             node_rank * nproc .. node_rank * nproc + nproc - 1, prefixed with those ranks.
         statuses: filled with every started rank's exit code (negative: killed by that
             signal), by global rank, for a caller that accounts for each rank's work.
+        min_alive: an elastic job (Horovod's --min-np): the launcher hosts the store, and
+            a failing rank is reported while at least this many others live.
+        elastic: the rest of an elastic job's options (elastic.py), `min_alive` needed. With
+            a discovery script, `nproc` is the slots to wait for before starting (-np), and
+            every slot offered then (up to max_np) gets a rank.
 
     Returns:
         0 if every rank exited 0 (or failed but was survivable); else the first failing
@@ -121,8 +114,8 @@ def launch(
 
     Raises:
         ValueError: `nproc` < 1, `servers` < 0, `cmd` is empty, a survivable rank is not
-            a worker rank, `node_rank` is not in [0, nnodes), or `nnodes` > 1 without
-            `master_port` or with `servers`.
+            a worker rank, `node_rank` is not in [0, nnodes), `nnodes` > 1 without
+            `master_port` or with `servers`, or `elastic` without `min_alive`.
     """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
@@ -149,69 +142,48 @@ def launch(
             f"survivable ranks {bad} are not worker ranks 0..{nproc - 1}: only workers may "
             "fail without stopping the job"
         )
+    if elastic is not None and min_alive is None:
+        raise ValueError("elastic options are for an elastic job: give min_alive too")
     env = with_secret(env, nnodes)  # one secret for every rank; never printed
-    local_world = nproc + servers  # one node: servers come after the workers
-    first = node_rank * nproc  # the global rank of this node's local rank 0
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
     port = free_port(master_addr) if master_port is None else master_port
-    store = None
-    if min_alive is not None:  # elastic: any rank may die, so the store lives here
-        from plait.comm.bootstrap.store import host_for_ranks
-
-        store = host_for_ranks(master_addr, port, nproc)
-        env = {**env, "TORCHELASTIC_USE_AGENT_STORE": "true"}
-        survivable = range(nproc)
-
-    sigs = _Signals()
-    ranks: list[_Rank] = []
-    failed: _Rank | None = None
+    driver = None if min_alive is None else Driver(elastic or ElasticOptions(), min_alive, err)
+    starter = _Starter(cmd, master_addr, port, out, err, die_with_parent())
+    sigs = Signals()
+    ranks: list[RankProc] = []
+    failed: RankProc | None = None
     exits: dict[int, float] = {}  # rank -> time.monotonic() its exit was first seen
     stopped: set[int] = set()  # ranks still running when the launcher stopped the job
-    with _catch_signals(sigs):
+    store = None
+    with catch_signals(sigs):
         try:
-            preexec = _die_with_parent()
-            for local in range(local_world):
+            hosts = [""] * (nproc + servers)  # one node: servers come after the workers
+            if driver is not None:  # elastic: any rank may die, so the store lives here
+                from plait.comm.bootstrap.store import host_for_ranks
+
+                store = host_for_ranks(master_addr, port, nproc)
+                env = {**env, "TORCHELASTIC_USE_AGENT_STORE": "true"}
+                if driver.options.script is not None:  # after torch's import: seconds
+                    hosts = driver.first_hosts(nproc, sigs) or []
+                    nproc = len(hosts)
+            starter.env = env
+            for local, host in enumerate(hosts):
                 if sigs.first is not None:
                     break
-                proc = subprocess.Popen(
-                    list(cmd),
-                    env=rank_env(
-                        local,
-                        local_world,
-                        master_addr=master_addr,
-                        master_port=port,
-                        base=env,
-                        servers=servers,
-                        nnodes=nnodes,
-                        node_rank=node_rank,
-                    ),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,  # its own process group, to kill it and its children
-                    preexec_fn=preexec,
-                )
-                assert proc.stdout is not None and proc.stderr is not None
-                r = first + local
-                prefix, name = _names(r, nproc, servers)
-                ranks.append(
-                    _Rank(
-                        r,
-                        proc,
-                        LinePump(proc.stdout, out, prefix),
-                        LinePump(proc.stderr, err, prefix),
-                        name,
-                    )
-                )
-            # Pumps start only once every rank is forked: preexec_fn and threads mix badly.
+                base = rank_env(
+                    local, len(hosts), master_addr=master_addr, master_port=port, base=env,
+                    servers=servers, nnodes=nnodes, node_rank=node_rank,
+                )  # fmt: skip
+                rank = node_rank * nproc + local
+                ranks.append(starter.start(base, rank, local, host, nproc, servers))
+            # Pumps start only once every first rank is forked: fewer threads while forking.
             for rk in ranks:
-                rk.out.start()
-                rk.err.start()
-            if sigs.first is None:
-                failed = _wait(ranks, sigs, set(survivable), err, exits, min_alive)
+                rk.start_pumps()
+            if sigs.first is None and ranks:
+                failed = _wait(ranks, sigs, set(survivable), exits, driver, starter, grace_s)
             if failed is not None:
-                _see_exits(ranks, exits)
+                see_exits(ranks, exits)
                 stopped = {rk.rank for rk in ranks if rk.rank not in exits}
                 # not "failed": the first rank to exit is often one reporting another's failure
                 write_line(
@@ -221,7 +193,9 @@ def launch(
                     f"stopping the other {len(stopped)} rank(s)\n",
                 )
         finally:
-            _stop(ranks, sigs, grace_s)
+            stop_all(ranks, sigs, grace_s)
+            if driver is not None:
+                driver.close()
             if store is not None:
                 store.close()
         for rk in ranks:
@@ -229,6 +203,10 @@ def launch(
             rk.err.join(_PUMP_JOIN_S)
             if statuses is not None and rk.proc.returncode is not None:
                 statuses[rk.rank] = rk.proc.returncode
+    recap = driver.recap() if driver is not None else None
+    if recap is not None:
+        out.flush()
+        write_line(err, f"plait run: {recap}\n")
 
     if failed is not None:
         t0 = exits[failed.rank]
@@ -243,8 +221,9 @@ def launch(
             )
             for rk in ranks
             # survivable ranks' failures were reported as they happened; an elastic job's
-            # (every rank survivable) explain why it stopped: too few were left
-            if rk.rank not in survivable or min_alive is not None
+            # (every rank survivable) explain why it stopped: too few were left. Ranks the
+            # launcher stopped because their host left discovery did not fail.
+            if (rk.rank not in survivable or driver is not None) and rk.retire_at is None
         ]
         report = explain(facts)
         out.flush()
@@ -254,7 +233,46 @@ def launch(
         name = signal.Signals(sigs.first).name
         write_line(err, f"plait run: got {name}; stopped all {len(ranks)} rank(s)\n")
         return 128 + sigs.first
+    if driver is not None and driver.ended is not None:
+        if ranks:
+            write_line(err, f"plait run: stopped all {len(ranks)} rank(s)\n")
+        return driver.status
     return 0
+
+
+@dataclass
+class _Starter:
+    """Starts ranks: the first ones (`start`) and an elastic job's joiners (`joiner`)."""
+
+    cmd: Sequence[str]
+    master_addr: str
+    port: int
+    out: TextIO
+    err: TextIO
+    preexec: Callable[[], None] | None
+    env: Mapping[str, str] = field(default_factory=dict)  # what joiners' variables go into
+
+    def start(
+        self, env: Mapping[str, str], rank: int, local: int, host: str, workers: int, servers: int
+    ) -> RankProc:
+        prefix, name = _names(rank, workers, servers)
+        return spawn(
+            self.cmd, env, rank=rank, local=local, prefix=prefix, name=name, out=self.out,
+            err=self.err, preexec=self.preexec, host=host,
+        )  # fmt: skip
+
+    def joiner(self, rank: int, host: str, size: int, taken: set[int]) -> RankProc:
+        """Start rank `rank` to join the job on `host` (the join contract, env.join_env); its
+        LOCAL_RANK is the lowest that no running rank has."""
+        local = min(set(range(len(taken) + 1)) - taken)
+        # ranks being stopped keep their LOCAL_RANK (their device) until they are gone
+        size = max(size, local + 1)
+        env = join_env(
+            rank, local, size, master_addr=self.master_addr, master_port=self.port, base=self.env
+        )
+        rk = self.start(env, rank, local, host, rank + 1, 0)
+        rk.start_pumps()
+        return rk
 
 
 def _names(rank: int, workers: int, servers: int) -> tuple[str, str]:
@@ -267,125 +285,77 @@ def _names(rank: int, workers: int, servers: int) -> tuple[str, str]:
 
 
 def _wait(
-    ranks: list[_Rank],
-    sigs: _Signals,
+    ranks: list[RankProc],
+    sigs: Signals,
     survivable: set[int],
-    err: TextIO,
     exits: dict[int, float],
-    min_alive: int | None = None,
-) -> _Rank | None:
+    driver: Driver | None,
+    starter: _Starter,
+    grace_s: float,
+) -> RankProc | None:
     """Block until every rank is done (None), a rank fails (that rank) or a signal comes.
 
-    A survivable rank's failure is reported on `err`, once, and the wait goes on, unless
-    fewer than `min_alive` ranks would be left (elastic jobs): then it stops the job as
-    any failure does. `exits` gets the time each exit was first seen: the order in which
-    ranks ended is evidence of which one caused a failure.
+    A survivable rank's failure is reported, once, and the wait goes on. In an elastic job
+    (`driver`) every rank is survivable while --min-np live, and the driver may start and
+    stop ranks at each poll, or end the job (None, `driver.ended` says why). `exits` gets
+    the time each exit was first seen: the order in which ranks ended is evidence of which
+    one caused a failure.
     """
     forgiven: set[int] = set()
     while sigs.first is None:
         running = False
-        _see_exits(ranks, exits)
+        see_exits(ranks, exits)
         for rk in ranks:  # lowest rank first, so among same-tick failures the lowest wins
             code = rk.proc.returncode
             if code is None:
                 running = True
-            elif code != 0 and rk.rank in survivable:
-                if rk.rank not in forgiven:
-                    forgiven.add(rk.rank)
-                    left = len(ranks) - len(forgiven)
-                    if min_alive is not None and left < min_alive:
-                        write_line(
-                            err,
-                            f"plait run: {rk.name} failed ({describe_exit(code)}); {left} "
-                            f"rank(s) left, fewer than --min-np {min_alive}\n",
-                        )
-                        return rk
-                    write_line(
-                        err,
-                        f"plait run: {rk.name} failed ({describe_exit(code)}); "
-                        "the job goes on without it\n",
-                    )
-            elif code != 0:
+            elif code == 0 or rk.retire_at is not None or rk.rank in forgiven:
+                if driver is not None and code == 0:
+                    driver.finishing = True
+            elif driver is not None:
+                forgiven.add(rk.rank)
+                left = sum(1 for r in ranks if r.rank not in forgiven and r.retire_at is None)
+                if not driver.lost(rk.rank, rk.name, rk.host, describe_exit(code), left):
+                    return rk
+            elif rk.rank in survivable:
+                forgiven.add(rk.rank)
+                write_line(
+                    starter.err,
+                    f"plait run: {rk.name} failed ({describe_exit(code)}); "
+                    "the job goes on without it\n",
+                )
+            else:
                 return rk
+        if driver is not None:
+            running = _elastic_tick(ranks, exits, driver, starter, grace_s) or running
+            if driver.ended is not None:
+                return None
         if not running:
             return None
-        sigs.wake.wait(_POLL_S)
+        sigs.wake.wait(POLL_S)
     return None
 
 
-def _see_exits(ranks: list[_Rank], exits: dict[int, float]) -> None:
-    """Record in `exits` the ranks found exited now that were not before."""
+def _elastic_tick(
+    ranks: list[RankProc],
+    exits: dict[int, float],
+    driver: Driver,
+    starter: _Starter,
+    grace_s: float,
+) -> bool:
+    """Do what the driver decides now: stop ranks (their host left), start joiners. True
+    if it started any."""
     now = time.monotonic()
-    for rk in ranks:
-        if rk.rank not in exits and rk.proc.poll() is not None:
-            exits[rk.rank] = now
-
-
-def _stop(ranks: list[_Rank], sigs: _Signals, grace_s: float) -> None:
-    """Stop every rank's process group: a signal, up to `grace_s`, then SIGKILL.
-
-    The first signal is the one the launcher received (forwarded) or SIGTERM. A further
-    signal to the launcher during the grace period skips to SIGKILL. Groups whose ranks all
-    exited 0 are still signalled, so nothing a rank spawned outlives the job.
-    """
-    signals_before = sigs.count
-    first = sigs.first if sigs.first is not None else signal.SIGTERM
-    for rk in ranks:
-        _killpg(rk.proc.pid, first)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and sigs.count == signals_before:
-        alive = [rk for rk in ranks if rk.proc.poll() is None or _group_exists(rk.proc.pid)]
-        if not alive:
-            return
-        time.sleep(_POLL_S)
-    for rk in ranks:
-        _killpg(rk.proc.pid, signal.SIGKILL)
-    for rk in ranks:
-        rk.proc.wait()
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
-        os.killpg(pgid, sig)
-
-
-def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@contextmanager
-def _catch_signals(sigs: _Signals) -> Iterator[None]:
-    """Route SIGINT and SIGTERM to `sigs` while the job runs (only possible in the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, sigs.handle) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """Return a preexec_fn that makes the child get SIGKILL when the launcher dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not after fork
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os._exit(1)
-
-    return preexec
+    # a rank exited since see_exits is still live here: its failure is taken next poll,
+    # before its slot can be given to a joiner
+    live = [rk for rk in ranks if rk.rank not in exits and rk.retire_at is None]
+    changes = driver.tick([Live(rk.rank, rk.host) for rk in live])
+    for rk in live:
+        if rk.rank in changes.stop:
+            retire(rk, grace_s, now)
+    size = len(live) - len(changes.stop) + len(changes.start)
+    for rank, host in changes.start:
+        taken = {rk.local for rk in ranks if rk.proc.poll() is None}
+        ranks.append(starter.joiner(rank, host, size, taken))
+    finish_retiring(ranks, now)
+    return bool(changes.start)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -30,9 +30,10 @@ class Shard:
     versions: dict[int, int]  # key -> updates applied to it
     clocks: list[int]  # per worker: the gradients it pushed
     max_push_rid: list[int]  # per worker: its last applied push's request id
-    status: list[str]  # per worker: live | done | dead
+    status: list[str]  # per worker: live | done | dead (| absent: an id not joined)
     updates: int  # updates applied, over all restarts
     lost_updates: int  # updates lost to restarts so far
+    first: list[int] = field(default_factory=list)  # per worker: its first sync round
 
 
 def shard_path(directory: str, server: int) -> str:
@@ -74,6 +75,7 @@ def load(directory: str, server: int) -> Shard | None:
         status=list(state["status"]),
         updates=int(state["updates"]),
         lost_updates=int(state["lost_updates"]),
+        first=list(state.get("first", [])),  # a shard from before elastic workers has none
     )
 
 

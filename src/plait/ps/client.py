@@ -35,7 +35,9 @@ from plait.comm.bootstrap.store import barrier
 from plait.comm.core.request import Request
 from plait.ps.auth import frame_limit
 from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
+from plait.ps.consistency import Round
 from plait.ps.errors import PSError
+from plait.ps.join import admit
 from plait.ps.request import ServerRequest
 from plait.ps.roles import Role
 from plait.ps.sharding import (
@@ -58,7 +60,8 @@ class Client:
 
     Raises:
         PSError: parameters that differ from worker 0's (the first difference is named),
-            or a dtype the wire does not carry.
+            or a dtype the wire does not carry; a joiner (role.joining) in a job started
+            without PSConfig(elastic_workers=True).
     """
 
     def __init__(
@@ -82,6 +85,11 @@ class Client:
         else:
             _check_same(specs, specs_from_json(store.get(STORE_PARAMS)), role.rank)
             cfg = PSConfig.from_json(store.get(STORE_CONFIG))  # worker 0's is the job's
+        if role.joining and not cfg.elastic_workers:
+            raise PSError(
+                f"worker {role.rank} cannot join: the job was started without "
+                "PSConfig(elastic_workers=True)"
+            )
         self.cfg = cfg
         self.plan: Plan = make_plan(specs, role.num_servers, cfg.slice_bytes)
         self._keys = [self.plan.keys_of(s) for s in range(role.num_servers)]
@@ -91,6 +99,7 @@ class Client:
         # default (trace.overstore.start puts one there), or set one here
         self.recorder: trace.Recorder | None = role.recorder
         self._final_stats: dict[str, Any] | None = None
+        self.round: Round | None = None  # elastic workers, sync: the last pulled values' round
         # a model on a GPU goes through pinned host copies; one on the CPU as it is
         on_gpu = any(p.device.type == "cuda" for p in self.params)
         self._staging = Staging(self.params) if on_gpu else None
@@ -103,9 +112,12 @@ class Client:
                 self._keys_of_param[seg.param].add(k.key)
         endpoints = [store.get(store_server_key(s)).decode() for s in range(role.num_servers)]
         # worker 0 hosts the store under `plait run`: it must not finish (and take the store
-        # down) before the slowest worker has read it
+        # down) before the slowest worker has read it (a joiner comes later: not counted)
         try:
-            barrier(store, STORE_JOINED, role.num_workers, env.get("PLAIT_INIT_TIMEOUT"), "workers")
+            if not role.joining:
+                barrier(
+                    store, STORE_JOINED, role.num_workers, env.get("PLAIT_INIT_TIMEOUT"), "workers"
+                )
         except TimeoutError as e:
             raise PSError(f"{e}: every worker must create a ps.Client") from None
         self._transport = Transport(
@@ -124,6 +136,8 @@ class Client:
                     lambda s: [gather(self.plan, k, values) for k in self._keys[s]],
                     writes=False,
                 ).wait()
+        if role.joining:  # its first push is this clock + 1 (join.py)
+            self.clock = admit(self._transport, role.num_servers, env.get("PLAIT_INIT_TIMEOUT"))
         self.pull()  # every worker starts from the served values (worker 0's model)
 
     # -- the API --------------------------------------------------------------------------
@@ -360,6 +374,8 @@ class Client:
                     self.versions[k] = reply.versions[i]
         if self._staging is not None:
             self._staging.upload(written)  # to the GPU, queued on the caller's stream
+        if server == 0 and "members" in reply.meta:  # elastic workers, sync (consistency.py)
+            self.round = Round.of(reply.meta)
 
 
 def _check_same(mine: list[ParamSpec], theirs: list[ParamSpec], rank: int) -> None:

@@ -82,6 +82,11 @@ class PSConfig:
         ),
     )
     server_timeout_s: float = 60.0  # a server silent this long fails the worker's requests
+    # workers may leave and join (docs/parameter-server.md, "Failures"): in sync mode a dead
+    # worker fails no one (a round closes over the live workers), and in every mode a new
+    # worker process (ps.init with PLAIT_ELASTIC_JOIN=1) is admitted: at a round boundary in
+    # sync, at once in async and ssp. `plait train --strategy ps --elastic` would set it
+    elastic_workers: bool = False
 
     def __post_init__(self) -> None:
         self.betas = (float(self.betas[0]), float(self.betas[1]))
@@ -152,6 +157,7 @@ class PSConfig:
 STORE_CONFIG = "plait/ps/config"  # worker 0's PSConfig as JSON
 STORE_PARAMS = "plait/ps/params"  # worker 0's [[name, shape, dtype], ...] as JSON
 STORE_JOINED = "plait/ps/joined"  # a counter: workers that have read the store
+STORE_JOINERS = "plait/ps/joiners"  # a counter: workers that joined the running job
 
 
 def store_server_key(server: int) -> str:

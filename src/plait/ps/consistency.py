@@ -18,6 +18,8 @@ Definitions (one server's view; every server keeps its own):
                 2013) quantity, the one the gate bounds: in ssp it is always <= tau.
   live workers  the workers that are neither done (said goodbye) nor dead (silent for
                 worker_timeout_s; a worker never heard from gets a startup grace too).
+  round c       (sync) the pushes with clock c, averaged into one update; its members are
+                the live workers admitted from round c or before (`first`).
 
 Modes:
   sync    a push joins the current round; when every live worker has pushed, the mean of
@@ -30,6 +32,23 @@ Modes:
   warm start (async/ssp): a push with clock <= warm_start_steps joins a sync round and a
           pull at clock <= warm_start_steps uses the sync rule.
 
+Elastic workers (PSConfig(elastic_workers=True)): workers may leave and join.
+  leave   a dead worker fails no one: a sync round closes once every live member has
+          pushed. A gradient already in the open round when its worker dies counts: it was
+          computed from the round's values (staleness 0) on that worker's share of the step,
+          and counting whatever arrived is the one rule that does not depend on when each
+          server notices the death (servers do not talk to each other: a rule "drop it if
+          the death is seen before the round closes" would make two servers apply
+          different means of the same round). async/ssp already go on without a dead worker.
+  join    a worker id never used before asks to be admitted (`admit`) and gets its first
+          clock s; its first push is clock s + 1. sync: s = the last closed round + 1, so it
+          is a member from the round after the next one: a round's membership is fixed when
+          the round before it closes (the pull replies of round c name round c+1's members),
+          never mid-round. Its first pull waits until round s has closed. async/ssp: s = the
+          slowest live worker's clock, at once: it holds no one back on arrival, and from
+          then on the SSP bound counts it like any worker. The client asks every server and
+          then asks again with the largest answer until all agree (`admit`'s `wanted`).
+
 Stale policies (async/ssp): accept; drop a gradient whose staleness > drop_bound; scale its
 learning rate by 1 / max(1, staleness) (Zhang et al. 2016, staleness-aware async SGD).
 """
@@ -37,12 +56,15 @@ learning rate by 1 / max(1, staleness) (Zhang et al. 2016, staleness-aware async
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from plait.ps.config import PSConfig
 
 LIVE, DONE, DEAD = "live", "done", "dead"
+ABSENT = "absent"  # an id past the first W that has not joined (elastic workers)
+MAX_WORKERS = 1 << 16  # worker ids a server takes (elastic: ids W, W+1, ... from the store)
 NEVER_SEEN_GRACE_S = 30.0  # a worker not heard from yet may still be importing torch
 
 
@@ -74,6 +96,23 @@ class Stats:
         self.histogram[staleness] = self.histogram.get(staleness, 0) + 1
 
 
+@dataclass(frozen=True)
+class Round:
+    """A sync round as a server tells it with its values (elastic workers only): its clock,
+    the workers whose gradients it averaged, and the next round's members as the server
+    knew them when it answered (one that dies in the next round is still among them)."""
+
+    clock: int
+    members: tuple[int, ...]
+    next: tuple[int, ...]
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> Round:
+        """The round a reply's meta describes (`Consistency.round_meta`)."""
+        ints = [[int(w) for w in meta.get(name, [])] for name in ("members", "next")]
+        return cls(int(meta.get("round", 0)), tuple(ints[0]), tuple(ints[1]))
+
+
 class Consistency:
     """One server's bookkeeping of W workers and its keys."""
 
@@ -91,6 +130,10 @@ class Consistency:
         # the open sync round: summed gradients, its members and their learning rates
         self.round_sum: dict[int, torch.Tensor] = {}
         self.round_lr: dict[int, float] = {}
+        self.round_clock = 0  # the clock of the open round's pushes (0: none yet)
+        self.closed_clock = 0  # the clock of the last round closed
+        self.last_members: list[int] = []  # the workers whose gradients it averaged
+        self.first = [0] * num_workers  # the first round each worker is a member of
 
     # -- liveness -------------------------------------------------------------------------
     def heard(self, worker: int, now: float, clock: int) -> None:
@@ -127,8 +170,9 @@ class Consistency:
         return [w for w in range(self.num_workers) if self.status[w] == DEAD]
 
     def sync_failure(self) -> int | None:
-        """In sync mode, the first dead worker: the step cannot complete without it."""
-        if self.cfg.mode != "sync":
+        """In sync mode, the first dead worker: the step cannot complete without it (with
+        elastic workers it can: None)."""
+        if self.cfg.mode != "sync" or self.cfg.elastic_workers:
             return None
         dead = self.dead()
         return dead[0] if dead else None
@@ -157,9 +201,13 @@ class Consistency:
     def in_round(self, worker: int) -> bool:
         return worker in self.round_lr
 
-    def join_round(self, worker: int, grads: dict[int, torch.Tensor], lr: float) -> None:
-        """Add worker's gradient to the open sync round (it must not be in it already)."""
+    def join_round(
+        self, worker: int, grads: dict[int, torch.Tensor], lr: float, clock: int = 0
+    ) -> None:
+        """Add worker's gradient (pushed at `clock`) to the open sync round (it must not be
+        in it already)."""
         assert worker not in self.round_lr
+        self.round_clock = max(self.round_clock, clock)
         for k, g in grads.items():
             if k in self.round_sum:
                 self.round_sum[k].add_(g)
@@ -167,9 +215,16 @@ class Consistency:
                 self.round_sum[k] = g.clone()
         self.round_lr[worker] = lr
 
+    def members(self, clock: int) -> list[int]:
+        """The live workers that are members of round `clock` (all live ones but joiners
+        admitted from a later round)."""
+        return [w for w in self.live() if self.first[w] <= clock]
+
     def round_ready(self) -> bool:
-        live = set(self.live())
-        return bool(self.round_lr) and live <= self.round_lr.keys()
+        """Every live member of the open round has pushed (a dead one's gradient, if it
+        came, stays in: see the module's docstring)."""
+        members = set(self.members(self.round_clock))
+        return bool(self.round_lr) and members <= self.round_lr.keys()
 
     def take_round(self) -> tuple[dict[int, torch.Tensor], float, int]:
         """Close the round: (mean gradient per key, learning rate, number of members)."""
@@ -178,8 +233,19 @@ class Consistency:
         mean = {k: s.div_(n) for k, s in self.round_sum.items()}
         for _ in range(n):
             self.stats.record(0, 0)
-        self.round_sum, self.round_lr = {}, {}
+        self.closed_clock = max(self.closed_clock, self.round_clock)
+        self.last_members = sorted(self.round_lr)
+        self.round_sum, self.round_lr, self.round_clock = {}, {}, 0
         return mean, lr, n
+
+    def round_meta(self) -> dict[str, Any]:
+        """What a sync pull reply says of rounds (elastic workers only; else nothing): the
+        round its values come from, the workers whose gradients it averaged, and the
+        members of the next round as this server knows them now."""
+        if not self.cfg.elastic_workers or not self.in_sync_phase(self.closed_clock + 1):
+            return {}
+        nxt = self.members(self.closed_clock + 1)
+        return {"round": self.closed_clock, "members": self.last_members, "next": nxt}
 
     def applied(self, keys: list[int]) -> None:
         for k in keys:
@@ -196,9 +262,97 @@ class Consistency:
         """May the pending pull of `worker` (at its current clock) be answered now?"""
         if self.in_round(worker):
             return False
+        if self.closed_clock + 1 < self.first[worker] and self.in_sync_phase(self.first[worker]):
+            return False  # a joiner: its first values are those of the round before its first
         c = self.clock[worker]
         if self.cfg.mode != "ssp" or self.in_sync_phase(c):
             return True
         live = self.live()
         slowest = min((self.clock[w] for w in live), default=c)
         return c - slowest <= self.cfg.staleness
+
+    def stats_meta(self) -> dict[str, Any]:
+        """The statistics a `stats` reply carries (server.py adds its update count)."""
+        s = self.stats
+        return {
+            "applied": s.applied_gradients,
+            "dropped": s.dropped_gradients,
+            "max_staleness": s.max_staleness,
+            "sum_staleness": s.sum_staleness,
+            "max_clock_staleness": s.max_clock_staleness,
+            "sum_clock_staleness": s.sum_clock_staleness,
+            "dead": self.dead(),
+        }
+
+    # -- elastic workers: joining --------------------------------------------------------
+    def joined(self, worker: int) -> bool:
+        """Whether `worker` is one of the job's workers (the first W, or admitted since)."""
+        return worker < self.num_workers and self.status[worker] != ABSENT
+
+    def start_clock(self) -> int:
+        """The first clock of a worker admitted now (see the module's docstring: join)."""
+        if self.in_sync_phase(self.closed_clock + 1):
+            return self.closed_clock + 1
+        return min((self.clock[w] for w in self.live()), default=self.closed_clock)
+
+    def admit(self, worker: int, wanted: Any, now: float) -> int:
+        """Admit new worker `worker`; return its first clock (its first push is the next).
+
+        `wanted`: the first clock the worker asks for (the largest another server gave it),
+        taken in async/ssp and in sync when it is not earlier than `start_clock()`; else
+        `start_clock()` is returned for the worker to ask again. A joiner that has not
+        pushed yet may ask again.
+
+        Raises:
+            ValueError: elastic workers are off, the id is taken (a worker of the job, or
+                a joiner that has pushed or died), or `wanted` is not a clock.
+        """
+        if not self.cfg.elastic_workers:
+            raise ValueError(
+                f"worker {worker} asks to join, but the job was started without "
+                "PSConfig(elastic_workers=True)"
+            )
+        if wanted is not None and (type(wanted) is not int or wanted < 0):
+            raise ValueError(f"join: the clock asked for must be an int >= 0; got {wanted!r:.40}")
+        if not 0 <= worker < MAX_WORKERS:
+            raise ValueError(f"worker id {worker} is not in [0, {MAX_WORKERS})")
+        if self.joined(worker) and not self.may_ask_again(worker):
+            raise ValueError(
+                f"worker id {worker} is taken (a worker of the job, or a joiner that has "
+                "pushed or died): a joiner needs an id never used"
+            )
+        start = self.start_clock()
+        sync = self.in_sync_phase(self.closed_clock + 1)
+        if wanted is not None and (wanted >= start or not sync):
+            start = wanted
+        self.grow(worker + 1)
+        self.status[worker], self.seen[worker], self.last_seen[worker] = LIVE, True, now
+        self.clock[worker], self.first[worker], self.pull_gap[worker] = start, start + 1, 0
+        return start
+
+    def may_ask_again(self, worker: int) -> bool:
+        """A live joiner that has not pushed yet: its first clock may still move."""
+        w = worker
+        joiner, pushed = self.first[w] > 0, self.clock[w] >= self.first[w]
+        return self.status[w] == LIVE and joiner and not pushed and not self.in_round(w)
+
+    def restore_workers(self, clocks: list[int], status: list[str], first: list[int]) -> None:
+        """The workers' clocks, status and first rounds from a checkpoint (joiners too)."""
+        self.grow(len(clocks))
+        self.clock, self.status = list(clocks), list(status)
+        self.first = list(first) or [0] * len(clocks)  # a shard from before elastic workers
+        # a shard is written when a sync round closes: every member's clock is that round's
+        self.closed_clock = max(clocks, default=0)
+
+    def grow(self, count: int) -> None:
+        """Room for worker ids below `count` (ids not joined are ABSENT)."""
+        more = count - self.num_workers
+        if more <= 0:
+            return
+        self.num_workers = count
+        self.clock += [0] * more
+        self.status += [ABSENT] * more
+        self.last_seen += [0.0] * more
+        self.seen += [False] * more
+        self.pull_gap += [0] * more
+        self.first += [0] * more

@@ -7,6 +7,11 @@ the frames the server accepts: auth.frame_limit), binds to the rendezvous interf
 serves until every worker is done or dead, and exits the process. The PS does not join
 plait's full-mesh engine: there, one dead rank stops every rank, and a PS must outlive a
 dead async worker.
+
+A process started with PLAIT_ELASTIC_JOIN=1 (its RANK an id past the job's ranks, the store
+its launcher's) joins a running job with PSConfig(elastic_workers=True) as a new worker:
+its worker id, W, W+1, ..., comes from a counter in the store, never used before; its
+Client then asks every server to admit it (consistency.py: join).
 """
 
 from __future__ import annotations
@@ -19,7 +24,13 @@ from plait import env
 from plait.comm.bootstrap.rendezvous import job_key, listen_host, world_from_env
 from plait.comm.bootstrap.store import JobStore, make_store
 from plait.ps.auth import frame_limit
-from plait.ps.config import STORE_CONFIG, STORE_PARAMS, PSConfig, store_server_key
+from plait.ps.config import (
+    STORE_CONFIG,
+    STORE_JOINERS,
+    STORE_PARAMS,
+    PSConfig,
+    store_server_key,
+)
 from plait.ps.errors import PSError
 from plait.ps.loop import Router, serve
 from plait.ps.server import Server
@@ -30,8 +41,8 @@ from plait.trace import overstore
 class Role:
     """A worker's place in the PS job."""
 
-    rank: int  # worker index 0..W-1 (also its global rank)
-    num_workers: int
+    rank: int  # worker index: 0..W-1 (also its global rank), or W, W+1, ... for a joiner
+    num_workers: int  # W, the workers the job started with
     num_servers: int
     store: JobStore  # plait's values signed (comm/bootstrap/store.py)
     # plait.trace's recorder while a trace records (trace.overstore.start sets it): what a
@@ -43,6 +54,8 @@ class Role:
     # the servers record too (ps.init's trace=True, given alike on every rank): a trace's
     # worker 0 answers their clock pings and gathers their events
     servers_record: bool = False
+    # a worker that joins a running job (PLAIT_ELASTIC_JOIN=1): its Client asks to be admitted
+    joining: bool = False
 
 
 def num_servers_from(servers: int | None, world_size: int) -> int:
@@ -80,6 +93,9 @@ def init(servers: int | None = None, trace: bool = False) -> Role:
     num_servers = num_servers_from(servers, world.size)
     num_workers = world.size - num_servers
     store = make_store(world, timeout=env.get("PLAIT_INIT_TIMEOUT"))
+    if world.joiner:  # ids W, W+1, ...: one per joining process, never used before
+        worker = num_workers + int(store.add(STORE_JOINERS, 1)) - 1
+        return Role(worker, num_workers, num_servers, store, servers_record=trace, joining=True)
     if world.rank < num_workers:
         return Role(world.rank, num_workers, num_servers, store, servers_record=trace)
     index = world.rank - num_workers

@@ -32,10 +32,10 @@ import torch
 
 from plait.ps import checkpoint
 from plait.ps.config import PSConfig
-from plait.ps.consistency import DEAD, Consistency
+from plait.ps.consistency import DEAD, MAX_WORKERS, Consistency
 from plait.ps.errors import PSError
 from plait.ps.optim import SliceOptimizer, make_optimizer
-from plait.ps.sharding import Key, make_plan, specs_from_json
+from plait.ps.sharding import Key, key_mismatch, make_plan, specs_from_json
 from plait.ps.wire import REQUESTS, Message
 
 Reply = tuple[Any, Message]  # (the origin of the request it answers, the reply)
@@ -74,6 +74,7 @@ class Server:
         self.pending: dict[tuple[int, int], tuple[Any, list[int]]] = {}  # (w, rid) -> pull
         self.early: dict[int, float] = {}  # worker -> when it last spoke before the init
         self.deferred: list[tuple[Any, Message]] = []  # sync pushes waiting for a round
+        self.joins: list[tuple[Any, Message]] = []  # joins that came before worker 0's init
         self.updates = 0
         self.lost_updates = 0
         self.progress: checkpoint.Progress | None = None
@@ -120,9 +121,8 @@ class Server:
         self.updates = shard.updates
         self.lost_updates = shard.lost_updates
         if not fresh_workers:
-            self.cons.clock = list(shard.clocks)
+            self.cons.restore_workers(shard.clocks, shard.status, shard.first)
             self.max_push_rid = list(shard.max_push_rid)
-            self.cons.status = list(shard.status)
         if self.progress is not None:
             lost = max(0, self.progress.read() - self.updates)
             self.lost_updates += lost
@@ -145,6 +145,7 @@ class Server:
             clocks=self.cons.clock,
             max_push_rid=self.max_push_rid,
             status=self.cons.status,
+            first=self.cons.first,
             updates=self.updates,
             lost_updates=self.lost_updates,
         )
@@ -197,15 +198,14 @@ class Server:
         self.now = now
         if self.cons is not None:
             for w in self.cons.check_liveness(now):
-                sync = self.cfg is not None and self.cfg.mode == "sync"
-                self.log(
-                    f"worker {w} is dead ({self.cons.dead_reason[w]}); "
-                    + (
-                        "the sync step cannot complete"
-                        if sync
-                        else "no longer counted in the staleness bound"
-                    )
+                then = (
+                    "no longer counted in the staleness bound"
+                    if self.cons.cfg.mode != "sync"
+                    else "the sync rounds go on without it"
+                    if self.cons.cfg.elastic_workers
+                    else "the sync step cannot complete"
                 )
+                self.log(f"worker {w} is dead ({self.cons.dead_reason[w]}); {then}")
             self.service()
         return self.flush()
 
@@ -229,12 +229,13 @@ class Server:
         assert self.cons is not None
         values = [self.values[k] for k in keys]
         versions = [self.cons.version[k] for k in keys]
+        rounds = self.cons.round_meta()  # elastic workers, sync: who made the values
         if not (self.cfg is not None and self.cfg.priority) or len(keys) < 2:
-            self.send(origin, Message("ok", rid, -1, keys, values, versions))
+            self.send(origin, Message("ok", rid, -1, keys, values, versions, meta=rounds))
             return
         order = sorted(range(len(keys)), key=lambda i: keys[i])  # consumption order
         for part, i in enumerate(order):
-            meta = {"part": part, "parts": len(keys)}
+            meta = {"part": part, "parts": len(keys), **rounds}
             self.send(
                 origin, Message("ok", rid, -1, [keys[i]], [values[i]], [versions[i]], meta=meta)
             )
@@ -253,10 +254,16 @@ class Server:
     def request(self, origin: Any, msg: Message) -> None:
         if msg.op not in REQUESTS:
             raise BadRequest(f"op {msg.op!r} is a reply, not a request")
-        if not 0 <= msg.worker < self.num_workers:
+        # elastic workers: an id past the first W asks to join (heartbeating meanwhile)
+        joiner = not 0 <= msg.worker < self.num_workers
+        joined = joiner and self.cons is not None and self.cons.joined(msg.worker)
+        if joiner and not (0 <= msg.worker < MAX_WORKERS and (joined or msg.op in ("join", "hb"))):
             raise BadRequest(f"worker {msg.worker} is not in [0, {self.num_workers})")
-        if msg.op == "init":
-            self.handle_init(origin, msg)
+        if msg.op in ("init", "join"):
+            (self.handle_init if msg.op == "init" else self.handle_join)(origin, msg)
+            return
+        if joiner and not joined:
+            self.send(origin, Message("ok", msg.rid, -1))  # a heartbeat before its join
             return
         if self.cons is None:
             self.early[msg.worker] = self.now  # alive: counted as heard once configured
@@ -288,6 +295,20 @@ class Server:
             self.handle_push(origin, msg)
         self.service()
 
+    def handle_join(self, origin: Any, msg: Message) -> None:
+        """Admit a new worker (consistency.admit): the reply's meta names its first clock."""
+        if self.cons is None:
+            self.joins.append((origin, msg))  # answered once worker 0's init is in
+            return
+        try:
+            start = self.cons.admit(msg.worker, msg.meta.get("clock"), self.now)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        self.max_push_rid += [0] * (self.cons.num_workers - len(self.max_push_rid))
+        self.log(f"worker {msg.worker} admitted; its first push will be clock {start + 1}")
+        self.send(origin, Message("ok", msg.rid, -1, meta={"clock": start}))
+        self.service()  # a joiner that moved its first round on may complete the open one
+
     def handle_init(self, origin: Any, msg: Message) -> None:
         if msg.worker != 0:
             raise BadRequest(f"init comes from worker 0; got it from worker {msg.worker}")
@@ -304,25 +325,18 @@ class Server:
                 self.check_keys(msg, with_tensors=True)
                 self.values = {k: t.clone() for k, t in zip(msg.keys, msg.tensors, strict=True)}
         self.send(origin, Message("ok", msg.rid, -1))
+        joins, self.joins = self.joins, []
+        for o, m in joins:  # each answered on its own: a refusal is the joiner's, not ours
+            try:
+                self.handle_join(o, m)
+            except BadRequest as e:
+                self.reply_error(o, m.rid, "bad_request", str(e))
         self.service()
 
     def check_keys(self, msg: Message, *, with_tensors: bool) -> None:
-        mine = sorted(self.keys)
-        unknown = [k for k in msg.keys if k not in self.keys]
-        if unknown:
-            raise BadRequest(f"unknown keys {unknown[:20]}; this server holds {mine[:20]}")
-        if with_tensors and list(msg.keys) != mine:
-            raise BadRequest(f"expected keys {mine[:20]} (this server's); got {msg.keys[:20]}")
-        # a pull names keys and carries no tensor (strict zip would raise, killing the loop)
-        for k, t in zip(msg.keys, msg.tensors, strict=with_tensors):
-            spec = self.keys[k]
-            if t.dtype != spec.dtype or list(t.shape) != [spec.numel]:
-                raise BadRequest(
-                    f"key {k}: expected a {spec.dtype} tensor of shape [{spec.numel}]; "
-                    f"got {t.dtype} of shape {list(t.shape)}"
-                )
-        if msg.versions and len(msg.versions) != len(msg.keys):
-            raise BadRequest(f"{len(msg.versions)} versions for {len(msg.keys)} keys")
+        wrong = key_mismatch(self.keys, msg.keys, msg.tensors, msg.versions, whole=with_tensors)
+        if wrong is not None:
+            raise BadRequest(wrong)
 
     def handle_push(self, origin: Any, msg: Message) -> None:
         assert self.cons is not None and self.cfg is not None
@@ -349,7 +363,7 @@ class Server:
         d = self.cons.decide(msg.worker, msg.clock, pulled, lr)
         grads = dict(zip(msg.keys, msg.tensors, strict=True))
         if d.action == "round":
-            self.cons.join_round(msg.worker, grads, lr)
+            self.cons.join_round(msg.worker, grads, lr, msg.clock)
             if self.cons.round_ready():
                 mean, round_lr, _ = self.cons.take_round()
                 self.update(mean, round_lr)
@@ -389,14 +403,4 @@ class Server:
 
     def stats_meta(self) -> dict[str, Any]:
         assert self.cons is not None
-        s = self.cons.stats
-        return {
-            "applied": s.applied_gradients,
-            "dropped": s.dropped_gradients,
-            "max_staleness": s.max_staleness,
-            "sum_staleness": s.sum_staleness,
-            "max_clock_staleness": s.max_clock_staleness,
-            "sum_clock_staleness": s.sum_clock_staleness,
-            "dead": self.cons.dead(),
-            "updates": self.updates,
-        }
+        return {**self.cons.stats_meta(), "updates": self.updates}

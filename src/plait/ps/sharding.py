@@ -154,3 +154,34 @@ def specs_from_json(text: str | bytes) -> list[ParamSpec]:
     from plait.ps.wire import DTYPES
 
     return [ParamSpec(name, tuple(shape), DTYPES[dt]) for name, shape, dt in json.loads(text)]
+
+
+def key_mismatch(
+    mine: dict[int, Key],
+    keys: list[int],
+    tensors: list[torch.Tensor],
+    versions: list[int],
+    *,
+    whole: bool,
+) -> str | None:
+    """What is wrong with a request's keys, tensors and versions for a server holding
+    `mine`; None when nothing is. `whole`: it must carry every key of the server, each with
+    its tensor (init, push); else it names some of them (a pull: keys, no tensor)."""
+    held = sorted(mine)
+    unknown = [k for k in keys if k not in mine]
+    if unknown:
+        return f"unknown keys {unknown[:20]}; this server holds {held[:20]}"
+    if whole and list(keys) != held:
+        return f"expected keys {held[:20]} (this server's); got {keys[:20]}"
+    if whole and len(tensors) != len(keys):
+        return f"{len(tensors)} tensors for {len(keys)} keys"
+    for k, t in zip(keys, tensors, strict=False):
+        spec = mine[k]
+        if t.dtype != spec.dtype or list(t.shape) != [spec.numel]:
+            return (
+                f"key {k}: expected a {spec.dtype} tensor of shape [{spec.numel}]; "
+                f"got {t.dtype} of shape {list(t.shape)}"
+            )
+    if versions and len(versions) != len(keys):
+        return f"{len(versions)} versions for {len(keys)} keys"
+    return None

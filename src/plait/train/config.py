@@ -333,9 +333,10 @@ class TrainConfig:
             return
         if self.strategy == "ps":
             raise ConfigError(
-                "--elastic does not run with --strategy ps yet: parameter-server workers that "
-                "leave and join are another part of issue 33 (--ps-mode async and ssp already "
-                "go on without a dead worker other than worker 0)"
+                "--elastic does not run with --strategy ps yet: the servers take workers that "
+                "leave and join (PSConfig(elastic_workers=True), docs/parameter-server.md), but "
+                "plait train does not split its steps again over them (--ps-mode async and ssp "
+                "already go on without a dead worker other than worker 0)"
             )
         if self.mesh.on_mesh:
             raise ConfigError(

@@ -7,9 +7,13 @@ in place and async with poll/synchronize; differentiable like Horovod's), Adasum
 DistributedOptimizer (sparse gradients and Adasum included), sparse_allreduce_async,
 broadcast_parameters / broadcast_optimizer_state / object helpers, Compression.none/fp16
 (and plait's own bf16), process sets, SyncBatchNorm (on CPU tensors too, where Horovod's
-needs CUDA), Horovod's timeline. docs/horovod.md lists every feature with what differs.
+needs CUDA), Horovod's timeline, and hvd.elastic (run, TorchState, ObjectState,
+ElasticSampler: the job goes on when ranks die or join). docs/horovod.md lists every
+feature with what differs.
 """
 
+from plait.horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from plait.horovod.torch import elastic
 from plait.horovod.torch.basics import (
     Adasum,
     Average,
@@ -46,7 +50,6 @@ from plait.horovod.torch.basics import (
 )
 from plait.horovod.torch.compression import Compression, Compressor
 from plait.horovod.torch.dispatch import poll, synchronize
-from plait.horovod.torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from plait.horovod.torch.functions import (
     allgather_object,
     broadcast_object,
@@ -124,6 +127,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

@@ -23,10 +23,11 @@ import torch
 
 from plait.comm.core.request import Request
 from plait.errors import PlaitError
+from plait.horovod.common.exceptions import as_horovod
 from plait.horovod.torch.adasum import ADASUM
 from plait.horovod.torch.basics import global_process_set
 from plait.horovod.torch.compression import Compressor
-from plait.horovod.torch.exceptions import as_horovod
+from plait.horovod.torch.dispatch import Dispatcher
 from plait.horovod.torch.reduce_ops import allreduce_ops, dispatcher_for
 from plait.horovod.torch.wrapper import Wrapper, wrap
 
@@ -52,12 +53,15 @@ class _DistributedAdasumOptimizer(Wrapper):
     ) -> None:
         params = self._adopt(optimizer, named_parameters, backward_passes_per_step)
         self._compression = compression
-        self._dispatcher = dispatcher_for(global_process_set, ADASUM)  # checks the size
+        self._bound = self._dispatcher_now()
         self._order = params[::-1]  # the reductions' order: the same on every rank
         self._start = {p: torch.zeros_like(p, requires_grad=False) for p in params}
         self._reset()
-        if self._dispatcher.comm.size > 1:
-            self._hook(params)
+        self._hook(params)
+
+    def _dispatcher_now(self) -> Dispatcher:
+        # checks the size; looked up at each step: hvd.elastic's reset replaces it
+        return dispatcher_for(global_process_set, ADASUM)
 
     def _reset(self) -> None:
         self._delay = {p: self.backward_passes_per_step for p in self._order}
@@ -96,14 +100,17 @@ class _DistributedAdasumOptimizer(Wrapper):
             # reduced in place: p's own memory (as Horovod) unless compression made a copy
             buf = sent if sent.is_contiguous() else sent.contiguous()
             ops = allreduce_ops(buf, ADASUM, 1.0, 1.0)
-            self._inflight.append(_InFlight(p, self._dispatcher.submit(ops), buf, ctx))
+            assert self._bound is not None
+            self._inflight.append(_InFlight(p, self._bound.submit(ops), buf, ctx))
             self._next += 1
 
     # ------------------------------------------------------------ Horovod's API
     def step(self, closure: Any = None) -> Any:
         """Take the local steps still missing, then set each parameter to its start plus
         the Adasum of every rank's delta."""
-        if self._dispatcher.comm.size == 1:  # Horovod: one rank runs the plain optimizer
+        with self._lock:
+            d = self._bind()
+        if d is None or d.comm.size == 1:  # Horovod: one rank runs the plain optimizer
             return cast(Any, super()).step(closure)
         loss = closure() if closure is not None else None
         with self._lock:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from plait.comm import world as plait_world  # plait.init(), plait.shutdown()
 from plait.comm.communicator import Communicator
+from plait.errors import PeerFailureError
 from plait.horovod.torch import timeline
 from plait.horovod.torch.dispatch import Dispatcher, clear_handles
 
@@ -119,7 +120,6 @@ def init(
     process_sets: sets to register now, or Horovod's "dynamic" (sets added later with
         add_process_set, which plait always allows).
     """
-    global _state
     if comm is not None:
         ranks = list(comm) if isinstance(comm, Iterable) else None
         world = plait_world.init()
@@ -130,24 +130,7 @@ def init(
                 "(hvd.add_process_set) for subsets"
             )
     if _state is None:
-        c = plait_world.init()
-        # Horovod's cross communicator: the ranks with this rank's local rank, one per node
-        me = torch.tensor([[c.node_rank, c.local_rank, c.local_size]], dtype=torch.int64)
-        everyone = c.allgather(me).tolist() if c.size > 1 else me.tolist()
-        peers = sorted(node for node, local, _ in everyone if local == c.local_rank)
-        global_process_set.ranks = list(range(c.size))
-        global_process_set.process_set_id = 0
-        global_process_set._dispatcher = Dispatcher(c, joinable=True)
-        clear_handles()
-        _state = _State(
-            comm=c,
-            dispatcher=global_process_set._dispatcher,
-            cross_rank=peers.index(c.node_rank),
-            cross_size=len(peers),
-            homogeneous=len({size for _, _, size in everyone}) == 1,
-            process_sets={0: global_process_set},
-        )
-        _timeline_from_env()
+        _start(plait_world.init())
     if isinstance(process_sets, str):
         if process_sets != "dynamic":
             raise ValueError(
@@ -159,6 +142,29 @@ def init(
             add_process_set(ps)
 
 
+def _start(c: Communicator) -> None:
+    """hvd.init()'s work over the world communicator `c` (after plait.init(), or after an
+    elastic re-form: every member of the new membership, joiners too, runs it together)."""
+    global _state
+    # Horovod's cross communicator: the ranks with this rank's local rank, one per node
+    me = torch.tensor([[c.node_rank, c.local_rank, c.local_size]], dtype=torch.int64)
+    everyone = c.allgather(me).tolist() if c.size > 1 else me.tolist()
+    peers = sorted(node for node, local, _ in everyone if local == c.local_rank)
+    global_process_set.ranks = list(range(c.size))
+    global_process_set.process_set_id = 0
+    global_process_set._dispatcher = Dispatcher(c, joinable=True)
+    clear_handles()
+    _state = _State(
+        comm=c,
+        dispatcher=global_process_set._dispatcher,
+        cross_rank=peers.index(c.node_rank),
+        cross_size=len(peers),
+        homogeneous=len({size for _, _, size in everyone}) == 1,
+        process_sets={0: global_process_set},
+    )
+    _timeline_from_env()
+
+
 def shutdown() -> None:
     """Leave the job (plait.shutdown()); hvd.init() may be called again afterwards."""
     global _state
@@ -168,12 +174,46 @@ def shutdown() -> None:
     try:
         timeline.stop(st.dispatcher)  # a recording still on: rank 0 writes it now
     finally:
-        for ps in st.process_sets.values():
-            if ps._dispatcher is not None:
-                ps._dispatcher.close()
-            ps.process_set_id, ps._dispatcher = None, None
-        clear_handles()
+        _forget(st)
         plait_world.shutdown()
+
+
+def reform(lost: set[int]) -> None:
+    """hvd.elastic's reset, in place of Horovod's shutdown(); init(): the live ranks go on
+    in a new membership (plait.reform(), which also admits processes waiting to join), and
+    hvd.rank(), hvd.size(), the collectives and DistributedOptimizer work on it. Process
+    sets are unregistered, as Horovod's re-init leaves them. Every live rank calls it; a
+    rank that dies while the new membership starts up is left out by one more re-form.
+
+    Args:
+        lost: the ranks known to have failed (the others wait for them no longer).
+
+    Raises:
+        FencedError: the others went on without this rank: the process must exit.
+    """
+    global _state
+    st, _state = _state, None
+    if st is None:
+        raise ValueError(NOT_INITIALIZED)
+    timeline.stop(None)  # no gather over the old membership: rank 0 writes its own view
+    try:
+        comm = plait_world.reform(lost)  # closes the old engine: every wait on it ends
+    finally:
+        _forget(st)  # the old dispatchers' threads, woken by that close, stop
+    while True:
+        try:
+            return _start(comm)
+        except PeerFailureError as e:  # another rank died in the new membership's start
+            comm = plait_world.reform({e.rank})
+
+
+def _forget(st: _State) -> None:
+    """Close the dispatchers of `st` and unregister its process sets."""
+    for ps in st.process_sets.values():
+        if ps._dispatcher is not None:
+            ps._dispatcher.close()
+        ps.process_set_id, ps._dispatcher = None, None
+    clear_handles()
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:

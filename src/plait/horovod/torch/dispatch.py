@@ -31,8 +31,8 @@ from plait.comm.communicator import Communicator
 from plait.comm.core.request import Request
 from plait.comm.dispatch.call_thread import CallThread
 from plait.errors import CollectiveMismatchError, PlaitError
+from plait.horovod.common.exceptions import HorovodInternalError, as_horovod
 from plait.horovod.torch import join as joining
-from plait.horovod.torch.exceptions import HorovodInternalError, as_horovod
 from plait.horovod.torch.names import NameTable
 
 T = TypeVar("T")

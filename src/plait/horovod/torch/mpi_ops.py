@@ -1,5 +1,6 @@
 """Horovod's `horovod.torch.mpi_ops` module path, for scripts that import from it."""
 
+from plait.horovod.common.exceptions import HorovodInternalError
 from plait.horovod.torch.basics import (
     Adasum,
     Average,
@@ -20,7 +21,6 @@ from plait.horovod.torch.basics import (
     size,
 )
 from plait.horovod.torch.dispatch import poll, synchronize
-from plait.horovod.torch.exceptions import HorovodInternalError
 from plait.horovod.torch.gather_ops import (
     allgather,
     allgather_async,

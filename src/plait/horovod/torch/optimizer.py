@@ -21,13 +21,13 @@ import torch
 
 from plait.comm.core.request import Request
 from plait.errors import PlaitError
+from plait.horovod.common.exceptions import as_horovod
 from plait.horovod.torch import timeline
 from plait.horovod.torch.adasum_optimizer import adasum_optimizer
 from plait.horovod.torch.basics import Adasum, Average, ProcessSet, comm_op, dispatcher
 from plait.horovod.torch.basics import global_process_set as _global
 from plait.horovod.torch.compression import Compression, Compressor
 from plait.horovod.torch.dispatch import Dispatcher
-from plait.horovod.torch.exceptions import as_horovod
 from plait.horovod.torch.reduce_ops import Packed, allreduce_ops, pack
 from plait.horovod.torch.sparse import SparseGather
 from plait.horovod.torch.wrapper import Wrapper, wrap
@@ -91,13 +91,18 @@ class _DistributedOptimizer(Wrapper):
         self._sparse_as_dense = sparse_as_dense
         self._should_synchronize = True
         self._synchronized = False
-        member = process_set is _global or bool(process_set.included())
-        self._dispatcher: Dispatcher | None = dispatcher(process_set) if member else None
+        self._process_set = process_set
+        self._member = process_set is _global or bool(process_set.included())
+        self._bound = self._dispatcher_now()  # raises on a set not registered
         self._buckets = self._make_buckets(params, groups)
         self._bucket_of = {p: b for b, bucket in enumerate(self._buckets) for p in bucket}
         self._reset()
-        if self._dispatcher is not None and self._dispatcher.comm.size > 1:
+        if self._member:
             self._hook(params)
+
+    def _dispatcher_now(self) -> Dispatcher | None:
+        # the global set's is looked up at each step: hvd.elastic's reset replaces it
+        return dispatcher(self._process_set) if self._member else None
 
     # -------------------------------------------------------------------- set-up
     def _make_buckets(self, params: list[Tensor], groups: Any) -> list[list[Tensor]]:
@@ -156,8 +161,8 @@ class _DistributedOptimizer(Wrapper):
             self._launch(self._next)
 
     def _launch(self, b: int) -> None:
-        assert self._dispatcher is not None and b == self._next
-        d = self._dispatcher
+        assert self._bound is not None and b == self._next
+        d = self._bound
         tl = timeline.current()
         ready = timeline.now() if tl else 0
         params: list[Tensor] = []  # reduced by allreduce, dense or densified
@@ -202,10 +207,11 @@ class _DistributedOptimizer(Wrapper):
 
     def synchronize(self) -> None:
         """Finish every gradient allreduce of this step and write the results into `.grad`."""
-        if self._dispatcher is None or self._dispatcher.comm.size == 1:
-            self._synchronized = True
-            return
         with self._lock:
+            d = self._bind()
+            if d is None or d.comm.size == 1:
+                self._synchronized = True
+                return
             while self._next < len(self._buckets):  # buckets whose hooks did not all fire
                 self._launch(self._next)
             inflight = self._inflight

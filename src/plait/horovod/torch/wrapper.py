@@ -17,6 +17,8 @@ from typing import Any, cast
 
 import torch
 
+from plait.horovod.torch.dispatch import Dispatcher
+
 Tensor = torch.Tensor
 TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to "
@@ -27,10 +29,30 @@ TOO_MANY_PASSES = (
 class Wrapper(torch.optim.Optimizer):
     """The shared half of a Horovod optimizer wrapper. A subclass sets `_delay` (backward
     passes left per parameter) and `_fired` (hooks fired since the last step) in its
-    `_reset`, and handles `_passes_done(p)`."""
+    `_reset`, says where its collectives go (`_dispatcher_now`), and handles
+    `_passes_done(p)`."""
 
     _delay: dict[Tensor, int]
     _fired: int
+    _bound: Dispatcher | None  # where the collectives in flight went
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    def _dispatcher_now(self) -> Dispatcher | None:
+        """Where this optimizer's collectives go now; None where this rank is not in its
+        process set."""
+        raise NotImplementedError
+
+    def _bind(self) -> Dispatcher | None:
+        """`_dispatcher_now()`, for this step's collectives (the lock held). hvd.elastic's
+        reset makes a new one (a new membership, as Horovod's re-init makes its global
+        state anew): what the old one had in flight is dropped, and the step starts over."""
+        d = self._dispatcher_now()
+        if d is not self._bound:
+            self._bound = d
+            self._reset()
+        return d
 
     def _adopt(
         self,
@@ -56,7 +78,9 @@ class Wrapper(torch.optim.Optimizer):
         )
 
     def _hook(self, params: list[Tensor]) -> None:
-        """Call `self._grad_ready(p)` each time a gradient is accumulated into `p.grad`."""
+        """Call `self._grad_ready(p)` each time a gradient is accumulated into `p.grad` (at
+        any size: an elastic job's membership may grow from one rank, and Horovod hooks
+        then too, under HOROVOD_ELASTIC)."""
         ref = weakref.ref(self)  # a hook must not keep a discarded optimizer alive
 
         def hook(p: Tensor) -> None:
@@ -70,6 +94,9 @@ class Wrapper(torch.optim.Optimizer):
         """A gradient was accumulated into `p.grad`: count the pass; the last one of the
         step hands `p` on (`_passes_done`)."""
         with self._lock:
+            d = self._bind()
+            if d is None or d.comm.size == 1:
+                return  # nothing to communicate (Horovod registers no hooks then)
             if self._delay[p] <= 0:
                 raise AssertionError(TOO_MANY_PASSES)
             self._delay[p] -= 1

@@ -1,4 +1,5 @@
-"""Horovod's exception names, and how plait's errors surface through them."""
+"""Horovod's exception names (horovod.common.exceptions), and how plait's errors surface
+through them."""
 
 from __future__ import annotations
 
@@ -6,11 +7,23 @@ from plait.errors import PlaitError
 
 
 class HorovodInternalError(RuntimeError):
-    """A collective failed (a peer died, ranks disagreed, a timeout): Horovod's name for it."""
+    """A collective failed (a peer died, ranks disagreed, a timeout): Horovod's name for it.
+    hvd.elastic.run takes it as a failure: back to the last commit, then a new membership."""
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod elastic's signal that the hosts changed; plait never raises it (no elastic mode)."""
+    """The membership is about to change at this commit (processes wait to join): raised by
+    an elastic State's commit() or check_host_updates() on every rank alike; hvd.elastic.run
+    re-forms the job without going back to the last commit.
+
+    Args:
+        skip_sync: Horovod's flag (True when hosts were only removed, where Horovod skips
+            the state's sync); hvd.elastic.run here syncs after every change whatever it says.
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__(skip_sync)
+        self.skip_sync = skip_sync
 
 
 _COMBINED: dict[type[BaseException], type[BaseException]] = {}

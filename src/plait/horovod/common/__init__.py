@@ -1,0 +1,2 @@
+"""Horovod's `horovod.common` module paths: `plait.horovod.common.exceptions` holds
+HorovodInternalError and HostsUpdatedInterrupt, as `horovod.common.exceptions` does."""
