@@ -66,7 +66,14 @@ def test_under_a_launcher_it_needs_one_that_hosts_the_store(
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "true")
     with pytest.raises(ConfigError, match="under a launcher its own options do"):
         job.configure({"elastic": True, "min_workers": 1})
-    assert job.configure({"elastic": True}).workers == 2
+    under = job.configure({"elastic": True})
+    assert under.workers == 2 and under.elastic.min_workers is under.elastic.max_workers is None
+    # a joiner runs the run's command; the launcher's WORLD_SIZE counts it: not the workers
+    monkeypatch.setenv("PLAIT_ELASTIC_JOIN", "1")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    joiner = job.configure({"elastic": True, "batch_size": 64, "min_workers": 2})
+    assert joiner.workers == 1 and joiner.elastic.min_workers is None  # from the run's state
+    assert job.configure({"elastic": True, "workers": 4, "max_workers": 6}).workers == 4
 
 
 def test_the_new_rank_0s_events_are_rendered() -> None:

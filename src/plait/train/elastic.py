@@ -46,7 +46,7 @@ import torch
 from plait import env, trace
 from plait.comm import world
 from plait.comm.communicator import Communicator
-from plait.elastic import ElasticSampler, State, StepPlan
+from plait.elastic import BatchPolicy, ElasticSampler, State, StepPlan
 from plait.elastic import run as elastic_run
 from plait.train import board
 from plait.train.config import TrainConfig
@@ -82,7 +82,8 @@ class ElasticRun(RankRun):
                 "--elastic, or the workload's sampler"
             )
         e = config.elastic
-        assert e.min_workers is not None and e.max_workers is not None, "filled in on creation"
+        # None under a launcher (plait run): its --min-np and --max-np decide
+        self.bounds = (e.min_workers, e.max_workers)
         self.emit = emit
         self.reporting = step.rank == 0  # whether self.say reaches the renderer
         self.board: board.Board | None = None  # --tensorboard, opened by a later rank 0
@@ -96,7 +97,9 @@ class ElasticRun(RankRun):
         self.launch_rank = int(os.environ.get("RANK", step.rank)) if self.joining else step.rank
         self.comm: Communicator | None = None if self.joining else world.default()
         self.record = Record(self, list(range(step.world_size)))
-        self.state = State(**_training(step), data=self.data, record=self.record,
+        # the record first: a joiner takes the run's batch policy from it before the data
+        # stream's state, whose settings must match it
+        self.state = State(**_training(step), record=self.record, data=self.data,
                            done=self.first)  # fmt: skip
         self.first_cursor = 0
         self.commit_s = 0.0  # every commit's copy, summed
@@ -138,14 +141,14 @@ class ElasticRun(RankRun):
 
     def header_fields(self) -> dict[str, Any]:
         """The header's "elastic": the membership's bounds and the batch policy."""
-        e = self.config.elastic
-        assert e.min_workers is not None and e.max_workers is not None
-        counts = list(range(e.max_workers, e.min_workers - 1, -1))  # 4, 3, 2: each shown
-        if len(counts) > 4:
-            counts = sorted({e.max_workers, self.step.world_size, e.min_workers}, reverse=True)
-        policy = self.policy.describe(counts)
-        return {"elastic": {"min_workers": e.min_workers, "max_workers": e.max_workers,
-                            "policy": policy}}  # fmt: skip
+        low, high = self.bounds
+        counts = [self.step.world_size]
+        if low is not None and high is not None:
+            counts = list(range(high, low - 1, -1))  # 4, 3, 2: each shown
+            if len(counts) > 4:
+                counts = sorted({high, self.step.world_size, low}, reverse=True)
+        return {"elastic": {"min_workers": low, "max_workers": high,
+                            "policy": self.policy.describe(counts)}}  # fmt: skip
 
     def train(self, state: State, stop_after: int | None) -> TrainResult:
         """The steps from the last commit on, over the current membership; then the end."""
@@ -266,11 +269,11 @@ class ElasticRun(RankRun):
         result = super().result(last_step, train_s)
         trained = self.data.cursor - self.first_cursor
         result.samples_per_s = trained / max(train_s, 1e-9) if trained else 0.0
-        e, done = self.config.elastic, max(1, last_step - self.first)
+        done = max(1, last_step - self.first)
         result.extra["elastic"] = {
-            "min_workers": e.min_workers, "max_workers": e.max_workers,
+            "min_workers": self.bounds[0], "max_workers": self.bounds[1],
             "policy": self.policy.describe([c["workers"] for c in self.record.changes]),
-            "batch_policy": e.batch_policy,
+            "batch_policy": self.policy.fixed,
             "changes": self.record.changes, "commit_s": self.commit_s / done,
             "commit_fraction": self.commit_s / max(train_s, 1e-9),
         }  # fmt: skip
@@ -313,16 +316,23 @@ class Record:
             "evals": torch.tensor(r.evals, dtype=torch.float64).reshape(-1, 2),
             "throughput": torch.tensor(r.throughput, dtype=torch.float64).reshape(-1, 2),
             "saved_step": r.saved_step, "members": self.members, "changes": self.changes,
-            "first": r.first, "first_cursor": self.run.first_cursor,
+            "first": r.first, "first_cursor": r.first_cursor,
+            "policy": (r.policy.batch, r.policy.fixed, r.policy.base_workers),
+            "bounds": r.bounds,
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Also the run's batch policy and bounds, rank 0's: a joiner's config could not
+        know the run's starting workers (the same as its own everywhere else)."""
         r = self.run
+        batch, fixed, base = state["policy"]
+        r.policy = r.data.policy = BatchPolicy(batch=batch, fixed=fixed, base_workers=base)
+        r.bounds = (state["bounds"][0], state["bounds"][1])
         r.losses = state["losses"].tolist()
         r.evals = [[int(s), v] for s, v in state["evals"].tolist()]
         r.throughput = [[int(s), v] for s, v in state["throughput"].tolist()]
         r.saved_step, r.first = state["saved_step"], state["first"]
-        self.run.first_cursor = state["first_cursor"]
+        r.first_cursor = state["first_cursor"]
         self.members, self.changes = list(state["members"]), list(state["changes"])
 
 

@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -62,8 +63,13 @@ def configure(options: dict[str, Any]) -> TrainConfig:
         world = int(os.environ["WORLD_SIZE"])
         if options.get("strategy") == "ps":
             return _configure_ps_rank(options, world)
-        if joining(options):  # the run's command as given; WORLD_SIZE does not count
-            return _check(TrainConfig.from_options({"workers": world, **options}))
+        if joining(options):
+            # the run's command; WORLD_SIZE counts the ranks with this one, not the run's
+            # starting workers, which --workers gives if the command has it; else 1 stands
+            # in: the batch policy and bounds come from the run's state (train/elastic.py)
+            bounds = ("min_workers", "max_workers")
+            given = {k: v for k, v in options.items() if k not in bounds}
+            return _launched(_check(TrainConfig.from_options({"workers": 1, **given})))
         if options.get("workers", world) != world:
             raise ConfigError(
                 f"workers {options['workers']} != WORLD_SIZE {world}: under torchrun or "
@@ -73,7 +79,15 @@ def configure(options: dict[str, Any]) -> TrainConfig:
         options = resume_after_restart(options, os.environ)
         if options.get("elastic"):
             _check_elastic_launcher(options, os.environ)
+            return _launched(_check(TrainConfig.from_options(options)))
     return _check(TrainConfig.from_options(options))
+
+
+def _launched(config: TrainConfig) -> TrainConfig:
+    """--elastic in a rank a launcher started: its --min-np and --max-np bound the workers,
+    which this rank does not know (None: the header and summary say so)."""
+    config.elastic = replace(config.elastic, min_workers=None, max_workers=None)
+    return config
 
 
 def joining(options: Mapping[str, Any]) -> bool:

@@ -20,7 +20,9 @@ ELASTIC_ONLY = ("min_workers", "max_workers", "batch_policy")
 
 @dataclass(kw_only=True)
 class ElasticConfig:
-    """Elastic training: None means "decided by --workers" and is filled in on creation."""
+    """Elastic training: None means "decided by --workers" and is filled in on creation.
+    A rank started by a launcher (plait run) has its bounds set back to None: the
+    launcher's --min-np and --max-np decide them (job.configure)."""
 
     elastic: bool = field(
         default=False,

@@ -91,6 +91,8 @@ def teacher_line(rec: Record) -> str:
 
 def elastic_line(e: Record, workers: int) -> str:
     """--elastic: the membership's bounds and the batch policy, in the run's header."""
+    if e["min_workers"] is None:  # a launcher's (plait run --min-np, --max-np)
+        return f"elastic: the launcher bounds the {workers} workers; {e['policy']}"
     return (
         f"elastic: goes on while at least {e['min_workers']} of the {workers} workers live "
         f"(at most {e['max_workers']}); {e['policy']}"
