@@ -2,7 +2,9 @@
 
 Every rank runs the loop of rank_run.py inside `plait.elastic.run`, with a
 `plait.elastic.State` that holds what the run needs to go on: the Step's state (model,
-optimizer, fp16's loss scaler), the data stream's cursor (`plait.elastic.ElasticSampler`),
+optimizer, fp16's loss scaler; under --zero, plait.sharded.ElasticShards, which commits
+this rank's shards with a copy on the ring's next rank and re-lays them after a change),
+the data stream's cursor (`plait.elastic.ElasticSampler`),
 the last step done, the RNG states, and the run's record (losses, evaluations, the
 membership and its changes: `Record`). The learning-rate schedule is a function of the
 step. One commit per step:
