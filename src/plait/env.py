@@ -143,8 +143,17 @@ VARIABLES: tuple[Var, ...] = (
         "RANK:FACTOR: make one rank FACTOR times slower at every step; transient:FACTOR: "
         "a rank drawn per step from the run's seed and the step", "test hooks"),
     Var("PLAIT_TRAIN_KILL_AT", "text", None,
-        "RANK:N: a parameter-server worker kills itself (SIGKILL) after its N-th push",
+        "RANK:N: that worker kills itself (SIGKILL): a parameter-server worker after its "
+        "N-th push; under --elastic, the rank the launcher started as RANK, as its backward "
+        "of step N begins", "test hooks"),
+    Var("PLAIT_TRAIN_JOIN_AT", "int", None,
+        "K: under --elastic, the workers wait at step K's commit until a process asks to "
+        "join, and the commits before it do not ask (a join falls at a known step)",
         "test hooks"),
+    Var("PLAIT_TRAIN_SAMPLE_LOG", "text", None,
+        "FILE: under --elastic, rank 0 appends a line per committed step to FILE: the step, "
+        "then its sample ids (the last line of a step counts: a step is redone after a "
+        "membership change)", "test hooks"),
     Var("PLAIT_TEST_LINK", "text", None,
         "group or staged: run plait's algorithms on CPU tensors over the links CUDA tensors "
         "use (point-to-point on the gloo group, or staged copies over the engine), so CPU "

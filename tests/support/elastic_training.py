@@ -1,81 +1,81 @@
-"""One small elastic training run, shared by the world test (tests/world/
-test_elastic_membership.py) and the script `plait run --min-np` starts
-(launch_scripts/elastic_training.py): a float64 linear model, momentum SGD, the elastic
-sampler, a hand-written data-parallel step; one rank SIGKILLs itself in a chosen step,
-before its allreduce. `reference` trains the same steps in one process, the membership
-change a planned event."""
+"""The elastic run of tests/e2e/test_elastic_command.py: `plait train --elastic` trains a
+float64 linear model (`workload`, given as --workload FILE.py:workload) with momentum SGD
+and the per-rank batch policy, so that a membership change shows in the numbers (the
+global batch and the learning rate change with the workers). `reference` trains the same
+steps in one process, the changes planned events at given steps."""
 
 from __future__ import annotations
 
-import os
-import signal
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-STEPS, GLOBAL_BATCH, SAMPLES = 8, 12, 60
+from plait.options import flag
+from plait.train import Metric, TensorData, TrainConfig, Workload
+
+SAMPLES, HELD_OUT = 60, 12
+# 4 workers of 3 samples each (global batch 12), down to 2 before the run stops, up to 5;
+# 10 steps read at least one whole epoch and part of the next, whatever the workers do
+OPTIONS: dict[str, Any] = {
+    "workload": f"{Path(__file__).resolve()}:workload", "workers": 4, "steps": 10,
+    "batch_size": 12, "lr": 0.1, "elastic": True, "min_workers": 2, "max_workers": 5,
+    "batch_policy": "per-rank", "eval_every": 5,
+}  # fmt: skip
 
 
-def data() -> tuple[torch.Tensor, torch.Tensor]:
+def argv() -> list[str]:
+    """`plait train`'s command line for OPTIONS."""
+    out = []
+    for name, value in OPTIONS.items():
+        out += [flag(name)] if value is True else [flag(name), str(value)]
+    return out
+
+
+def data() -> TensorData:
+    """y = x . (1, -2, 0.5) + 0.1 plus a little noise, float64: (samples, 3) -> (samples,)."""
     g = torch.Generator().manual_seed(7)
-    x = torch.randn(SAMPLES, 3, generator=g, dtype=torch.float64)
-    return x, x @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.1
+    x = torch.randn(SAMPLES + HELD_OUT, 3, generator=g, dtype=torch.float64)
+    w = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    y = x @ w + 0.1 + 0.01 * torch.randn(SAMPLES + HELD_OUT, generator=g, dtype=torch.float64)
+    return TensorData("line", x[:SAMPLES], y[:SAMPLES], x[SAMPLES:], y[SAMPLES:])
 
 
-def parts() -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
-    from plait.elastic import BatchPolicy, ElasticSampler
-
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1).double()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sampler = ElasticSampler(SAMPLES, BatchPolicy(batch=GLOBAL_BATCH, base_workers=3), seed=3)
-    return model, opt, sampler
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((output.squeeze(-1) - target) ** 2).mean()
 
 
-def train(dies: int, at: int) -> dict[str, Any]:
-    """The elastic run on plait.default()'s ranks (3 at the start): rank `dies` of the
-    first membership SIGKILLs itself in step `at`, after its backward."""
-    import plait
-    from plait.elastic import State
-
-    x, y = data()
-    model, opt, sampler = parts()
-    state = State(model=model, optimizer=opt, sampler=sampler, step=0)
-    first = plait.default().rank
-
-    @plait.elastic.run
-    def run(state: State) -> None:
-        while state.step < STEPS:
-            comm = plait.default()
-            plan = sampler.plan(comm.size)
-            ids = plan.share(comm.rank)
-            # the sum over this rank's part / the global batch: summed over the ranks, the
-            # global batch's mean, however it is split
-            ((model(x[ids]).squeeze(1) - y[ids]) ** 2).sum().div(plan.size).backward()
-            if first == dies and state.step == at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            grads = [p.grad for p in model.parameters()]
-            flat = comm.allreduce(torch.cat([g.view(-1) for g in grads]))  # type: ignore[union-attr]
-            torch.nn.utils.vector_to_parameters(flat, grads)  # type: ignore[arg-type]
-            opt.step()
-            opt.zero_grad()
-            sampler.advance(plan)
-            state.step += 1
-            state.commit()
-
-    run(state)
-    return {"params": [p.detach().tolist() for p in model.parameters()],
-            "changes": state.changes, "cursor": sampler.cursor}  # fmt: skip
+def _summed(output: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:
+    return float(((output.squeeze(-1) - target) ** 2).sum()), target.numel()
 
 
-def reference(at: int) -> list[Any]:
-    """One process, the same steps: 3 workers' global batches before step `at`, then 2's."""
-    x, y = data()
-    model, opt, sampler = parts()
-    for step in range(STEPS):
-        plan = sampler.plan(3 if step < at else 2)
-        ((model(x[plan.ids]).squeeze(1) - y[plan.ids]) ** 2).mean().backward()
+def workload() -> Workload:
+    """What `plait train --workload tests/support/elastic_training.py:workload` trains."""
+    return Workload(name="line64", model=lambda: nn.Linear(3, 1).double(), data=data(),
+                    loss=mse, metric=Metric("held-out mse", _summed))  # fmt: skip
+
+
+def reference(workers: list[int]) -> list[torch.Tensor]:
+    """The parameters after one process trains OPTIONS' steps as the workers would:
+    `workers[s - 1]` workers' global batch and learning rate at step s (the elastic
+    sampler's plans; the per-rank policy's lr factor)."""
+    from plait.elastic import ElasticSampler
+    from plait.train.optimizers import make_optimizer
+
+    config = TrainConfig.from_options(OPTIONS)
+    work = workload()
+    model = work.build_model(config.workload.seed)
+    opt = make_optimizer(model, config)
+    policy = config.elastic.policy(config.batch_size, config.workers)
+    sampler = ElasticSampler(SAMPLES, policy, seed=config.workload.seed)
+    for step, n in enumerate(workers, start=1):
+        plan = sampler.plan(n)
+        x, y = work.data.train_batch(plan.ids)
+        mse(model(x), y).backward()
+        for group in opt.param_groups:
+            group["lr"] = config.lr_at(step) * policy.lr_factor(n)
         opt.step()
         opt.zero_grad()
         sampler.advance(plan)
-    return [p.detach().tolist() for p in model.parameters()]
+    return [p.detach() for p in model.parameters()]

@@ -2,7 +2,8 @@
 killed in the middle of an allreduce, the survivors re-form and go on with the right sums;
 a rank frozen with SIGSTOP is left out, and fenced when SIGCONT wakes it; a process joins
 the running job at a commit and takes its state from a live rank. (Training through
-plait.elastic.run under `plait run --min-np`: tests/e2e/test_elastic_command.py.)"""
+plait.elastic.run under a launcher that hosts the store: `plait train --elastic`,
+tests/e2e/test_elastic_command.py.)"""
 
 from __future__ import annotations
 

@@ -219,8 +219,13 @@ class DataParallel(nn.Module):
         return self._scheduled
 
     def close(self) -> None:
-        """priority=True: stop its threads and communicators (after the last step; the
-        processes' exit stops them too). FIFO: nothing to do."""
+        """After the last step: stop reducing the module's gradients (its hooks are
+        removed: a new DataParallel may wrap the module, e.g. over the communicator of an
+        elastic job's next membership); priority=True: stop its threads and communicators
+        too (the processes' exit stops them as well)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         if self.reducer is not None:
             self.reducer.close()
 

@@ -32,6 +32,7 @@ from plait.train.parts import (
     one_of,
 )
 from plait.train.parts_compute import ComputeConfig
+from plait.train.parts_elastic import ElasticConfig
 from plait.train.parts_io import CheckpointConfig, DistillConfig, LogConfig
 from plait.train.recipes import RECIPES, Rates, Recipe, server_optimizer
 from plait.train.strategies import STRATEGIES, Strategy
@@ -44,6 +45,7 @@ __all__ = [
     "ComputeConfig",
     "DeviceConfig",
     "DistillConfig",
+    "ElasticConfig",
     "LogConfig",
     "MeshConfig",
     "OptimConfig",
@@ -56,7 +58,9 @@ __all__ = [
 class TrainConfig:
     """One training run. None means "the recipe's" and is filled in on creation."""
 
-    workers: int = field(default=4, metadata=option("local worker processes (ranks)"))
+    workers: int = field(
+        default=4, metadata=option("local worker processes (ranks)", aliases=("-n",))
+    )
     strategy: str = field(
         default="allreduce",
         metadata=option(strategies.describe(), choices=tuple(STRATEGIES)),
@@ -119,6 +123,9 @@ class TrainConfig:
         default_factory=DistillConfig, metadata=group("knowledge distillation")
     )
     log: LogConfig = field(default_factory=LogConfig, metadata=group("progress and figures"))
+    elastic: ElasticConfig = field(
+        default_factory=ElasticConfig, metadata=group("elastic training")
+    )
 
     def __post_init__(self) -> None:
         one_of("strategy", self.strategy, tuple(STRATEGIES))
@@ -132,6 +139,7 @@ class TrainConfig:
         self._check_mesh()
         self._check_zero()
         self._check_priority()
+        self._check_elastic()
         self.compute.check(tp=self.mesh.tp, zero=self.zero)
         self.row.check_compute(self.compute)
         self._check_checkpoints()
@@ -317,6 +325,40 @@ class TrainConfig:
                 f"or bf16); not with {', '.join(where)} yet"
             )
 
+    def _check_elastic(self) -> None:
+        """--elastic: allreduce (ZeRO's shards too: plait.sharded.ElasticShards), not a
+        mesh, between --min-workers and --max-workers, each with a sample of every step at
+        the most workers (the global batch policy)."""
+        if not self.elastic.elastic:
+            return
+        if self.strategy == "ps":
+            raise ConfigError(
+                "--elastic does not run with --strategy ps yet: the servers take workers that "
+                "leave and join (PSConfig(elastic_workers=True), docs/parameter-server.md), but "
+                "plait train does not split its steps again over them (--ps-mode async and ssp "
+                "already go on without a dead worker other than worker 0)"
+            )
+        if self.mesh.on_mesh:
+            raise ConfigError(
+                "--elastic does not run with --pp/--tp: pipelines and tensor parallelism are "
+                "not elastic yet (a dead rank's layers live on no other rank); restart them "
+                "from a checkpoint instead (--out DIR, then --resume)"
+            )
+        if self.zero and self.optimizer in ("lars", "lamb"):
+            raise ConfigError(
+                f"--elastic --zero {self.zero} does not run with --optimizer {self.optimizer} "
+                "yet: its per-layer norms need the shards' layer map, which the elastic "
+                "shards do not pass to the optimizer; use --optimizer sgd or adamw"
+            )
+        if self.priority:
+            raise ConfigError(
+                "--elastic does not run with --priority yet: its reducer's threads and "
+                "communicators are not made again after a membership change"
+            )
+        self.elastic = self.elastic.filled(self.workers)
+        assert self.elastic.max_workers is not None
+        self.elastic.policy(self.batch_size, self.workers).check(self.elastic.max_workers)
+
     def _check_checkpoints(self) -> None:
         if self.checkpoint.out is None and not self.checkpoint.resume:
             return
@@ -336,4 +378,5 @@ def check_given(options: dict[str, Any]) -> None:
         ConfigError: naming exactly the flags given in vain.
     """
     DistillConfig.check_given(options)
+    ElasticConfig.check_given(options)
     parts_ps.check_given(options)

@@ -7,7 +7,7 @@ per sample for classifiers, per token for language models, averaged as the workl
 cross-entropy is. T^2 keeps the soft term's gradients at the scale of the hard term's as T
 changes (the paper, section 2).
 
-Where it runs: the loop (`_Run.batch_of`) reads a slice (x, y) as for any run, runs the
+Where it runs: the loop (`RankRun.batch_of`) reads a slice (x, y) as for any run, runs the
 teacher on x under `torch.no_grad` on the Step's device, and packs its logits and the
 labels into ONE float32 target tensor (`pack`). Every Step hands its targets to the loss
 untouched (a pipeline cuts them into micro-batches along dim 0, which keeps the packing),

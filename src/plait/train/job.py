@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -62,6 +63,13 @@ def configure(options: dict[str, Any]) -> TrainConfig:
         world = int(os.environ["WORLD_SIZE"])
         if options.get("strategy") == "ps":
             return _configure_ps_rank(options, world)
+        if joining(options):
+            # the run's command; WORLD_SIZE counts the ranks with this one, not the run's
+            # starting workers, which --workers gives if the command has it; else 1 stands
+            # in: the batch policy and bounds come from the run's state (train/elastic.py)
+            bounds = ("min_workers", "max_workers")
+            given = {k: v for k, v in options.items() if k not in bounds}
+            return _launched(_check(TrainConfig.from_options({"workers": 1, **given})))
         if options.get("workers", world) != world:
             raise ConfigError(
                 f"workers {options['workers']} != WORLD_SIZE {world}: under torchrun or "
@@ -69,7 +77,43 @@ def configure(options: dict[str, Any]) -> TrainConfig:
             )
         options["workers"] = world
         options = resume_after_restart(options, os.environ)
+        if options.get("elastic"):
+            _check_elastic_launcher(options, os.environ)
+            return _launched(_check(TrainConfig.from_options(options)))
     return _check(TrainConfig.from_options(options))
+
+
+def _launched(config: TrainConfig) -> TrainConfig:
+    """--elastic in a rank a launcher started: its --min-np and --max-np bound the workers,
+    which this rank does not know (None: the header and summary say so)."""
+    config.elastic = replace(config.elastic, min_workers=None, max_workers=None)
+    return config
+
+
+def joining(options: Mapping[str, Any]) -> bool:
+    """Whether this process joins a running elastic run (PLAIT_ELASTIC_JOIN=1 with
+    --elastic): it runs the run's own command, --workers (the starting workers, which the
+    batch policy counts from) and --min-workers included."""
+    return bool(options.get("elastic")) and os.environ.get("PLAIT_ELASTIC_JOIN") == "1"
+
+
+def _check_elastic_launcher(options: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """--elastic as a rank of a launcher's job: the launcher must host the store (any rank
+    may die, rank 0 too) and keep the job going when a rank dies: `plait run --min-np`."""
+    given = [flag for flag, name in (("--min-workers", "min_workers"),
+             ("--max-workers", "max_workers")) if options.get(name) is not None]  # fmt: skip
+    if given:
+        raise ConfigError(
+            f"{' and '.join(given)} bound the workers `plait train` starts; under a launcher "
+            "its own options do (plait run --min-np N --max-np M): leave them out"
+        )
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        raise ConfigError(
+            "--elastic under a launcher needs one that hosts the job's store and goes on when "
+            "a rank dies: start it with `plait run -n N --min-np M -m plait train --elastic "
+            "...` (torchrun's agent stops every worker when one fails: there, use "
+            "--max-restarts with --out DIR, which resumes from the last checkpoint)"
+        )
 
 
 def resume_after_restart(options: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
@@ -210,11 +254,19 @@ def run(
     servers = config.servers or 0
     mode = config.ps.mode if config.ps is not None else None
     also = f" and {servers} parameter servers ({mode})" if servers else ""
+    elastic = config.elastic
+    if elastic.elastic:
+        also = f" (elastic: the run goes on while at least {elastic.min_workers} live)"
     renderer.text(f"plait train: starting {config.workers} workers{also}")
     children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0),
                     PLAIT_DEVICE=str(config.device.name))  # fmt: skip
     cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(config.to_dict())]
-    stream = progress.RankZeroStream(renderer)
+    stream = progress.RankZeroStream(renderer, any_rank=elastic.elastic)
+    # --elastic: the launcher hosts the job's store; at MASTER_ADDR:MASTER_PORT when they
+    # are set, so that a process started later can join the run there (docs/elastic.md)
+    addr, port = "127.0.0.1", None  # launch()'s: this machine, a free port
+    if elastic.elastic and os.environ.get("MASTER_PORT"):
+        addr, port = os.environ.get("MASTER_ADDR", addr), int(os.environ["MASTER_PORT"])
     # async/ssp: the servers go on without a dead worker; worker 0 reports, so it must live
     survivable = range(1, config.workers) if mode in ("async", "ssp") else ()
     try:
@@ -225,6 +277,10 @@ def run(
             stdout=cast(TextIO, stream),
             servers=servers,
             survivable=survivable,
+            # --elastic: the launcher hosts the store and every worker may die, down to N
+            min_alive=elastic.min_workers if elastic.elastic else None,
+            master_addr=addr,
+            master_port=port,
         )
     finally:
         if isinstance(renderer, progress.Bar):

@@ -9,6 +9,7 @@ element on its own and need none.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -32,8 +33,14 @@ MAKERS: dict[str, Callable[[Params, float, float, LayerMap | None], torch.optim.
 }  # fmt: skip
 
 
+class HasParameters(Protocol):
+    """A module, or what stands for one: the parameters the optimizer steps."""
+
+    def parameters(self) -> Params: ...
+
+
 def make_optimizer(
-    module: nn.Module, config: TrainConfig, layers: LayerMap | None = None
+    module: HasParameters, config: TrainConfig, layers: LayerMap | None = None
 ) -> torch.optim.Optimizer:
     """The run's optimizer over `module.parameters()` (a ShardedDataParallel's: its shards).
 

@@ -7,13 +7,15 @@ The training loop emits records `(kind, dict)`:
     loss    the global-batch loss is known up to this step (bars update their loss)
     log     the same, at a log point (text prints a line)
     eval    an evaluation on held-out data
+    membership  (--elastic) the workers changed: who left or joined, the step redone
     finish  the summary (the --json figures and a few more)
     error   (events only) an error rank 0 explains: {"message", "code"}
 
 A renderer turns them into output: `Bar` (rich, for terminals) or `Text` (one line per log
 point, for pipes and files). Under `plait train` the workers' output goes through the
 launcher's pipes, so rank 0 sends records as `Events` lines and the `plait train` process
-renders them (`RankZeroStream`), with a bar when its own stdout is a terminal.
+renders them (`RankZeroStream`), with a bar when its own stdout is a terminal. With
+--elastic rank 0 may die; the new rank 0 (whichever process that is) speaks from then on.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def header(rec: Record) -> list[str]:
         lines.append(f"mesh: {rec['mesh']} over {rec['workers']} workers")
     if rec.get("compute"):
         lines.append(f"compute: {rec['compute']}")
+    if rec.get("elastic"):
+        lines.append(elastic_line(rec["elastic"], rec["workers"]))
     if rec.get("resumed_from"):
         lines.append(f"resumed from {rec['resumed_from']} at step {rec['first_step']}")
     if rec.get("teacher"):
@@ -83,6 +87,49 @@ def teacher_line(rec: Record) -> str:
         f"distilled from {t['dir']}: {t['model']}, {t['parameters']:,} parameters, {figure} "
         f"(T {rec['distill_temperature']:g}, weight {rec['distill_weight']:g})"
     )
+
+
+def elastic_line(e: Record, workers: int) -> str:
+    """--elastic: the membership's bounds and the batch policy, in the run's header."""
+    if e["min_workers"] is None:  # a launcher's (plait run --min-np, --max-np)
+        return f"elastic: the launcher bounds the {workers} workers; {e['policy']}"
+    return (
+        f"elastic: goes on while at least {e['min_workers']} of the {workers} workers live "
+        f"(at most {e['max_workers']}); {e['policy']}"
+    )
+
+
+def membership_line(rec: Record) -> str:
+    """--elastic: a membership change, as the new rank 0 reports it."""
+    # after a failure the step in flight is trained again; a join comes at a commit
+    again = "redo step" if rec["left"] else "go on from step"
+    return (
+        f"membership: {_who(rec)} (generation {rec['generation']}); {rec['workers']} workers "
+        f"{again} {rec['step']} with {rec['batch']}"
+    )
+
+
+def _who(change: Record) -> str:
+    """ "rank 0 left", "ranks 1, 3 left and 2 joined"."""
+    left = change["left"]
+    who = [f"rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left"] if left else []
+    who += [f"{change['joined']} joined"] if change["joined"] else []
+    return " and ".join(who) or "no change"
+
+
+def elastic_rows(rec: Record) -> list[tuple[str, str]]:
+    """--elastic: the summary's rows: the policy, the changes, what a commit cost."""
+    e = rec.get("elastic")
+    if not e:
+        return []
+    changes = "; ".join(f"step {c['step']}: {_who(c)} -> {c['workers']} workers (generation "
+                        f"{c['generation']})" for c in e["changes"])  # fmt: skip
+    return [
+        ("batch policy", e["policy"]),
+        ("membership", changes or f"no change ({rec['world_size']} workers throughout)"),
+        ("commit", f"{1000 * e['commit_s']:.2f} ms per step, {e['commit_fraction']:.1%} of "
+                   "a step (state copied to host memory)"),
+    ]  # fmt: skip
 
 
 def log_line(rec: Record) -> str:
@@ -141,6 +188,7 @@ def summary(rec: Record) -> list[str]:
                      f"peak activations per stage {rec['peak_activations']}"))  # fmt: skip
     rows += parts_compute.rows(rec)
     rows += memory_rows(rec)
+    rows += elastic_rows(rec)
     rows += trace_rows(rec)
     rows += [
         ("samples/s", f"{rec['samples_per_s']:,.0f} (global, training steps only)"),
@@ -189,6 +237,8 @@ class Text:
             lines = [log_line(rec)]
         elif kind == "eval":
             lines = [eval_line(rec)]
+        elif kind == "membership":
+            lines = [membership_line(rec)]
         elif kind == "finish":
             lines = summary(rec)
         else:
@@ -237,6 +287,8 @@ class Bar:
             self.progress.update(self.task, completed=rec["step"], **fields)
         elif kind == "eval":
             self.text(eval_line(rec))
+        elif kind == "membership":
+            self.text(membership_line(rec))
         elif kind == "finish":
             self.close()
             for line in summary(rec):
@@ -283,11 +335,15 @@ class RankZeroStream(io.TextIOBase):
     The launcher writes one whole line per call, prefixed `[rank R] `. Rank 0's lines lose
     their prefix (rank 0 is the job's voice); other ranks' lines keep theirs. An `error`
     record is kept in `self.error` for the caller to report.
+
+    `any_rank` (--elastic): events are rendered from whichever rank sends them, since only
+    the current rank 0 does and it need not be the process the launcher calls rank 0.
     """
 
-    def __init__(self, renderer: Renderer) -> None:
+    def __init__(self, renderer: Renderer, any_rank: bool = False) -> None:
         super().__init__()
         self.renderer = renderer
+        self.any_rank = any_rank
         self.error: Record | None = None
 
     def writable(self) -> bool:
@@ -295,6 +351,9 @@ class RankZeroStream(io.TextIOBase):
 
     def write(self, s: str) -> int:
         for line in s.splitlines():
+            prefix, _, rest = line.partition("] ")
+            if self.any_rank and prefix.startswith("[rank ") and rest.startswith(MARK):
+                line = RANK0 + rest  # the events of whichever rank is rank 0 now
             if line.startswith(RANK0):
                 line = line[len(RANK0) :]
                 if line.startswith(MARK):

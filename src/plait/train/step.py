@@ -1,4 +1,4 @@
-"""The Step protocol: how one rank trains under one strategy; the loop (loop.py) drives it.
+"""The Step protocol: how one rank trains under one strategy; the loop (rank_run.py) drives it.
 
 For each slice of a global batch this rank trains, the loop calls
 
@@ -90,6 +90,11 @@ class Step(Protocol):
     def load_checkpoint(self, out: str) -> dict[str, Any]:
         """Sharded checkpoints: load this rank's part; return rank 0's `common`."""
         raise ConfigError(f"{type(self).__name__} does not read sharded checkpoints")
+
+    def rejoin(self, comm: Any) -> None:
+        """--elastic: go on over `comm`, the world of the job's next membership, with the
+        same model and optimizer (make again whatever holds the old communicator)."""
+        raise ConfigError(f"{type(self).__name__} cannot go on after a membership change")
 
     def describe(self) -> dict[str, Any]:
         """The run header's fields: "strategy", "optimizer", "replicas", "mesh"."""

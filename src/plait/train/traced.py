@@ -6,12 +6,14 @@ the model's per-block forward and backward events (`watch_blocks`)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
 from plait import env, trace
+from plait.comm import world
 from plait.trace import overstore
 from plait.train.errors import ConfigError
 
@@ -39,7 +41,15 @@ class Tracing:
                 f"role; got a {type(group).__name__}"
             )
         self.recorder = group.recorder
-        if self.recorder is None:
+        if self.recorder is None and world.joined():
+            # joining a running elastic job (--elastic): the members aligned their clocks
+            # when they started, and start() is a collective of theirs; one host's ranks
+            # share a clock. Its events carry its launch id (RANK), which no member has
+            self.recorder = trace.Recorder(int(os.environ.get("RANK", group.rank)))
+            self.recorder.path = path
+            group.recorder = self.recorder
+            self.owned = True
+        elif self.recorder is None:
             self.recorder = trace.start(group, path)
             self.owned = True
 

@@ -18,6 +18,10 @@ exits the process when the workers are done; on a worker it returns, and the wor
 (no `plait.init()`: the workers must not depend on each other). Worker 0 reports, as rank 0
 does otherwise.
 
+With --elastic every rank has a renderer: rank 0 may die, and the new rank 0 reports from
+then on (train/elastic.py); a rank fenced out of the job (frozen while the others went on)
+says so and exits 1.
+
 Test hook: PLAIT_TRAIN_STOP_AFTER=K ends the run after step K as if it were killed there
 (see loop.train's stop_after).
 """
@@ -29,7 +33,8 @@ import sys
 from collections.abc import Sequence
 
 from plait import env
-from plait.errors import EXIT_BAD_INPUT
+from plait.comm import world
+from plait.errors import EXIT_BAD_INPUT, FencedError
 from plait.train import progress
 from plait.train.config import TrainConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError, NonFiniteLossError
@@ -43,17 +48,25 @@ def run(config: TrainConfig) -> int:
     """Train `config` as this process's rank of the job; return the exit status."""
     kind = step_type(config.strategy, config.mesh.on_mesh, config.zero)
     group = kind.join(config)  # a parameter-server rank serves and exits inside
+    elastic = config.elastic.elastic
     renderer = None
-    if group.rank == 0:
+    if group.rank == 0 or elastic:  # --elastic: whoever is rank 0 at the time reports
         renderer = progress.choose(sys.stdout, events=env.get("PLAIT_TRAIN_EVENTS"))
     emit = renderer.handle if renderer is not None else None
+
+    def rank() -> int:  # the rank that explains errors: rank 0 of the job as it is now
+        return world.default().rank if elastic else int(group.rank)
+
     try:
         train(config, group, emit=emit, t0=env.get("PLAIT_TRAIN_T0"),
               stop_after=env.get("PLAIT_TRAIN_STOP_AFTER"))  # fmt: skip
     except NonFiniteLossError as e:
-        return _explain(group.rank, renderer, e, EXIT_NON_FINITE)
+        return _explain(rank(), renderer, e, EXIT_NON_FINITE)
     except (CheckpointError, ConfigError, MissingExtraError) as e:
-        return _explain(group.rank, renderer, e, EXIT_BAD_INPUT)
+        return _explain(rank(), renderer, e, EXIT_BAD_INPUT)
+    except FencedError as e:  # --elastic: the others went on without this (frozen) rank
+        print(f"plait train: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
         if isinstance(renderer, progress.Bar):
             renderer.close()  # stop drawing, whatever happened

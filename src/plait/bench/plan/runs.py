@@ -7,7 +7,7 @@ Step time: train's --json has no per-step time, but its `throughput` holds [step
 since the last log line] at each log line; with --log-every 1 that is every step, so one
 step took global_batch / samples_per_s seconds. Those seconds are the loop's own clock:
 forward, backward, optimizer step and the loss flush that --log-every 1 adds (one tiny
-allreduce a step; below 100 steps the loop flushes every step anyway, see train/loop.py),
+allreduce a step; below 100 steps the loop flushes every step anyway, see train/rank_run.py),
 with evaluation off the clock. A run's step time is the median of its steps after the
 first --warmup; the plan's is the median over repeats.
 

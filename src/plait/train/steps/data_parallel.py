@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from plait.comm import world
 from plait.comm.communicator import Communicator
 from plait.data_parallel import DataParallel
 from plait.train import memory, traced
@@ -31,6 +32,7 @@ class DataParallelStep(AllreduceStep):
     """The whole model on every rank of `comm`, wrapped in DataParallel."""
 
     compute: Compute
+    wrapped: DataParallel
 
     def __init__(self, config: TrainConfig, comm: Communicator, work: Workload) -> None:
         self.model = self.whole_model(config, comm, work)
@@ -39,14 +41,31 @@ class DataParallelStep(AllreduceStep):
         if config.log.trace_blocks:  # --trace-blocks: hooks, only when asked for
             traced.watch_blocks(self.model, comm.recorder)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
-        self.wrapped = DataParallel(self.computed, comm=comm,
-                                    compression=self.compute.compression,
-                                    priority=config.priority, slice_mb=config.slice_mb)  # fmt: skip
+        # a process joining a running elastic job (--elastic) is wrapped in `rejoin`, once
+        # it holds the others' state: making a DataParallel is a collective of the members
+        if not world.joined():
+            self.wrapped = self._wrap(comm)
         self.optimizer = make_optimizer(self.model, config)
         self.scheduled = None  # --priority: each layer steps when the next forward needs it
         if config.priority:
             self.scheduled = self.wrapped.scheduled(self.optimizer)
             self.optimizer = self.scheduled  # type: ignore[assignment]
+
+    def _wrap(self, comm: Communicator) -> DataParallel:
+        c = self.config
+        return DataParallel(self.computed, comm=comm, compression=self.compute.compression,
+                            priority=c.priority, slice_mb=c.slice_mb)  # fmt: skip
+
+    def rejoin(self, comm: Communicator) -> None:
+        """Elastic (train/elastic.py): go on over `comm`, the world of the job's next
+        membership, with the same model and optimizer: a new DataParallel around the model
+        (the old one's hooks removed; a collective on `comm`, which checks that every rank
+        holds the same parameters). Not with --priority (the config refuses it)."""
+        assert self.scheduled is None, "--elastic with --priority is refused by the config"
+        self.close()
+        self.comm, self.rank, self.world_size = comm, comm.rank, comm.size
+        self.replicas, self.part = comm.size, comm.rank
+        self.wrapped = self._wrap(comm)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -73,10 +92,16 @@ class DataParallelStep(AllreduceStep):
                 **self.compute.state_dict()}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_shared_state(state)
+        self._load_compression(state.get("compression_by_rank"))
+
+    def load_shared_state(self, state: dict[str, Any]) -> None:
+        """What every rank holds alike: the model, the optimizer, the loss scaler (what an
+        elastic State syncs; the compression's residuals, each rank's own, restart from
+        zeros in the DataParallel of the next membership)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.compute.load_state_dict(state)
-        self._load_compression(state.get("compression_by_rank"))
 
     def rank_states(self) -> dict[str, Any]:
         """top-k's residuals, PowerSGD's error memories and Q: each rank's own."""
@@ -105,7 +130,8 @@ class DataParallelStep(AllreduceStep):
                   f"from zeros: {why}", file=sys.stderr, flush=True)  # fmt: skip
 
     def close(self) -> None:
-        self.wrapped.close()
+        if hasattr(self, "wrapped"):  # (a joiner that never held the others' state)
+            self.wrapped.close()
 
     def figures(self) -> dict[str, Any]:
         self._settle()

@@ -6,17 +6,23 @@ As DataParallelStep, with what sharding changes: the optimizer steps this rank's
 a collective (stage 3 gathers each unit; stages 1-2 after a step), so evaluation runs as many
 forwards on every rank, and checkpoints are sharded: every rank writes its shards, and a run
 resumes at any world size (plait.sharded.checkpoint).
+
+With --elastic the wrapper and its optimizer are plait.sharded.ElasticShards's: the shards
+are committed in host memory with a replica on the ring's next rank, and re-laid over the
+next membership by the State's sync; `rejoin` then takes the new wrapper and optimizer.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch import nn
 
 from plait.comm.communicator import Communicator
-from plait.sharded import ShardedDataParallel, layer_map
+from plait.sharded import ElasticShards, ShardedDataParallel, layer_map
 from plait.sharded import checkpoint as sharded_checkpoint
 from plait.train import memory, traced
 from plait.train.config import TrainConfig
@@ -41,10 +47,40 @@ class ShardedStep(AllreduceStep):
         self.compute.checkpoint(self.model)
         if config.log.trace_blocks:  # --trace-blocks: hooks, only when asked for
             traced.watch_blocks(self.model, comm.recorder)
-        self.wrapped = ShardedDataParallel(self.model, stage=self.stage, comm=comm)
-        self.computed = self.compute.wrap(self.wrapped)  # under autocast (--precision)
+        self.elastic: ElasticShards | None = None
+        if config.elastic.elastic:  # (not LARS or LAMB: their layer map is not passed yet)
+            self.elastic = ElasticShards(self.model, self._optimizer_of, stage=self.stage)
+            if self.elastic.module is not None:  # a joiner's is made in its first sync
+                assert self.elastic.optimizer is not None
+                self._take(self.elastic.module, self.elastic.optimizer)
+            return
+        sdp = ShardedDataParallel(self.model, stage=self.stage, comm=comm)
         # LARS and LAMB: each parameter's norms summed over the shards of every rank
-        self.optimizer = make_optimizer(self.wrapped, config, layer_map(self.wrapped))
+        self._take(sdp, lambda: make_optimizer(sdp, config, layer_map(sdp)))
+
+    def _take(
+        self, sdp: ShardedDataParallel, optimizer: torch.optim.Optimizer | Callable[[], Any]
+    ) -> None:
+        """Train through `sdp` (under autocast, --precision) with `optimizer` (or what the
+        function gives, made after the wrapping)."""
+        self.wrapped = sdp
+        self.computed = self.compute.wrap(self.wrapped)
+        self.optimizer = optimizer() if callable(optimizer) else optimizer
+
+    def _optimizer_of(self, shards: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        """--elastic: the run's optimizer over the shards ElasticShards gives."""
+        return make_optimizer(_Parameters(shards), self.config)
+
+    def rejoin(self, comm: Communicator) -> None:
+        """--elastic: the State's sync re-laid the shards over `comm` (ElasticShards): train
+        through its new wrapper and optimizer; fp16's skip is agreed over `comm`."""
+        e = self.elastic
+        assert e is not None and e.module is not None and e.optimizer is not None
+        self.comm, self.rank, self.world_size = comm, comm.rank, comm.size
+        self.replicas, self.part = comm.size, comm.rank
+        self._take(e.module, e.optimizer)
+        if self.compute.scaler is not None:
+            self.compute.scaler.comm = comm
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -116,3 +152,13 @@ class ShardedStep(AllreduceStep):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "zero": self.stage}
+
+
+class _Parameters:
+    """Parameters as make_optimizer takes them: something with `parameters()`."""
+
+    def __init__(self, params: Iterable[nn.Parameter]) -> None:
+        self.params = list(params)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return self.params
