@@ -82,6 +82,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("PLAIT_INIT_TIMEOUT", "seconds", 300.0,
         "how long start-up waits for every rank (rendezvous, the store, parameter servers)",
         "communication"),
+    Var("PLAIT_ELASTIC_MAX", "int", None,
+        "N: an elastic job admits joiners only while it has fewer than N members (the others "
+        "wait registered until there is room); plait train --max-workers sets it",
+        "communication"),
     Var("PLAIT_CHECK", "flag", True,
         "check that every rank called the same collective with matching arguments (set it "
         "alike on every rank; 0 saves one small message round per call)", "communication"),

@@ -84,3 +84,17 @@ def test_a_joiner_needs_the_launchers_store(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("PLAIT_ELASTIC_JOIN")
     with pytest.raises(ValueError, match="RANK must be in"):
         rendezvous.world_from_env()
+
+
+def test_joiners_past_the_cap_wait_for_room() -> None:
+    store = _store()
+    for joiner_id in (7, 8):
+        membership.register(store, joiner_id)
+    assert membership.waiting(store, 0, room=1) == 1 and membership.waiting(store, 0, 0) == 0
+    # 2 members, at most 3: one joiner comes in, the other stays registered
+    first = membership.agree(store, 0, 0, 1, set(), 0.0, 5.0, max_size=2)
+    assert first == membership.Membership(1, (0,), 0, (7,), ())
+    assert membership.waiting(store, membership.admitted_count(store), room=0) == 0
+    assert membership.waiting(store, membership.admitted_count(store)) == 1  # still there
+    nxt = membership.agree(store, 1, 0, 2, {1}, 0.0, 5.0, max_size=2)  # 7 died: room again
+    assert nxt == membership.Membership(2, (0,), 0, (8,), (1,))

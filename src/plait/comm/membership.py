@@ -62,6 +62,7 @@ def agree(
     known_dead: set[int],
     wait_s: float,
     publish_timeout_s: float,
+    max_size: int | None = None,
 ) -> Membership:
     """The membership of generation `generation + 1` (see the module docstring).
 
@@ -74,7 +75,7 @@ def agree(
     store.set(f"{key}/alive/{old_rank}", "1")
     first = store.add(f"{key}/arrived", 1) == 1
     if first:
-        members = _coordinate(store, key, old_size, known_dead, wait_s)
+        members = _coordinate(store, key, old_size, known_dead, wait_s, max_size)
     else:
         members = _published(store, key, old_rank, publish_timeout_s)
     joined, left = _ids(store.get(f"{key}/joined")), _ids(store.get(f"{key}/left"))
@@ -87,10 +88,11 @@ def agree(
     return Membership(g, members, members.index(old_rank), joined, left)
 
 
-def waiting(store: JobStore, admitted: int) -> int:
+def waiting(store: JobStore, admitted: int, room: int | None = None) -> int:
     """How many joiners registered beyond the `admitted` (one store round trip; what
-    `admitted_count` said after the last change)."""
-    return store.add(REGISTERED, 0) - admitted
+    `admitted_count` said after the last change), at most `room` (None: no bound)."""
+    count = store.add(REGISTERED, 0) - admitted
+    return count if room is None else min(count, max(0, room))
 
 
 def admitted_count(store: JobStore) -> int:
@@ -132,8 +134,9 @@ def admission(store: JobStore, slot: int, joiner_id: int, timeout_s: float) -> M
 
 
 def _coordinate(
-    store: JobStore, key: str, old_size: int, known_dead: set[int], wait_s: float
-) -> tuple[int, ...]:
+    store: JobStore, key: str, old_size: int, known_dead: set[int], wait_s: float,
+    max_size: int | None,
+) -> tuple[int, ...]:  # fmt: skip
     expected = [r for r in range(old_size) if r not in known_dead]
     deadline = time.monotonic() + wait_s
     while True:
@@ -141,15 +144,19 @@ def _coordinate(
         if set(expected) <= set(here) or time.monotonic() > deadline:
             break
         time.sleep(POLL_S)
-    _admit(store, key)
+    room = None if max_size is None else max(0, max_size - len(here))
+    _admit(store, key, room)
     store.set(f"{key}/left", _text([r for r in range(old_size) if r not in here]))
     store.set(f"{key}/members", _text(here))  # last: the others wait for this key
     return tuple(here)
 
 
-def _admit(store: JobStore, key: str) -> None:
-    """Admit every joiner registered and not admitted yet into generation `key`."""
+def _admit(store: JobStore, key: str, room: int | None) -> None:
+    """Admit the joiners registered and not admitted yet into generation `key`, in slot
+    order, at most `room` of them (None: all); the rest wait for a later change."""
     admitted, registered = store.add(ADMITTED, 0), store.add(REGISTERED, 0)
+    if room is not None:
+        registered = min(registered, admitted + room)
     slots = range(admitted + 1, registered + 1)
     # a joiner writes its id just after taking its slot: the wait is a store round trip
     ids = [int(store.get(f"plait/elastic/joiner/{slot}").decode()) for slot in slots]

@@ -169,8 +169,9 @@ def reform(known_dead: set[int] | None = None) -> Communicator:
         engine.close()  # hangs up on the failed peer at once
         hb_timeout, init_timeout = env.get("PLAIT_HEARTBEAT_TIMEOUT"), env.get("PLAIT_INIT_TIMEOUT")
         members = membership.agree(
-            _store, _elastic_generation, old.rank, old.size, dead, hb_timeout + 1.0, init_timeout
-        )
+            _store, _elastic_generation, old.rank, old.size, dead, hb_timeout + 1.0,
+            init_timeout, env.get("PLAIT_ELASTIC_MAX"),
+        )  # fmt: skip
         _default = _join_generation(members, _store, env.get("PLAIT_TIMEOUT"), hb_timeout)
         _default.recorder = recorder
         _changes.append(members.change())
@@ -204,7 +205,9 @@ def ask_joiners(comm: Communicator, then: int = 1) -> Request[torch.Tensor]:
     if comm.rank == 0 and _store is not None:
         if _admitted is None:  # once per generation: it changes only at a re-form
             _admitted = membership.admitted_count(_store)
-        answer[0] = membership.waiting(_store, _admitted)
+        most = env.get("PLAIT_ELASTIC_MAX")
+        room = None if most is None else most - comm.size
+        answer[0] = membership.waiting(_store, _admitted, room)
     return comm.broadcast_async_(answer, 0)
 
 

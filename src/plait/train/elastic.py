@@ -50,6 +50,7 @@ from plait.comm import world
 from plait.comm.communicator import Communicator
 from plait.elastic import BatchPolicy, ElasticSampler, State, StepPlan
 from plait.elastic import run as elastic_run
+from plait.errors import JoinRequested
 from plait.train import board
 from plait.train.config import TrainConfig
 from plait.train.data.sampler import GlobalBatchSampler
@@ -196,8 +197,11 @@ class ElasticRun(RankRun):
             self.commit_s += self.state.commit_seconds
             return
         if step == self.join_at and not any(c["joined"] for c in self.record.changes):
-            while not world.joiners_waiting(world.default()):
+            while not (waiting := world.joiners_waiting(world.default())[0]):
                 time.sleep(0.05)  # every rank alike: rank 0's answer is broadcast
+            self.state.commit(check=False)
+            self.commit_s += self.state.commit_seconds
+            raise JoinRequested(waiting)  # at this commit, not at the State's next question
         self.state.commit()
         self.commit_s += self.state.commit_seconds
 

@@ -260,6 +260,8 @@ def run(
     renderer.text(f"plait train: starting {config.workers} workers{also}")
     children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0),
                     PLAIT_DEVICE=str(config.device.name))  # fmt: skip
+    if elastic.elastic and elastic.max_workers is not None:  # joiners admitted up to it
+        children["PLAIT_ELASTIC_MAX"] = str(elastic.max_workers)
     cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(config.to_dict())]
     stream = progress.RankZeroStream(renderer, any_rank=elastic.elastic)
     # --elastic: the launcher hosts the job's store; at MASTER_ADDR:MASTER_PORT when they
