@@ -19,7 +19,6 @@ from plait.comm.backends import cuda
 from plait.comm.bootstrap import connect, rendezvous
 from plait.comm.bootstrap.store import JobStore, make_store, tcp_host
 from plait.comm.communicator import Communicator
-from plait.comm.core.request import Request
 from plait.comm.transport.engine import Engine
 from plait.errors import PeerFailureError, PlaitError
 
@@ -190,16 +189,10 @@ def last_change() -> dict[str, object]:
 
 
 def joiners_waiting(comm: Communicator, then: int = 1) -> tuple[int, int]:
-    """Elastic: how many processes wait to join, and rank 0's `then` (when to ask next:
-    plait.elastic.State's cadence), the same on every rank of `comm` (rank 0 asks the store
-    and broadcasts two int64: a collective, every rank calls it)."""
-    waiting, agreed = ask_joiners(comm, then).wait().tolist()
-    return int(waiting), int(agreed)
-
-
-def ask_joiners(comm: Communicator, then: int = 1) -> Request[torch.Tensor]:
-    """`joiners_waiting`, started: the broadcast goes on while the caller computes; its
-    (2,) int64 tensor [waiting, then] is rank 0's answer on every rank."""
+    """Elastic: how many processes wait to join (and may, under PLAIT_ELASTIC_MAX), and
+    rank 0's `then` (when to ask next: plait.elastic.State's cadence), the same on every
+    rank of `comm` (rank 0 asks the store and broadcasts two int64: a collective, every
+    rank calls it)."""
     global _admitted
     answer = torch.tensor([0, then], dtype=torch.int64)
     if comm.rank == 0 and _store is not None:
@@ -208,7 +201,8 @@ def ask_joiners(comm: Communicator, then: int = 1) -> Request[torch.Tensor]:
         most = env.get("PLAIT_ELASTIC_MAX")
         room = None if most is None else most - comm.size
         answer[0] = membership.waiting(_store, _admitted, room)
-    return comm.broadcast_async_(answer, 0)
+    waiting, agreed = comm.broadcast_(answer, 0).tolist()
+    return int(waiting), int(agreed)
 
 
 def joined() -> bool:

@@ -34,7 +34,6 @@ from typing import Any, Protocol
 import torch
 
 from plait.comm import world
-from plait.comm.core.request import Request
 from plait.elastic.trees import clone, copy_into, fit, skeleton, tensors
 from plait.errors import JoinRequested
 
@@ -43,8 +42,8 @@ Tree = Any  # nested dicts, lists and tuples of tensors and plain values
 #: How often commit() asks whether processes wait to join, in seconds: each question is a
 #: store round trip on rank 0 and a broadcast, which cost as much as copying 35 MB (6 ms
 #: at load, plait bench elastic), so not every step of a fast loop asks. A joiner then
-#: waits at most this long, plus two steps, for the boundary that admits it (the answer
-#: to a question is taken at the next commit: its broadcast overlaps that step).
+#: waits at most this long, plus a step, for the boundary that admits it; where a step
+#: takes longer than this, every commit asks (the next step boundary admits).
 CHECK_PERIOD_S = 0.1
 MAX_EVERY = 1000  # commits: a bound where steps take microseconds
 
@@ -102,7 +101,6 @@ class State:
         self.check_seconds = 0.0  # and asking whether processes wait to join
         self.reset_callbacks: list[Callable[[], None]] = []
         self._countdown = 1  # commits until the next question about joiners (1: the next)
-        self._asked: Request[torch.Tensor] | None = None  # the question in flight
         self._interval = 0.0  # the time between commits, smoothed
         self._last_commit: float | None = None
         # the membership changes this state lived through (world.last_change(): the
@@ -125,8 +123,8 @@ class State:
     def commit(self, check: bool = True) -> None:
         """Copy the state into host memory (the buffers of the last commit, reused); then,
         in an elastic job (`check`), ask whether processes wait to join: about every
-        CHECK_PERIOD_S, at the same commits on every rank; the answer is taken at the next
-        commit, its broadcast overlapping the step (`check_seconds`: what asking cost).
+        CHECK_PERIOD_S, at the same commits on every rank (`check_seconds`: what asking
+        cost at this commit, 0 where it did not ask).
 
         Raises:
             JoinRequested: processes wait to join: on every rank alike (the answer is
@@ -148,22 +146,19 @@ class State:
             self._ask_about_joiners(began + self.commit_seconds)
 
     def _ask_about_joiners(self, began: float) -> None:
-        """About every CHECK_PERIOD_S: start the question (rank 0 reads the store and
-        broadcasts its answer while the next step computes), and take the answer at the
-        next commit, so every rank raises at the same one. Rank 0's step time says how
-        many commits the period is, sent with its answer."""
-        try:
-            if self._asked is not None:
-                waiting, self._countdown = self._asked.wait().tolist()
-                self._asked = None
-                if waiting:
-                    raise JoinRequested(int(waiting))
-            self._countdown -= 1
-            if self._countdown <= 0 and self._asked is None:
-                every = round(CHECK_PERIOD_S / self._interval) if self._interval else 1
-                self._asked = world.ask_joiners(world.default(), max(1, min(MAX_EVERY, every)))
-        finally:
-            self.check_seconds = time.perf_counter() - began
+        """About every CHECK_PERIOD_S, ask (rank 0 reads the store and broadcasts its
+        answer: every rank raises at the same commit). Rank 0's step time says how many
+        commits the period is, sent with its answer."""
+        self._countdown -= 1
+        if self._countdown > 0:
+            return
+        every = round(CHECK_PERIOD_S / self._interval) if self._interval else 1
+        waiting, self._countdown = world.joiners_waiting(
+            world.default(), max(1, min(MAX_EVERY, every))
+        )
+        self.check_seconds = time.perf_counter() - began
+        if waiting:
+            raise JoinRequested(waiting)
 
     def restore(self) -> None:
         """Load the last commit into the objects and values (after a failure: the steps
@@ -196,9 +191,7 @@ class State:
         self._load(mine)
         for part in self._parts.values():  # each re-lays its parts over `comm`
             part.elastic_sync(comm)
-        # every rank of the new membership asks at the same commits (a question in flight
-        # went to the old one)
-        self._countdown, self._asked = 1, None
+        self._countdown = 1  # every rank of the new membership asks at the same commits
         for callback in self.reset_callbacks:
             callback()
 
