@@ -25,12 +25,16 @@ def test_the_bounds_default_to_one_and_the_starting_workers() -> None:
     e = _elastic(workers=4, min_workers=2, max_workers=6, batch_policy="per-rank").elastic
     assert (e.min_workers, e.max_workers) == (2, 6)
     assert e.policy(64, 4).lr_factor(3) == 0.75  # per-rank: 16 each, lr x n/4
+    ps = _elastic(strategy="ps").ps  # the servers' sync rounds go on over live workers
+    assert ps is not None and ps.mode == "sync" and ps.elastic_workers
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"strategy": "ps"}, "--elastic does not run with --strategy ps yet"),
+        ({"strategy": "ps", "ps_mode": "ssp"}, "--strategy ps runs --ps-mode sync only, not ssp"),
+        ({"strategy": "ps", "trace": "t.json"}, "--strategy ps does not run with --trace yet"),
+        ({"strategy": "ps", "priority": True}, "its per-layer waits are not tested"),
         ({"pp": 2}, "pipelines and tensor parallelism are not elastic yet"),
         ({"model": "gpt", "tp": 2}, "pipelines and tensor parallelism are not elastic yet"),
         ({"zero": 2, "optimizer": "lars"}, "--elastic --zero 2 does not run with --optimizer lars"),

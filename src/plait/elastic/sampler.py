@@ -193,7 +193,7 @@ class ElasticSampler:
         size -= len(carried)  # the new ones
         start, dropped = self.cursor, 0
         left = self.num_samples - self.offset  # in this epoch
-        if self.last_batch == DROP and 0 < size and left < size:
+        if self.last_batch == DROP and size > 0 and left < size:
             if size > self.num_samples:
                 raise ConfigError(
                     f"last_batch='drop' with a step of {size} samples > the {self.num_samples} "

@@ -34,7 +34,14 @@ from plait.comm.bootstrap.rendezvous import job_key, world_from_env
 from plait.comm.bootstrap.store import barrier
 from plait.comm.core.request import Request
 from plait.ps.auth import frame_limit
-from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
+from plait.ps.config import (
+    STORE_ADMITTED,
+    STORE_CONFIG,
+    STORE_JOINED,
+    STORE_PARAMS,
+    PSConfig,
+    store_server_key,
+)
 from plait.ps.consistency import Round
 from plait.ps.errors import JobOverError, PSError
 from plait.ps.join import admit
@@ -139,6 +146,7 @@ class Client:
                 ).wait()
         if role.joining:  # its first push is this clock + 1 (join.py)
             self.clock = admit(self._transport, role.num_servers, env.get("PLAIT_INIT_TIMEOUT"))
+            store.add(STORE_ADMITTED, 1)  # (what a run that waits for a joiner reads)
         try:
             self.pull()  # every worker starts from the served values (worker 0's model)
         except JobOverError:  # a joiner after the last round: say goodbye, let servers end

@@ -266,8 +266,10 @@ class Consistency:
         closed_clock + 1 to close, and that round has no live member left (every worker of
         the job said goodbye or died: the job is over)."""
         waiting = self.closed_clock + 1 < self.first[worker]
-        return waiting and self.in_sync_phase(self.first[worker]) and not any(
-            w != worker and self.first[w] <= self.closed_clock + 1 for w in self.live()
+        return (
+            waiting
+            and self.in_sync_phase(self.first[worker])
+            and not any(w != worker and self.first[w] <= self.closed_clock + 1 for w in self.live())
         )
 
     def applied(self, keys: list[int]) -> None:
