@@ -2,7 +2,8 @@
 float64 linear model (`workload`, given as --workload FILE.py:workload) with momentum SGD
 and the per-rank batch policy, so that a membership change shows in the numbers (the
 global batch and the learning rate change with the workers). `reference` trains the same
-steps in one process, the changes planned events at given steps."""
+steps in one process, the changes planned events at given steps; `ps_reference` plays the
+parameter server's sync rounds of tests/e2e/test_train_ps_command.py's elastic job."""
 
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ OPTIONS: dict[str, Any] = {
 }  # fmt: skip
 
 
-def argv() -> list[str]:
-    """`plait train`'s command line for OPTIONS."""
+def argv(options: dict[str, Any] | None = None) -> list[str]:
+    """`plait train`'s command line for `options` (OPTIONS by default)."""
     out = []
-    for name, value in OPTIONS.items():
+    for name, value in (OPTIONS if options is None else options).items():
         out += [flag(name)] if value is True else [flag(name), str(value)]
     return out
 
