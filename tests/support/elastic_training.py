@@ -82,9 +82,9 @@ def reference(workers: list[int]) -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
-def ps_reference(options: dict[str, Any], rounds: list[tuple[list[int], list[int]]]) -> tuple[
-    list[torch.Tensor], list[list[float]]
-]:
+def ps_reference(
+    options: dict[str, Any], rounds: list[tuple[list[int], list[int]]]
+) -> tuple[list[torch.Tensor], list[list[float]]]:
     """The parameters after one process plays `plait train --strategy ps --elastic`'s sync
     rounds as the servers apply them: round c (from 1) is (planned, counted): the global
     batch is split over `planned` (the elastic sampler's plan, the ids put back first),

@@ -153,8 +153,8 @@ def elastic_rows(rec: Record) -> list[tuple[str, str]]:
                                f"{e['commit_fraction']:.1%} of a step (state copied to host "
                                "memory)"))  # fmt: skip
     if e.get("untrained"):  # ps: a share lost in the last round
-        rows.append(("untrained", f"{e['untrained']} samples of the last step: their worker "
-                                  "pushed no gradient, and no step was left to train them"))  # fmt: skip
+        why = "their worker pushed no gradient, and no step was left to train them"
+        rows.append(("untrained", f"{e['untrained']} samples of the last step: {why}"))
     return rows
 
 

@@ -40,8 +40,9 @@ a dead worker's is); one admitted after the last round gets JobOverError and exi
 Test hooks (plait/env.py): PLAIT_TRAIN_KILL_AT="RANK:N" SIGKILLs worker RANK as its
 backward of step N begins (before its push: its share is lost); PLAIT_TRAIN_JOIN_AT=K holds
 every worker at the start of step K until a joiner has been admitted, and a joiner given
-it asks only then (its first round is K + 1); PLAIT_TRAIN_SAMPLE_LOG=FILE makes the reporter append each step's trained ids;
-PLAIT_TRAIN_PARAMS=FILE makes it save the final parameters.
+it asks only then (its first round is K + 1); PLAIT_TRAIN_SAMPLE_LOG=FILE makes the
+reporter append each step's trained ids; PLAIT_TRAIN_PARAMS=FILE makes it save the final
+parameters.
 """
 
 from __future__ import annotations
