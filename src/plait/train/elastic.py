@@ -221,16 +221,7 @@ class ElasticRun(RankRun):
             if say is not None:
                 self.say = say
         if change is not None:
-            self.say("membership", {**change, "batch": self.shares(comm.size)})
-
-    def shares(self, workers: int) -> str:
-        """The step at `workers` workers: "global batch 12 (3/3/3/3 per worker)", with the
-        learning-rate factor under the per-rank policy."""
-        sizes = self.policy.shares(workers)
-        each = str(sizes[0]) if len(set(sizes)) == 1 else "/".join(map(str, sizes))
-        text = f"global batch {sum(sizes)} ({each} per worker)"
-        factor = self.policy.lr_factor(workers)
-        return text if factor == 1.0 else f"{text}, lr x{factor:g}"
+            self.say("membership", {**change, "batch": shares(self.policy, comm.size)})
 
     # ------------------------------------------------------------------- reporting
     def log_samples(self, step: int, plan: StepPlan) -> None:
@@ -288,6 +279,16 @@ def header(
             counts = sorted({high, workers, low}, reverse=True)
     return {"elastic": {"min_workers": low, "max_workers": high,
                         "policy": policy.describe(counts)}}  # fmt: skip
+
+
+def shares(policy: BatchPolicy, workers: int) -> str:
+    """A step at `workers` workers: "global batch 12 (3/3/3/3 per worker)", with the
+    learning-rate factor under the per-rank policy."""
+    sizes = policy.shares(workers)
+    each = str(sizes[0]) if len(set(sizes)) == 1 else "/".join(map(str, sizes))
+    text = f"global batch {sum(sizes)} ({each} per worker)"
+    factor = policy.lr_factor(workers)
+    return text if factor == 1.0 else f"{text}, lr x{factor:g}"
 
 
 def scaled(loss_fn: LossFn, scale: float) -> LossFn:

@@ -61,7 +61,7 @@ from plait.ps.config import STORE_ADMITTED
 from plait.ps.consistency import Round
 from plait.train import board
 from plait.train.config import TrainConfig
-from plait.train.elastic import check_sampler, dying, header, scaled
+from plait.train.elastic import check_sampler, dying, header, scaled, shares
 from plait.train.progress import Emit
 from plait.train.rank_run import RankRun
 from plait.train.result import TrainResult
@@ -185,22 +185,22 @@ class PSElasticRun(RankRun):
                                f"with round {done.clock}")  # fmt: skip
         lost = [r for r, w in enumerate(planned) if w not in done.members]
         self.data.advance(plan, lost=lost)
-        shares = [plan.share(r) for r in range(len(planned)) if r not in lost]
-        self.trained += sum(len(ids) for ids in shares)
+        counted = [plan.share(r) for r in range(len(planned)) if r not in lost]
+        self.trained += sum(len(ids) for ids in counted)
         nxt = list(done.next)
         if nxt and min(nxt) == self.me and not self.reporting:
             self.take_over(evals=True)
-        self.log_samples(step, shares)
+        self.log_samples(step, counted)
         self.workers = len(nxt) or self.workers
         left = [w for w in planned if w not in nxt]
         joined = [w for w in nxt if w not in planned]
         if left or joined or lost:
             change = {"round": step, "step": step + 1, "left": left, "joined": len(joined),
                       "workers": len(nxt), "lost": [planned[r] for r in lost],
-                      "untrained": len(plan.ids) - sum(len(ids) for ids in shares),
+                      "untrained": len(plan.ids) - sum(len(ids) for ids in counted),
                       "name": "worker"}  # fmt: skip
             self.changes.append(change)
-            self.say("membership", {**change, "batch": self.shares(len(nxt))})
+            self.say("membership", {**change, "batch": shares(self.policy, len(nxt))})
         if set(nxt) - set(done.members):  # a newcomer takes the data's state after this round
             state = {"data": self.data.state_dict(), "changes": self.changes}
             self.store.set(f"{KEY}data/{step}", json.dumps(state))
@@ -250,18 +250,10 @@ class PSElasticRun(RankRun):
         super().evaluate(step)
         self.store.set(KEY + "evals", json.dumps(self.evals))
 
-    def shares(self, workers: int) -> str:
-        """ "global batch 12 (4 per worker)", "(4/4/3 ...)", with the per-rank lr factor."""
-        sizes = self.policy.shares(workers)
-        each = str(sizes[0]) if len(set(sizes)) == 1 else "/".join(map(str, sizes))
-        text = f"global batch {sum(sizes)} ({each} per worker)"
-        factor = self.policy.lr_factor(workers)
-        return text if factor == 1.0 else f"{text}, lr x{factor:g}"
-
-    def log_samples(self, step: int, shares: list[torch.Tensor]) -> None:
+    def log_samples(self, step: int, trained: list[torch.Tensor]) -> None:
         """PLAIT_TRAIN_SAMPLE_LOG: the reporter appends the ids the round trained."""
         if self.sample_log is not None and self.reporting:
-            ids = torch.cat(shares).tolist() if shares else []
+            ids = torch.cat(trained).tolist() if trained else []
             with open(self.sample_log, "a") as f:
                 f.write(f"{step} {' '.join(map(str, ids))}\n")
 
