@@ -190,6 +190,9 @@ class PSElasticRun(RankRun):
         nxt = list(done.next)
         if nxt and min(nxt) == self.me and not self.reporting:
             self.take_over(evals=True)
+        elif self.reporting and self.me not in nxt:  # declared dead: fenced at its next push
+            self.reporting = self.ps_step.reports = False
+            self.say = lambda kind, rec: None
         self.log_samples(step, counted)
         self.workers = len(nxt) or self.workers
         left = [w for w in planned if w not in nxt]
