@@ -148,16 +148,21 @@ VARIABLES: tuple[Var, ...] = (
         "a rank drawn per step from the run's seed and the step", "test hooks"),
     Var("PLAIT_TRAIN_KILL_AT", "text", None,
         "RANK:N: that worker kills itself (SIGKILL): a parameter-server worker after its "
-        "N-th push; under --elastic, the rank the launcher started as RANK, as its backward "
-        "of step N begins", "test hooks"),
+        "N-th push; under --elastic, the rank the launcher started as RANK (a parameter-"
+        "server worker: worker RANK), as its backward of step N begins", "test hooks"),
     Var("PLAIT_TRAIN_JOIN_AT", "int", None,
         "K: under --elastic, the workers wait at step K's commit until a process asks to "
-        "join, and the commits before it do not ask (a join falls at a known step)",
-        "test hooks"),
+        "join, and the commits before it do not ask (a join falls at a known step); with "
+        "--strategy ps they wait at the start of step K until the servers have admitted a "
+        "joiner, which (given K too) asks only then: its first step is K + 1", "test hooks"),
     Var("PLAIT_TRAIN_SAMPLE_LOG", "text", None,
         "FILE: under --elastic, rank 0 appends a line per committed step to FILE: the step, "
         "then its sample ids (the last line of a step counts: a step is redone after a "
-        "membership change)", "test hooks"),
+        "membership change); with --strategy ps the reporting worker appends the ids whose "
+        "gradients the step's round averaged", "test hooks"),
+    Var("PLAIT_TRAIN_PARAMS", "text", None,
+        "FILE: under --elastic --strategy ps, the reporting worker saves the final "
+        "parameters (the model's state_dict, after the last round) to FILE", "test hooks"),
     Var("PLAIT_TEST_LINK", "text", None,
         "group or staged: run plait's algorithms on CPU tensors over the links CUDA tensors "
         "use (point-to-point on the gloo group, or staged copies over the engine), so CPU "

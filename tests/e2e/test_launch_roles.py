@@ -1,6 +1,6 @@
 """`plait run --servers`: each role's prefixes, and who may fail without stopping the job
-(workers with --keep-going-on-worker-failure; never servers). Each role's environment is in
-tests/unit/test_rank_env.py."""
+(workers with --keep-going-on-worker-failure or --min-np; never servers). Each role's
+environment is in tests/unit/test_rank_env.py."""
 
 from __future__ import annotations
 
@@ -68,6 +68,10 @@ def test_a_failing_server_stops_the_job() -> None:
     text = err.getvalue()
     assert "plait run: rank 2 (server 0) failed (exit code 1); its traceback:" in text
     assert text.rstrip().endswith("RuntimeError: boom from rank 2")
+    # in an elastic job (--min-np: the workers may fail) a failing server still stops it
+    out, err = io.StringIO(), io.StringIO()
+    code = launch(cmd, 2, servers=1, min_alive=1, stdout=out, stderr=err)
+    assert code == 1 and "rank 2 (server 0) failed (exit code 1); its traceback" in err.getvalue()
     # a worker that is not survivable stops the job too
     out, err = io.StringIO(), io.StringIO()
     code = launch([sys.executable, str(SCRIPT), "0", "60"], 2, servers=1, stdout=out, stderr=err)

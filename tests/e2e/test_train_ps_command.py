@@ -1,8 +1,10 @@
 """`plait train --strategy ps` as whole jobs: one end to end (sync, with --trace, training
-the user's own workload, examples/custom_workload.py), and an async job that outlives a dead
-worker. The ssp and async modes' figures, and --priority's losses against FIFO's (and that
-it was on), are in worlds (tests/world/test_ps_worlds.py, train() on each worker), the
-options and roles in tests/unit/test_train_ps.py. The two jobs run at once."""
+the user's own workload, examples/custom_workload.py), and an elastic one (--elastic: sync
+rounds over the live workers) that a joiner enters and worker 0 leaves, SIGKILLed. The ssp
+and async modes' figures, and --priority's losses against FIFO's (and that it was on), are
+in worlds (tests/world/test_ps_worlds.py, train() on each worker, with an async and an ssp
+job outliving a dead worker), the options and roles in tests/unit/test_train_ps.py. The
+jobs run at once."""
 
 from __future__ import annotations
 
@@ -13,31 +15,52 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.nn.functional as F
 
+from plait.comm.bootstrap import secret
+from plait.elastic import ElasticSampler
+from plait.launch.ports import free_port
+from plait.train import TrainConfig
 from plait.train.data.sampler import GlobalBatchSampler
 from plait.train.workload import load
+from support import elastic_training
 from support.chrome_trace import step_spans, valid_trace
 from support.commands import Command, commands_at_once
 from support.paths import EXAMPLES, ROOT
 
 EXAMPLE = f"{EXAMPLES / 'custom_workload.py'}:make"
 
+# 2 workers of a float64 linear model (support/elastic_training.py), global batch 12; a
+# third joins at step 2 (PLAIT_TRAIN_JOIN_AT: the workers wait there until the servers
+# admitted it, from round 3); then worker 0 of the three, which reports and whose launcher
+# would host the store without --elastic, SIGKILLs itself as its backward of step 5 begins
+# (before its push). The servers wait out its silence, --worker-timeout 3 (a live worker
+# heartbeats every 0.75 s whatever its step does; the longest silence of a live worker
+# measured here was 0.13 s, at load 12-18 on 2 cores), then close round 5 over the other
+# two. (--min-workers 1: the launcher counts only the workers it started.)
+ELASTIC = {
+    "workload": elastic_training.OPTIONS["workload"], "strategy": "ps", "workers": 2,
+    "servers": 1, "steps": 10, "batch_size": 12, "lr": 0.1, "elastic": True,
+    "max_workers": 3, "eval_every": 5, "worker_timeout": 3.0,
+}  # fmt: skip
+# round c's planned members, and those whose gradients it averaged
+ROUNDS = [([0, 1], [0, 1])] * 2 + [([0, 1, 2], [0, 1, 2])] * 2
+ROUNDS += [([0, 1, 2], [1, 2])] + [([1, 2], [1, 2])] * 5
+
+COMMON = ("strategy", "servers")  # given to every job below
+
 RUNS = {
     # --workload: the user's model and data train under the servers the command starts too;
     # --trace: workers and server share only the store, worker 0 merges the events
     # (PLAIT_TIMEOUT: a merge that hangs fails within the test's time)
-    "sync": (["--workload", "examples.custom_workload:make", "--ps-mode", "sync", "--steps",
-              "30", "--batch-size", "32", "--eval-every", "0", "--trace", "{dir}/trace.json"],
-             {"PLAIT_TIMEOUT": "60"}),
-    # the servers wait out the dead worker's silence before they end: --worker-timeout 3
-    # (default 10) shortens that wait and keeps a margin: a live worker's I/O thread
-    # heartbeats every 0.75 s whatever its step does, and the longest silence of a live
-    # worker measured here was 0.13 s, at load 12-18 on 2 cores. The sync job runs meanwhile.
-    # Worker 1 dies after its first push: it claims that slice as soon as both workers are
-    # ready, while worker 0 can run all 60 before a loaded machine lets worker 1 push thrice
-    "async": (["--ps-mode", "async", "--steps", "30", "--eval-every", "0",
-               "--worker-timeout", "3"], {"PLAIT_TRAIN_KILL_AT": "1:1"}),
+    "sync": (["--workers", "2", "--workload", "examples.custom_workload:make", "--ps-mode",
+              "sync", "--steps", "30", "--batch-size", "32", "--eval-every", "0", "--trace",
+              "{dir}/trace.json"], {"PLAIT_TIMEOUT": "60"}),
+    "elastic": (elastic_training.argv({k: v for k, v in ELASTIC.items() if k not in COMMON}),
+                {"PLAIT_TRAIN_KILL_AT": "0:5", "PLAIT_TRAIN_JOIN_AT": "2",
+                 "PLAIT_TRAIN_SAMPLE_LOG": "{dir}/ids.txt",
+                 "PLAIT_TRAIN_PARAMS": "{dir}/params.pt"}),
 }  # fmt: skip
 
 
@@ -46,24 +69,31 @@ Ran = dict[str, tuple[Any, Any, Path]]  # each job's figures, how it ended, its 
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> Ran:
-    """Each job's figures (--json), how the command ended, and the folder of its files; the
-    two run at once."""
+    """Each job's figures (--json), how the command ended (the elastic one's joiner too),
+    and the folder of its files; they run at once."""
     where = {name: tmp_path_factory.mktemp(name) for name in RUNS}
-    common = ["-m", "plait", "train", "--strategy", "ps", "--workers", "2", "--servers", "1"]
-    argv = {
-        name: [*common, "--json", str(where[name] / "run.json"),
-               *(a.format(dir=where[name]) for a in args)]
-        for name, (args, _) in RUNS.items()
-    }  # fmt: skip
-    done = commands_at_once(
-        {name: Command(argv[name], env=env, cwd=ROOT) for name, (_, env) in RUNS.items()}
-    )
+    common = ["-m", "plait", "train", "--strategy", "ps", "--servers", "1"]
+    commands = {}
+    for name, (args, env) in RUNS.items():
+        folder = where[name]
+        argv = [*common, "--json", str(folder / "run.json"), *(a.format(dir=folder) for a in args)]
+        commands[name] = Command(argv, env={k: v.format(dir=folder) for k, v in env.items()},
+                                 cwd=ROOT)  # fmt: skip
+    # the elastic run's launcher hosts the store at MASTER_PORT, where the joiner finds it
+    job = {"MASTER_PORT": str(free_port("127.0.0.1")), "PLAIT_JOB_SECRET": secret.generate()}
+    run = commands["elastic"]
+    commands["elastic"] = Command(run.argv, env={**run.env, **job}, cwd=ROOT)
+    joiner = {"RANK": "2", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+              "TORCHELASTIC_USE_AGENT_STORE": "true", "PLAIT_ELASTIC_JOIN": "1",
+              "PLAIT_TRAIN_JOIN_AT": "2", "OMP_NUM_THREADS": "1", **job}  # fmt: skip
+    commands["joiner"] = Command(run.argv, env=joiner, cwd=ROOT)
+    done = commands_at_once(commands)
     for res in done.values():
-        assert res.returncode == 0, res.stdout + res.stderr
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return {
         name: (json.loads((where[name] / "run.json").read_text()), done[name], where[name])
         for name in RUNS
-    }
+    } | {"joiner": (None, done["joiner"], where["elastic"])}
 
 
 @pytest.mark.timeout(120)
@@ -91,16 +121,52 @@ def test_the_example_trains_under_the_parameter_server(ran: Ran) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_async_job_outlives_a_dead_worker(ran: Ran) -> None:
-    data, res, _ = ran["async"]
-    assert "rank 1 (worker 1) failed (killed by SIGKILL); the job goes on" in res.stderr
-    assert data["dead_workers"] == [1]
-    # --worker-timeout reached the servers (through worker 0's config in the store)
-    silent = re.search(r"worker 1 is dead \(no message or heartbeat for ([\d.]+) s\)", res.stderr)
-    assert silent is not None and 3.0 <= float(silent[1]) < 10.0, res.stderr
-    assert 0.5 < data["eval_value"] <= 1.0
-    # worker 0 trained every slice but worker 1's one (and one it may have claimed)
-    assert data["worker_steps"] >= 60 - 2
+def test_elastic_job_takes_a_joiner_and_outlives_worker_0(ran: Ran) -> None:
+    data, res, folder = ran["elastic"]
+    said = res.stdout + res.stderr
+    assert "plait run: rank 0 (worker 0) failed (killed by SIGKILL); the job goes on" in said
+    assert (
+        "membership: 1 joined in round 2; 3 workers go on from step 3 with global batch 12 "
+        "(4 per worker)" in res.stdout
+    )
+    assert (  # said by worker 1, which reports from then on
+        "membership: worker 0 left in round 5; 4 samples of step 5 not trained (no gradient "
+        "from worker 0): step 6 trains them first; 2 workers go on from step 6 with global "
+        "batch 12 (6 per worker)" in res.stdout
+    )
+    # --worker-timeout reached the server (through worker 0's config in the store)
+    silent = re.search(r"worker 0 is dead \(no message or heartbeat for ([\d.]+) s\)", said)
+    assert silent is not None and 3.0 <= float(silent[1]) < 10.0, said
+    assert (data["world_size"], data["steps"], data["dead_workers"]) == (2, 10, [0])
+    assert [(c["round"], c["left"], c["joined"], c["lost"], c["untrained"], c["workers"])
+            for c in data["elastic"]["changes"]] == [(2, [], 1, [], 0, 3),
+                                                     (5, [0], 0, [0], 4, 2)]  # fmt: skip
+    assert data["elastic"]["untrained"] == 0 and len(data["evals"]) == 2  # worker 0's, 1's
+    assert ran["joiner"][1].returncode == 0
+
+    # float64; the server adds the round's gradients in the order they came, the reference
+    # in the workers' order: three addends differ in the last bit, so a few ulps per step
+    params, losses = elastic_training.ps_reference(ELASTIC, ROUNDS)
+    got = torch.load(folder / "params.pt", weights_only=True)
+    for mine, ref in zip(got.values(), params, strict=True):
+        torch.testing.assert_close(mine, ref, rtol=1e-12, atol=0)
+    # the reporter's losses are its own: worker 1's share of every step
+    torch.testing.assert_close(torch.tensor(data["losses"]), torch.tensor(losses[1]),
+                               rtol=1e-12, atol=0)  # fmt: skip
+
+    # every step's trained ids (round 5's without worker 0's share, which step 6 trains
+    # first), in order: the stream so far, each sample once per epoch
+    steps = {}
+    for line in (folder / "ids.txt").read_text().splitlines():
+        step, *ids = map(int, line.split())
+        steps[step] = ids
+    assert [len(steps[s]) for s in range(1, 11)] == [12] * 4 + [8] + [12] * 5
+    trained = [i for s in range(1, 11) for i in steps[s]]
+    config = TrainConfig.from_options(ELASTIC)
+    sampler = ElasticSampler(elastic_training.SAMPLES, config.elastic.policy(12, 2), seed=0)
+    stream = torch.cat([sampler.order(0), sampler.order(1)]).tolist()[: len(trained)]
+    assert Counter(trained) == Counter(stream)
+    assert sorted(trained[: elastic_training.SAMPLES]) == list(range(elastic_training.SAMPLES))
 
 
 @pytest.mark.timeout(120)

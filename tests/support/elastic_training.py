@@ -2,7 +2,8 @@
 float64 linear model (`workload`, given as --workload FILE.py:workload) with momentum SGD
 and the per-rank batch policy, so that a membership change shows in the numbers (the
 global batch and the learning rate change with the workers). `reference` trains the same
-steps in one process, the changes planned events at given steps."""
+steps in one process, the changes planned events at given steps; `ps_reference` plays the
+parameter server's sync rounds of tests/e2e/test_train_ps_command.py's elastic job."""
 
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ OPTIONS: dict[str, Any] = {
 }  # fmt: skip
 
 
-def argv() -> list[str]:
-    """`plait train`'s command line for OPTIONS."""
+def argv(options: dict[str, Any] | None = None) -> list[str]:
+    """`plait train`'s command line for `options` (OPTIONS by default)."""
     out = []
-    for name, value in OPTIONS.items():
+    for name, value in (OPTIONS if options is None else options).items():
         out += [flag(name)] if value is True else [flag(name), str(value)]
     return out
 
@@ -79,3 +80,45 @@ def reference(workers: list[int]) -> list[torch.Tensor]:
         opt.zero_grad()
         sampler.advance(plan)
     return [p.detach() for p in model.parameters()]
+
+
+def ps_reference(
+    options: dict[str, Any], rounds: list[tuple[list[int], list[int]]]
+) -> tuple[list[torch.Tensor], list[list[float]]]:
+    """The parameters after one process plays `plait train --strategy ps --elastic`'s sync
+    rounds as the servers apply them: round c (from 1) is (planned, counted): the global
+    batch is split over `planned` (the elastic sampler's plan, the ids put back first),
+    each share's gradient is taken at the round's values, the servers' optimizer
+    (plait.ps.optim) applies the mean of the `counted` workers' gradients, and the shares
+    of the others are put back. Returns the parameters and each worker's loss per round
+    ({worker: [loss of round 1, ...]}, as a list indexed by worker id)."""
+    from plait.elastic import ElasticSampler
+    from plait.ps.optim import make_optimizer as server_optimizer
+
+    config = TrainConfig.from_options(options)
+    assert config.ps is not None
+    work = workload()
+    model = work.build_model(config.workload.seed)
+    params = list(model.parameters())
+    opts = [server_optimizer(config.ps) for _ in params]
+    policy = config.elastic.policy(config.batch_size, config.workers)
+    sampler = ElasticSampler(SAMPLES, policy, seed=config.workload.seed)
+    losses: list[list[float]] = [[] for _ in range(1 + max(max(p) for p, _ in rounds))]
+    for step, (planned, counted) in enumerate(rounds, start=1):
+        plan = sampler.plan(len(planned))
+        grads = []
+        for r, w in enumerate(planned):
+            x, y = work.data.train_batch(plan.share(r))
+            model.zero_grad()
+            loss = mse(model(x), y) * plan.loss_scale(r)
+            loss.backward()
+            losses[w].append(loss.item())
+            if w in counted:
+                grads.append([p.grad.clone() for p in params])  # type: ignore[union-attr]
+        lr = config.lr_at(step) * policy.lr_factor(len(planned))
+        with torch.no_grad():
+            for i, (p, opt) in enumerate(zip(params, opts, strict=True)):
+                mean = sum(g[i] for g in grads[1:]).add(grads[0][i]) / len(grads)  # type: ignore[union-attr]
+                p.copy_(opt.step(p.detach().clone(), mean, lr))
+        sampler.advance(plan, lost=[r for r, w in enumerate(planned) if w not in counted])
+    return [p.detach() for p in params], losses

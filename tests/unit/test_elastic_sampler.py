@@ -378,3 +378,47 @@ def test_horovod_batches_are_steps_of_the_core(processed: int, size: int, b: int
     flat = [i for ids in per_rank for i in ids]
     assert set(flat) == set(epoch_order(n, 1, seed=9)[processed:].tolist())  # nothing skipped
     assert len(flat) - len(set(flat)) < size  # Horovod's padding: under one id per rank
+
+
+# ------------------------------------------- shares put back (parameter-server rounds)
+def test_a_lost_share_is_trained_first_by_the_next_step() -> None:
+    """A sync round of the parameter server closed without position 0's gradient: its ids
+    come first in the next step, which takes that many fewer new ones."""
+    s = ElasticSampler(12, BatchPolicy(batch=6, base_workers=3), shuffle=False)
+    first = s.plan(3)
+    assert [x.tolist() for x in (first.share(r) for r in range(3))] == [[0, 1], [2, 3], [4, 5]]
+    s.advance(first, lost=[0])
+    assert (s.cursor, s.carried.tolist()) == (6, [0, 1])
+    again = s.plan(2)
+    assert (again.ids.tolist(), again.carried, again.start) == ([0, 1, 6, 7, 8, 9], 2, 6)
+    assert again.share(0).tolist() == [0, 1, 6] and again.end == 10
+    t = ElasticSampler(12, BatchPolicy(batch=6, base_workers=3), shuffle=False)
+    t.load_state_dict(s.state_dict())  # the ids put back travel with the cursor
+    assert torch.equal(t.plan(2).ids, again.ids)
+    s.advance(again)
+    assert (s.cursor, s.carried.tolist()) == (10, [])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_lost_shares_keep_the_stream(seed: int) -> None:
+    """Every rank puts back the same lost shares; what was trained plus what waits put back
+    is exactly the stream so far: no sample skipped or repeated."""
+    rng = random.Random(seed)
+    n, fixed = rng.randint(5, 120), rng.choice(["global", "per-rank"])
+    batch = rng.randint(8, 40) if fixed == "global" else rng.randint(1, 10)
+    policy = BatchPolicy(batch=batch, fixed=fixed, base_workers=rng.randint(1, 6))
+    args = sampler_args(n, policy, shuffle=True, last_batch=rng.choice(["carry", "short"]))
+    ranks = [ElasticSampler(**args) for _ in range(3)]  # type: ignore[arg-type]
+    trained: list[int] = []
+    for _ in range(rng.randint(10, 60)):
+        workers = rng.randint(1, 8)
+        plans = [s.plan(workers) for s in ranks]
+        assert all(torch.equal(p.ids, plans[0].ids) for p in plans)
+        lost = [r for r in range(workers) if rng.random() < 0.2]
+        trained += [i for r in range(workers) if r not in lost for i in plans[0].share(r).tolist()]
+        for s in ranks:
+            s.advance(plans[0], lost=lost)
+    s = ranks[0]
+    assert all(t.state_dict() == s.state_dict() for t in ranks)
+    stream = [i for e in range(s.epoch + 1) for i in s.order(e).tolist()][: s.cursor]
+    assert Counter(trained + s.carried.tolist()) == Counter(stream)

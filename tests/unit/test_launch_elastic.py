@@ -33,7 +33,12 @@ SCHEDULE = LAUNCH_SCRIPTS / "discover_schedule.sh"
     [
         ({"nproc": 2, "min_np": 3}, "--min-np must be in 1..2"),
         ({"nproc": 2, "min_np": 0}, "--min-np must be in 1..2"),
-        ({"nproc": 2, "min_np": 1, "servers": 1}, "not with --servers or --nnodes"),
+        ({"nproc": 2, "host_discovery_script": "d", "servers": 1}, "not with --host-discovery"),
+        ({"nproc": 2, "min_np": 1, "max_np": 2, "servers": 1}, "not with --host-discovery"),
+        (
+            {"nproc": 2, "min_np": 1, "servers": 1, "keep_going_on_worker_failure": True},
+            "--keep-going-on-worker-failure and --min-np both say which workers may fail",
+        ),
         (
             {
                 "nproc": 2,
@@ -42,7 +47,7 @@ SCHEDULE = LAUNCH_SCRIPTS / "discover_schedule.sh"
                 "master_addr": "h",
                 "master_port": 1,
             },
-            "not with --servers or --nnodes",
+            "not with --nnodes yet",
         ),
         ({"nproc": 4, "min_np": 2, "max_np": 3}, "--max-np 3 < -n 4: -n ranks start the job"),
         ({"max_np": 3}, "--max-np is for an elastic job: give --min-np N or"),

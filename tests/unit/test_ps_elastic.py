@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from plait.ps.config import PSConfig
+from plait.ps.errors import JobOverError
 from plait.ps.join import admit
+from plait.ps.request import error_of
 from plait.ps.server import Reply, Server
 from plait.ps.sharding import ParamSpec, specs_to_json
 from plait.ps.wire import Message
@@ -125,6 +127,43 @@ def test_a_joiner_may_ask_for_a_later_clock_until_it_pushes() -> None:
     for worker, rid in ((3, 6), (0, 6)):  # pushed: its id is taken; a first worker's always
         ((_, m),) = server.handle(f"w{worker}", _join(worker, rid), 0.5)
         assert m.op == "error" and "is taken" in str(m.meta["reason"])
+
+
+def test_every_reply_of_a_round_names_the_members_fixed_when_it_closed() -> None:
+    """A joiner's first pull, answered after a death was seen, still names the next round's
+    members as the round's close fixed them: every worker plans that round alike."""
+    server = _server(3)
+    assert _ok(server.handle("w3", _join(3, 1), 0.1))["w3"].meta["clock"] == 1
+    server.handle("w0", _push(0, 2, 1, 1.0), 0.2)
+    server.handle("w1", _push(1, 2, 1, 1.0), 0.2)
+    got = _ok(server.handle("w2", _push(2, 2, 1, 1.0), 0.2))  # round 1 closes
+    assert {m.meta["next"] == [0, 1, 2, 3] for m in got.values()} == {True}
+    for w in (0, 1, 3):
+        server.handle(f"w{w}", Message("hb", 0, w), 5.0)
+    server.tick(5.5)  # worker 2 silent since 0.2: dead
+    assert server.cons is not None and server.cons.dead() == [2]
+    late = _ok(server.handle("w3", Message("pull", 3, 3, clock=1), 5.6))["w3"]
+    assert (late.meta["round"], late.meta["next"]) == (1, [0, 1, 2, 3])
+    server.handle("w0", _push(0, 3, 2, 1.0), 5.7)
+    server.handle("w1", _push(1, 3, 2, 1.0), 5.7)
+    got = _ok(server.handle("w3", _push(3, 4, 2, 1.0), 5.7))  # round 2: no worker 2
+    assert got["w3"].meta["members"] == [0, 1, 3] and got["w3"].meta["next"] == [0, 1, 3]
+
+
+def test_a_joiner_after_the_last_round_is_told_the_job_is_over() -> None:
+    server = _server(2)
+    for w in (0, 1):
+        server.handle(f"w{w}", _push(w, 2, 1, 1.0), 0.1)
+    assert _ok(server.handle("w2", _join(2, 1), 0.2))["w2"].meta["clock"] == 2
+    assert server.handle("w2", Message("pull", 2, 2, clock=2), 0.2) == []  # waits: round 2
+    assert [o for o, _ in server.handle("w0", Message("bye", 3, 0), 0.3)] == ["w0"]
+    (_, ok), (origin, m) = server.handle("w1", Message("bye", 3, 1), 0.3)  # the last one
+    assert ok.op == "ok" and origin == "w2" and m.meta["error"] == "job_over"
+    assert "no live worker is left to close round 2" in str(m.meta["reason"])
+    assert isinstance(error_of(0, m), JobOverError)  # what the joiner's Client raises
+    assert not server.finished()  # until the joiner says goodbye
+    server.handle("w2", Message("bye", 5, 2), 0.5)
+    assert server.finished()
 
 
 def test_in_ssp_a_joiner_starts_at_the_slowest_live_clock() -> None:

@@ -25,12 +25,16 @@ def test_the_bounds_default_to_one_and_the_starting_workers() -> None:
     e = _elastic(workers=4, min_workers=2, max_workers=6, batch_policy="per-rank").elastic
     assert (e.min_workers, e.max_workers) == (2, 6)
     assert e.policy(64, 4).lr_factor(3) == 0.75  # per-rank: 16 each, lr x n/4
+    ps = _elastic(strategy="ps").ps  # the servers' sync rounds go on over live workers
+    assert ps is not None and ps.mode == "sync" and ps.elastic_workers
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"strategy": "ps"}, "--elastic does not run with --strategy ps yet"),
+        ({"strategy": "ps", "ps_mode": "ssp"}, "--strategy ps runs --ps-mode sync only, not ssp"),
+        ({"strategy": "ps", "trace": "t.json"}, "--strategy ps does not run with --trace yet"),
+        ({"strategy": "ps", "priority": True}, "its per-layer waits are not tested"),
         ({"pp": 2}, "pipelines and tensor parallelism are not elastic yet"),
         ({"model": "gpt", "tp": 2}, "pipelines and tensor parallelism are not elastic yet"),
         ({"zero": 2, "optimizer": "lars"}, "--elastic --zero 2 does not run with --optimizer lars"),
@@ -90,3 +94,36 @@ def test_the_new_rank_0s_events_are_rendered() -> None:
         "(3 per worker)",
         "[rank 2] a plain line",
     ]
+
+
+def test_ps_workers_under_a_launcher_and_a_ps_joiner(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500", "PLAIT_SERVERS": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    ps = {"strategy": "ps", "elastic": True}
+    with pytest.raises(ConfigError, match="needs one that hosts the job's store"):
+        job.configure(ps)  # plait run without --min-np: worker 0 hosts it
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "true")
+    under = job.configure(ps)  # plait run -n 2 --servers 1 --min-np N
+    assert under.workers == 2 and under.elastic.min_workers is None
+    assert under.ps is not None and under.ps.elastic_workers
+    # a joiner runs the run's command: its --workers and --max-workers, whatever WORLD_SIZE
+    monkeypatch.setenv("PLAIT_ELASTIC_JOIN", "1")
+    monkeypatch.setenv("WORLD_SIZE", "7")
+    joiner = job.configure({**ps, "workers": 2, "servers": 1, "max_workers": 3})
+    assert (joiner.workers, joiner.elastic.max_workers) == (2, 3)
+
+
+def test_a_ps_change_and_its_summary_rows() -> None:
+    change = {"round": 5, "step": 6, "left": [0], "joined": 0, "workers": 2, "lost": [0],
+              "untrained": 4, "name": "worker",
+              "batch": "global batch 12 (6 per worker)"}  # fmt: skip
+    assert progress.membership_line(change) == (
+        "membership: worker 0 left in round 5; 4 samples of step 5 not trained (no gradient "
+        "from worker 0): step 6 trains them first; 2 workers go on from step 6 with global "
+        "batch 12 (6 per worker)"
+    )
+    e = {"policy": "p", "changes": [change], "untrained": 3}
+    rows = dict(progress.elastic_rows({"world_size": 2, "elastic": e}))
+    assert rows["membership"] == "step 6: worker 0 left -> 2 workers (round 5, 4 samples put back)"
+    assert "commit" not in rows and rows["untrained"].startswith("3 samples of the last step")

@@ -14,6 +14,12 @@ cursor by whoever is left, with the same G ids under the fixed-global-batch poli
 under the per-rank one): the stream is consumed without gap or overlap, so within an epoch
 no sample is skipped or repeated, across any sequence of membership changes.
 
+A share that was computed but whose gradient never counted (a parameter server's sync round
+closes over the workers that pushed: one that died before pushing leaves its share
+untrained, while the others' update is applied) is put back: `advance(plan, lost=[r])`
+keeps position r's ids, and the next step trains them first, then fewer new ones from the
+cursor, so the global batch and the stream are kept and no sample is skipped or repeated.
+
 Nothing here communicates: the cursor is a value the ranks agree on through the State's
 sync (the caller broadcasts `state_dict()`), and `plan(n)` is then the same on every rank.
 
@@ -32,7 +38,7 @@ DataLoader's drop_last does. Under "carry" and "short" no sample is ever skipped
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,16 +80,19 @@ class StepPlan:
     """One step's samples: the global batch and each worker's part of it.
 
     Attributes:
-        start: the stream position of ids[0] (epoch * N + offset).
-        ids: (size,) int64 sample ids, the step's global batch in stream order.
+        start: the stream position of the first new id, ids[carried] (epoch * N + offset).
+        ids: (size,) int64 sample ids, the step's global batch: the ids put back by an
+            earlier step first (`carried` of them), then new ones in stream order.
         workers: n, the workers the step is split among.
         dropped: stream positions skipped before `start` ("drop": the epoch's short tail).
+        carried: how many of `ids` were put back by an earlier step (`advance`'s `lost`).
     """
 
     start: int
     ids: torch.Tensor
     workers: int
     dropped: int = 0
+    carried: int = 0
 
     @property
     def size(self) -> int:
@@ -93,7 +102,7 @@ class StepPlan:
     @property
     def end(self) -> int:
         """The cursor once this step is done."""
-        return self.start + self.size
+        return self.start + self.size - self.carried
 
     def sizes(self) -> list[int]:
         """Each worker's number of samples, by position in the membership."""
@@ -148,6 +157,8 @@ class ElasticSampler:
         self.shuffle = shuffle
         self.last_batch = last_batch
         self.cursor = 0
+        # ids put back (`advance`'s lost shares): the next step trains them first
+        self.carried = torch.empty(0, dtype=torch.int64)
         self._orders: dict[int, torch.Tensor] = {}  # at most two epochs: a step spans two
 
     @property
@@ -169,17 +180,20 @@ class ElasticSampler:
         return self._orders[epoch]
 
     def plan(self, workers: int) -> StepPlan:
-        """The next step's samples at `workers` workers, from the cursor; the cursor does
-        not move (`advance` moves it). The same on every rank that holds the same state.
+        """The next step's samples at `workers` workers: the ids put back first, then new
+        ones from the cursor; the cursor does not move (`advance` moves it). The same on
+        every rank that holds the same state.
 
         Raises:
             ConfigError: the policy cannot split a step among `workers`; or "drop" with a
                 step larger than an epoch (every sample would be dropped).
         """
         size = self.policy.global_batch(workers)
+        carried = self.carried[:size]
+        size -= len(carried)  # the new ones
         start, dropped = self.cursor, 0
         left = self.num_samples - self.offset  # in this epoch
-        if self.last_batch == DROP and left < size:
+        if self.last_batch == DROP and size > 0 and left < size:
             if size > self.num_samples:
                 raise ConfigError(
                     f"last_batch='drop' with a step of {size} samples > the {self.num_samples} "
@@ -188,10 +202,15 @@ class ElasticSampler:
             start, dropped = start + left, left
         elif self.last_batch == SHORT:
             size = min(size, left)
-        return StepPlan(start, self._read(start, size), workers, dropped)
+        ids = torch.cat([carried, self._read(start, size)])
+        return StepPlan(start, ids, workers, dropped, len(carried))
 
-    def advance(self, plan: StepPlan) -> None:
+    def advance(self, plan: StepPlan, lost: Sequence[int] = ()) -> None:
         """Mark `plan`'s step done: the cursor moves past it (then commit the State).
+
+        `lost`: the positions whose shares were not trained after all (their gradients
+        never counted); their ids are put back, after any the step could not take, and
+        the next step trains them first.
 
         Raises:
             PlaitError: `plan` was not made at this cursor (used twice, or made before a
@@ -203,6 +222,8 @@ class ElasticSampler:
                 f"sampler is at {self.cursor}: plan each step after the last advance or restore"
             )
         self.cursor = plan.end
+        back = [self.carried[plan.carried :], *(plan.share(r) for r in sorted(set(lost)))]
+        self.carried = torch.cat(back)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch` at its first sample (what was left of the current one is
@@ -210,14 +231,16 @@ class ElasticSampler:
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0; got {epoch}")
         self.cursor = epoch * self.num_samples
+        self.carried = torch.empty(0, dtype=torch.int64)
 
     def describe(self, workers: tuple[int, ...] = ()) -> str:
         """The policy's line for the run's summary, with the epoch's last batch."""
         return f"{self.policy.describe(workers)}; an epoch's last batch: {self.last_batch}"
 
     def state_dict(self) -> dict[str, Any]:
-        """The cursor, and the settings that give it a meaning (checked on load)."""
-        return {"cursor": self.cursor, **self._settings()}
+        """The cursor and the ids put back, and the settings that give them a meaning
+        (checked on load)."""
+        return {"cursor": self.cursor, "carried": self.carried.tolist(), **self._settings()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Take the cursor of `state` (a committed or broadcast `state_dict()`).
@@ -236,6 +259,7 @@ class ElasticSampler:
                 + "; ".join(differ)
             )
         self.cursor = int(state["cursor"])
+        self.carried = torch.tensor(list(state.get("carried", [])), dtype=torch.int64)
 
     def _settings(self) -> dict[str, Any]:
         p = self.policy

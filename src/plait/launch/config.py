@@ -49,7 +49,8 @@ class RunConfig:
         metadata=option(
             "elastic (Horovod's --min-np): a rank that fails is reported and the others go "
             "on (they re-form with plait.reform() / plait.elastic.run) while at least N "
-            "live; the launcher hosts the job's store, so any rank may die",
+            "live; the launcher hosts the job's store, so any rank may die (with --servers: "
+            "any worker; a failing server stops the job)",
             metavar="N",
             aliases=("--min-num-proc",),
             default_text="-n with --host-discovery-script; else not elastic: a failing rank "
@@ -206,10 +207,21 @@ class RunConfig:
                 )
         if not self.elastic:
             return
-        if self.servers or self.nnodes > 1:
+        if self.nnodes > 1:
             raise ConfigError(
                 "--min-np and --host-discovery-script (elastic) are for a single host's "
-                "workers: not with --servers or --nnodes yet"
+                "workers: not with --nnodes yet"
+            )
+        if self.servers and (self.host_discovery_script is not None or self.max_np):
+            raise ConfigError(
+                "--servers with --min-np: the workers may fail (--min-np of them must live) "
+                "and a failing server stops the job; not with --host-discovery-script or "
+                "--max-np yet (the launcher starts no parameter-server worker as a joiner)"
+            )
+        if self.servers and self.keep_going_on_worker_failure:
+            raise ConfigError(
+                "--keep-going-on-worker-failure and --min-np both say which workers may fail: "
+                "give one (--min-np also hosts the store in the launcher, so worker 0 may die)"
             )
         if self.max_np is not None and self.max_np < self.nproc:
             raise ConfigError(

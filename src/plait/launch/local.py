@@ -98,7 +98,9 @@ def launch(
         statuses: filled with every started rank's exit code (negative: killed by that
             signal), by global rank, for a caller that accounts for each rank's work.
         min_alive: an elastic job (Horovod's --min-np): the launcher hosts the store, and
-            a failing rank is reported while at least this many others live.
+            a failing rank is reported while at least this many others live. With
+            `servers`, only workers may fail (the count is of workers): a failing server
+            stops the job.
         elastic: the rest of an elastic job's options (elastic.py), `min_alive` needed. With
             a discovery script, `nproc` is the slots to wait for before starting (-np), and
             every slot offered then (up to max_np) gets a rank.
@@ -144,6 +146,8 @@ def launch(
         )
     if elastic is not None and min_alive is None:
         raise ValueError("elastic options are for an elastic job: give min_alive too")
+    if elastic is not None and elastic.script is not None and servers:
+        raise ValueError("a host discovery script starts workers only: not with servers")
     env = with_secret(env, nnodes)  # one secret for every rank; never printed
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
@@ -162,7 +166,7 @@ def launch(
             if driver is not None:  # elastic: any rank may die, so the store lives here
                 from plait.comm.bootstrap.store import host_for_ranks
 
-                store = host_for_ranks(master_addr, port, nproc)
+                store = host_for_ranks(master_addr, port, nproc + servers)
                 env = {**env, "TORCHELASTIC_USE_AGENT_STORE": "true"}
                 if driver.options.script is not None:  # after torch's import: seconds
                     hosts = driver.first_hosts(nproc, sigs) or []
@@ -181,7 +185,10 @@ def launch(
             for rk in ranks:
                 rk.start_pumps()
             if sigs.first is None and ranks:
-                failed = _wait(ranks, sigs, set(survivable), exits, driver, starter, grace_s)
+                serving = set(range(nproc, nproc + servers)) if nnodes == 1 else set()
+                failed = _wait(
+                    ranks, sigs, set(survivable), serving, exits, driver, starter, grace_s
+                )
             if failed is not None:
                 see_exits(ranks, exits)
                 stopped = {rk.rank for rk in ranks if rk.rank not in exits}
@@ -288,6 +295,7 @@ def _wait(
     ranks: list[RankProc],
     sigs: Signals,
     survivable: set[int],
+    serving: set[int],
     exits: dict[int, float],
     driver: Driver | None,
     starter: _Starter,
@@ -296,7 +304,8 @@ def _wait(
     """Block until every rank is done (None), a rank fails (that rank) or a signal comes.
 
     A survivable rank's failure is reported, once, and the wait goes on. In an elastic job
-    (`driver`) every rank is survivable while --min-np live, and the driver may start and
+    (`driver`) every rank but a server (`serving`) is survivable while --min-np of them
+    live, and the driver may start and
     stop ranks at each poll, or end the job (None, `driver.ended` says why). `exits` gets
     the time each exit was first seen: the order in which ranks ended is evidence of which
     one caused a failure.
@@ -312,9 +321,13 @@ def _wait(
             elif code == 0 or rk.retire_at is not None or rk.rank in forgiven:
                 if driver is not None and code == 0:
                     driver.finishing = True
-            elif driver is not None:
+            elif driver is not None and rk.rank not in serving:
                 forgiven.add(rk.rank)
-                left = sum(1 for r in ranks if r.rank not in forgiven and r.retire_at is None)
+                left = sum(
+                    1
+                    for r in ranks
+                    if r.rank not in forgiven and r.retire_at is None and r.rank not in serving
+                )
                 if not driver.lost(rk.rank, rk.name, rk.host, describe_exit(code), left):
                     return rk
             elif rk.rank in survivable:
@@ -327,7 +340,7 @@ def _wait(
             else:
                 return rk
         if driver is not None:
-            running = _elastic_tick(ranks, exits, driver, starter, grace_s) or running
+            running = _elastic_tick(ranks, serving, exits, driver, starter, grace_s) or running
             if driver.ended is not None:
                 return None
         if not running:
@@ -338,17 +351,22 @@ def _wait(
 
 def _elastic_tick(
     ranks: list[RankProc],
+    serving: set[int],
     exits: dict[int, float],
     driver: Driver,
     starter: _Starter,
     grace_s: float,
 ) -> bool:
     """Do what the driver decides now: stop ranks (their host left), start joiners. True
-    if it started any."""
+    if it started any. The driver counts workers: servers (`serving`) are not its."""
     now = time.monotonic()
     # a rank exited since see_exits is still live here: its failure is taken next poll,
     # before its slot can be given to a joiner
-    live = [rk for rk in ranks if rk.rank not in exits and rk.retire_at is None]
+    live = [
+        rk
+        for rk in ranks
+        if rk.rank not in exits and rk.retire_at is None and rk.rank not in serving
+    ]
     changes = driver.tick([Live(rk.rank, rk.host) for rk in live])
     for rk in live:
         if rk.rank in changes.stop:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from plait.errors import PeerFailureError
 from plait.lazy import getattr_from
 from plait.ps.config import PSConfig
-from plait.ps.errors import PSError
+from plait.ps.errors import JobOverError, PSError
 
 if TYPE_CHECKING:
     from plait.ps.client import Client
@@ -38,6 +38,7 @@ _LAZY = {
 
 __all__ = [
     "Client",
+    "JobOverError",
     "PSConfig",
     "PSError",
     "PeerFailureError",

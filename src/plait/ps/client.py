@@ -34,9 +34,16 @@ from plait.comm.bootstrap.rendezvous import job_key, world_from_env
 from plait.comm.bootstrap.store import barrier
 from plait.comm.core.request import Request
 from plait.ps.auth import frame_limit
-from plait.ps.config import STORE_CONFIG, STORE_JOINED, STORE_PARAMS, PSConfig, store_server_key
+from plait.ps.config import (
+    STORE_ADMITTED,
+    STORE_CONFIG,
+    STORE_JOINED,
+    STORE_PARAMS,
+    PSConfig,
+    store_server_key,
+)
 from plait.ps.consistency import Round
-from plait.ps.errors import PSError
+from plait.ps.errors import JobOverError, PSError
 from plait.ps.join import admit
 from plait.ps.request import ServerRequest
 from plait.ps.roles import Role
@@ -62,6 +69,7 @@ class Client:
         PSError: parameters that differ from worker 0's (the first difference is named),
             or a dtype the wire does not carry; a joiner (role.joining) in a job started
             without PSConfig(elastic_workers=True).
+        JobOverError: a joiner admitted after every other worker had finished or died.
     """
 
     def __init__(
@@ -138,7 +146,12 @@ class Client:
                 ).wait()
         if role.joining:  # its first push is this clock + 1 (join.py)
             self.clock = admit(self._transport, role.num_servers, env.get("PLAIT_INIT_TIMEOUT"))
-        self.pull()  # every worker starts from the served values (worker 0's model)
+            store.add(STORE_ADMITTED, 1)  # (what a run that waits for a joiner reads)
+        try:
+            self.pull()  # every worker starts from the served values (worker 0's model)
+        except JobOverError:  # a joiner after the last round: say goodbye, let servers end
+            self.close()
+            raise
 
     # -- the API --------------------------------------------------------------------------
     def push(self, grads: Iterable[torch.Tensor] | None = None, *, lr: float | None = None) -> None:

@@ -158,6 +158,8 @@ STORE_CONFIG = "plait/ps/config"  # worker 0's PSConfig as JSON
 STORE_PARAMS = "plait/ps/params"  # worker 0's [[name, shape, dtype], ...] as JSON
 STORE_JOINED = "plait/ps/joined"  # a counter: workers that have read the store
 STORE_JOINERS = "plait/ps/joiners"  # a counter: workers that joined the running job
+STORE_ADMITTED = "plait/ps/admitted"  # a counter: joiners every server has admitted
+STORE_WORKERS = "plait/ps/workers"  # W, the workers the job started with (set by the servers)
 
 
 def store_server_key(server: int) -> str:

@@ -40,6 +40,14 @@ Elastic workers (PSConfig(elastic_workers=True)): workers may leave and join.
           server notices the death (servers do not talk to each other: a rule "drop it if
           the death is seen before the round closes" would make two servers apply
           different means of the same round). async/ssp already go on without a dead worker.
+  plan    a sync pull reply names the round its values come from, the workers whose
+          gradients it averaged, and the next round's members as they were when that round
+          closed (the same in every reply of it: a worker plans its share of the next round
+          over them). One that then dies without pushing, or whose admission moves on, is
+          among them and not among the next round's contributors.
+  ended   a joiner's first pull waits for a round; when that round has no live member left
+          (every other worker said goodbye or died) it can never close, and the pull fails
+          ("job_over") instead of waiting for ever.
   join    a worker id never used before asks to be admitted (`admit`) and gets its first
           clock s; its first push is clock s + 1. sync: s = the last closed round + 1, so it
           is a member from the round after the next one: a round's membership is fixed when
@@ -99,8 +107,9 @@ class Stats:
 @dataclass(frozen=True)
 class Round:
     """A sync round as a server tells it with its values (elastic workers only): its clock,
-    the workers whose gradients it averaged, and the next round's members as the server
-    knew them when it answered (one that dies in the next round is still among them)."""
+    the workers whose gradients it averaged, and the next round's members as they were when
+    this round closed (every reply of the round tells the same; one that dies in the next
+    round before pushing is still among them)."""
 
     clock: int
     members: tuple[int, ...]
@@ -134,6 +143,10 @@ class Consistency:
         self.closed_clock = 0  # the clock of the last round closed
         self.last_members: list[int] = []  # the workers whose gradients it averaged
         self.first = [0] * num_workers  # the first round each worker is a member of
+        # the members of round closed_clock + 1 as they were when round closed_clock closed:
+        # every reply of that round tells the same (`round_meta`), so that every worker,
+        # a joiner whose first pull comes later too, plans the round over the same members
+        self.planned: list[int] = list(range(num_workers))
 
     # -- liveness -------------------------------------------------------------------------
     def heard(self, worker: int, now: float, clock: int) -> None:
@@ -235,17 +248,29 @@ class Consistency:
             self.stats.record(0, 0)
         self.closed_clock = max(self.closed_clock, self.round_clock)
         self.last_members = sorted(self.round_lr)
+        self.planned = self.members(self.closed_clock + 1)
         self.round_sum, self.round_lr, self.round_clock = {}, {}, 0
         return mean, lr, n
 
     def round_meta(self) -> dict[str, Any]:
         """What a sync pull reply says of rounds (elastic workers only; else nothing): the
         round its values come from, the workers whose gradients it averaged, and the
-        members of the next round as this server knows them now."""
+        members of the next round as they were when that round closed (`planned`: the same
+        in every reply until the next round closes)."""
         if not self.cfg.elastic_workers or not self.in_sync_phase(self.closed_clock + 1):
             return {}
-        nxt = self.members(self.closed_clock + 1)
-        return {"round": self.closed_clock, "members": self.last_members, "next": nxt}
+        return {"round": self.closed_clock, "members": self.last_members, "next": self.planned}
+
+    def stranded(self, worker: int) -> bool:
+        """A joiner's first pull that can never be answered: it waits for round
+        closed_clock + 1 to close, and that round has no live member left (every worker of
+        the job said goodbye or died: the job is over)."""
+        waiting = self.closed_clock + 1 < self.first[worker]
+        return (
+            waiting
+            and self.in_sync_phase(self.first[worker])
+            and not any(w != worker and self.first[w] <= self.closed_clock + 1 for w in self.live())
+        )
 
     def applied(self, keys: list[int]) -> None:
         for k in keys:
@@ -343,6 +368,7 @@ class Consistency:
         self.first = list(first) or [0] * len(clocks)  # a shard from before elastic workers
         # a shard is written when a sync round closes: every member's clock is that round's
         self.closed_clock = max(clocks, default=0)
+        self.planned = self.members(self.closed_clock + 1)
 
     def grow(self, count: int) -> None:
         """Room for worker ids below `count` (ids not joined are ABSENT)."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from plait.comm.core.request import Request
 from plait.errors import PeerFailureError
-from plait.ps.errors import PSError
+from plait.ps.errors import JobOverError, PSError
 from plait.ps.transport import Transport
 from plait.ps.wire import Message
 
@@ -158,4 +158,6 @@ def error_of(server: int, reply: Message) -> Exception:
     rank = reply.meta.get("rank")
     if kind == "peer_failure" and isinstance(rank, int):
         return PeerFailureError(rank=rank, reason=f"worker {rank}: {reason}")
+    if kind == "job_over":
+        return JobOverError(f"parameter server {server}: {reason}")
     return PSError(f"parameter server {server} rejected the request ({kind}): {reason}")

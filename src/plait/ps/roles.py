@@ -28,6 +28,7 @@ from plait.ps.config import (
     STORE_CONFIG,
     STORE_JOINERS,
     STORE_PARAMS,
+    STORE_WORKERS,
     PSConfig,
     store_server_key,
 )
@@ -94,6 +95,8 @@ def init(servers: int | None = None, trace: bool = False) -> Role:
     num_workers = world.size - num_servers
     store = make_store(world, timeout=env.get("PLAIT_INIT_TIMEOUT"))
     if world.joiner:  # ids W, W+1, ...: one per joining process, never used before
+        # W as the servers know it (a joiner's WORLD_SIZE need not count the job's ranks)
+        num_workers = int(store.get(STORE_WORKERS))
         worker = num_workers + int(store.add(STORE_JOINERS, 1)) - 1
         return Role(worker, num_workers, num_servers, store, servers_record=trace, joining=True)
     if world.rank < num_workers:
@@ -110,6 +113,7 @@ def init(servers: int | None = None, trace: bool = False) -> Role:
     limit = frame_limit(PSConfig.from_json(store.get(STORE_CONFIG)).slice_bytes)
     router = Router(listen_host(world.master_addr), key=key, index=index, max_frame_bytes=limit)
     server = Server(index, num_workers, num_servers, job, address=router.endpoint)
+    store.set(STORE_WORKERS, str(num_workers))  # what a joiner's id counts from
     store.set(store_server_key(index), router.endpoint)
     serve(server, router, tracing)
     sys.stdout.flush()

@@ -396,6 +396,11 @@ class Server:
         for (w, rid), (origin, keys) in list(self.pending.items()):
             if self.fail_sync(origin, rid) or cons.status[w] == DEAD:
                 del self.pending[(w, rid)]
+            elif cons.stranded(w):
+                del self.pending[(w, rid)]
+                why = (f"worker {w} joined after the job's last round: no live worker is "
+                       f"left to close round {cons.closed_clock + 1}")  # fmt: skip
+                self.reply_error(origin, rid, "job_over", why, w)
             elif cons.pull_ready(w):
                 del self.pending[(w, rid)]
                 cons.answered(w)

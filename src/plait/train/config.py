@@ -326,18 +326,14 @@ class TrainConfig:
             )
 
     def _check_elastic(self) -> None:
-        """--elastic: allreduce (ZeRO's shards too: plait.sharded.ElasticShards), not a
+        """--elastic: allreduce (ZeRO's shards too: plait.sharded.ElasticShards) or the
+        parameter server's sync mode (its workers leave and join: elastic_workers), not a
         mesh, between --min-workers and --max-workers, each with a sample of every step at
         the most workers (the global batch policy)."""
         if not self.elastic.elastic:
             return
         if self.strategy == "ps":
-            raise ConfigError(
-                "--elastic does not run with --strategy ps yet: the servers take workers that "
-                "leave and join (PSConfig(elastic_workers=True), docs/parameter-server.md), but "
-                "plait train does not split its steps again over them (--ps-mode async and ssp "
-                "already go on without a dead worker other than worker 0)"
-            )
+            self._check_elastic_ps()
         if self.mesh.on_mesh:
             raise ConfigError(
                 "--elastic does not run with --pp/--tp: pipelines and tensor parallelism are "
@@ -351,13 +347,32 @@ class TrainConfig:
                 "shards do not pass to the optimizer; use --optimizer sgd or adamw"
             )
         if self.priority:
-            raise ConfigError(
-                "--elastic does not run with --priority yet: its reducer's threads and "
-                "communicators are not made again after a membership change"
-            )
+            why = ("its per-layer waits are not tested with workers that leave and join"
+                   if self.strategy == "ps" else "its reducer's threads and communicators are "
+                   "not made again after a membership change")  # fmt: skip
+            raise ConfigError(f"--elastic does not run with --priority yet: {why}")
         self.elastic = self.elastic.filled(self.workers)
         assert self.elastic.max_workers is not None
         self.elastic.policy(self.batch_size, self.workers).check(self.elastic.max_workers)
+
+    def _check_elastic_ps(self) -> None:
+        """--elastic --strategy ps: sync rounds over the live workers (the servers'
+        elastic_workers), each round's global batch split over its members (train/
+        ps_elastic.py); async and ssp and --trace are refused, saying why."""
+        assert self.ps is not None, "filled in by _fill_ps"
+        if self.ps.mode != "sync":
+            raise ConfigError(
+                f"--elastic with --strategy ps runs --ps-mode sync only, not {self.ps.mode}: "
+                "there the steps' slices are claimed from a counter and a dead worker's "
+                "claimed slice is not trained again yet (without --elastic, async and ssp "
+                "already go on without a dead worker other than worker 0)"
+            )
+        if self.log.trace is not None:
+            raise ConfigError(
+                "--elastic with --strategy ps does not run with --trace yet: the trace's "
+                "merge waits for the starting workers' events and knows no joiner"
+            )
+        self.ps = replace(self.ps, elastic_workers=True)
 
     def _check_checkpoints(self) -> None:
         if self.checkpoint.out is None and not self.checkpoint.resume:

@@ -78,12 +78,7 @@ class ElasticRun(RankRun):
         tracing: Tracing,
     ) -> None:
         super().__init__(config, step, work, emit, t0, tracing)
-        if work.sampler is not GlobalBatchSampler:
-            raise ConfigError(
-                f"--elastic reads the data through its own sampler (plait.elastic."
-                f"ElasticSampler); workload {work.name!r} brings its own: leave out "
-                "--elastic, or the workload's sampler"
-            )
+        check_sampler(work)
         e = config.elastic
         # None under a launcher (plait run): its --min-np and --max-np decide
         self.bounds = (e.min_workers, e.max_workers)
@@ -143,15 +138,7 @@ class ElasticRun(RankRun):
         return state
 
     def header_fields(self) -> dict[str, Any]:
-        """The header's "elastic": the membership's bounds and the batch policy."""
-        low, high = self.bounds
-        counts = [self.step.world_size]
-        if low is not None and high is not None:
-            counts = list(range(high, low - 1, -1))  # 4, 3, 2: each shown
-            if len(counts) > 4:
-                counts = sorted({high, self.step.world_size, low}, reverse=True)
-        return {"elastic": {"min_workers": low, "max_workers": high,
-                            "policy": self.policy.describe(counts)}}  # fmt: skip
+        return header(self.bounds, self.policy, self.step.world_size)
 
     def train(self, state: State, stop_after: int | None) -> TrainResult:
         """The steps from the last commit on, over the current membership; then the end."""
@@ -209,20 +196,8 @@ class ElasticRun(RankRun):
         """The loss of this rank's share of step `step`: times `scale` where the shares
         differ (StepPlan.loss_scale), so that the averaged gradient is the whole step's;
         PLAIT_TRAIN_KILL_AT's rank dies as its backward begins."""
-        loss_fn = self.loss_fn
-        if scale != 1.0:
-            unscaled = loss_fn
-            loss_fn = lambda output, target: unscaled(output, target) * scale  # noqa: E731
-        if step != self.kill_at:
-            return loss_fn
-        living = loss_fn
-
-        def dying(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            loss = living(output, target)
-            loss.register_hook(lambda _grad: os.kill(os.getpid(), signal.SIGKILL))
-            return loss
-
-        return dying
+        loss_fn = scaled(self.loss_fn, scale)
+        return dying(loss_fn) if step == self.kill_at else loss_fn
 
     # ------------------------------------------------------------ membership changes
     def rejoin(self) -> None:
@@ -246,16 +221,7 @@ class ElasticRun(RankRun):
             if say is not None:
                 self.say = say
         if change is not None:
-            self.say("membership", {**change, "batch": self.shares(comm.size)})
-
-    def shares(self, workers: int) -> str:
-        """The step at `workers` workers: "global batch 12 (3/3/3/3 per worker)", with the
-        learning-rate factor under the per-rank policy."""
-        sizes = self.policy.shares(workers)
-        each = str(sizes[0]) if len(set(sizes)) == 1 else "/".join(map(str, sizes))
-        text = f"global batch {sum(sizes)} ({each} per worker)"
-        factor = self.policy.lr_factor(workers)
-        return text if factor == 1.0 else f"{text}, lr x{factor:g}"
+            self.say("membership", {**change, "batch": shares(self.policy, comm.size)})
 
     # ------------------------------------------------------------------- reporting
     def log_samples(self, step: int, plan: StepPlan) -> None:
@@ -284,6 +250,64 @@ class ElasticRun(RankRun):
             "commit_fraction": self.commit_s / max(train_s, 1e-9),
         }  # fmt: skip
         return result
+
+
+def check_sampler(work: Workload) -> None:
+    """--elastic reads the data through plait.elastic.ElasticSampler.
+
+    Raises:
+        ConfigError: the workload brings a sampler of its own.
+    """
+    if work.sampler is not GlobalBatchSampler:
+        raise ConfigError(
+            f"--elastic reads the data through its own sampler (plait.elastic."
+            f"ElasticSampler); workload {work.name!r} brings its own: leave out "
+            "--elastic, or the workload's sampler"
+        )
+
+
+def header(
+    bounds: tuple[int | None, int | None], policy: BatchPolicy, workers: int
+) -> dict[str, Any]:
+    """The header's "elastic": the membership's bounds and the batch policy at the numbers
+    of workers the bounds allow (each of 4, 3, 2; a few of a wider range)."""
+    low, high = bounds
+    counts = [workers]
+    if low is not None and high is not None:
+        counts = list(range(high, low - 1, -1))
+        if len(counts) > 4:
+            counts = sorted({high, workers, low}, reverse=True)
+    return {"elastic": {"min_workers": low, "max_workers": high,
+                        "policy": policy.describe(counts)}}  # fmt: skip
+
+
+def shares(policy: BatchPolicy, workers: int) -> str:
+    """A step at `workers` workers: "global batch 12 (3/3/3/3 per worker)", with the
+    learning-rate factor under the per-rank policy."""
+    sizes = policy.shares(workers)
+    each = str(sizes[0]) if len(set(sizes)) == 1 else "/".join(map(str, sizes))
+    text = f"global batch {sum(sizes)} ({each} per worker)"
+    factor = policy.lr_factor(workers)
+    return text if factor == 1.0 else f"{text}, lr x{factor:g}"
+
+
+def scaled(loss_fn: LossFn, scale: float) -> LossFn:
+    """`loss_fn` times `scale` (StepPlan.loss_scale: the shares differ in size)."""
+    if scale == 1.0:
+        return loss_fn
+    return lambda output, target: loss_fn(output, target) * scale
+
+
+def dying(loss_fn: LossFn) -> LossFn:
+    """`loss_fn`, whose process SIGKILLs itself as its backward begins (the
+    PLAIT_TRAIN_KILL_AT hook: its peers are in the step's collectives, or have pushed)."""
+
+    def killed(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = loss_fn(output, target)
+        loss.register_hook(lambda _grad: os.kill(os.getpid(), signal.SIGKILL))
+        return loss
+
+    return killed
 
 
 class Record:

@@ -18,7 +18,9 @@ With `--strategy ps` the job also has `servers` parameter-server ranks after the
 (WORLD_SIZE = workers + servers, PLAIT_SERVERS = servers); under a launcher the last
 PLAIT_SERVERS (or --servers) ranks serve. In async and ssp modes a worker other than
 worker 0 (which reports) may fail without stopping the job: the servers carry on without
-it, and so do the other workers.
+it, and so do the other workers. With --elastic (sync) any worker may fail while
+--min-workers live (the launcher hosts the store), and a process started with
+PLAIT_ELASTIC_JOIN=1 on the run's command joins it as a new worker.
 """
 
 from __future__ import annotations
@@ -140,6 +142,10 @@ def _configure_ps_rank(options: dict[str, Any], world: int) -> TrainConfig:
         env_servers = env.get("PLAIT_SERVERS")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if joining(options):
+        # a new worker of a running job (its id comes from the servers' count, not RANK):
+        # the run's own command says the starting --workers and --servers, and its bounds
+        return _check(TrainConfig.from_options(options))
     servers = options.get("servers", env_servers)
     if servers is None:
         raise ConfigError(
@@ -157,7 +163,11 @@ def _configure_ps_rank(options: dict[str, Any], world: int) -> TrainConfig:
         )
     if workers < 1:
         raise ConfigError(f"WORLD_SIZE {world} - servers {servers} = {workers} workers < 1")
-    return _check(TrainConfig.from_options({**options, "workers": workers, "servers": servers}))
+    config = TrainConfig.from_options({**options, "workers": workers, "servers": servers})
+    if options.get("elastic"):  # plait run --min-np N --servers S: it bounds the workers
+        _check_elastic_launcher(options, os.environ)
+        config = _launched(config)
+    return _check(config)
 
 
 def _check(config: TrainConfig) -> TrainConfig:
@@ -256,7 +266,7 @@ def run(
     also = f" and {servers} parameter servers ({mode})" if servers else ""
     elastic = config.elastic
     if elastic.elastic:
-        also = f" (elastic: the run goes on while at least {elastic.min_workers} live)"
+        also += f" (elastic: the run goes on while at least {elastic.min_workers} live)"
     renderer.text(f"plait train: starting {config.workers} workers{also}")
     children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0),
                     PLAIT_DEVICE=str(config.device.name))  # fmt: skip
@@ -270,7 +280,10 @@ def run(
     if elastic.elastic and os.environ.get("MASTER_PORT"):
         addr, port = os.environ.get("MASTER_ADDR", addr), int(os.environ["MASTER_PORT"])
     # async/ssp: the servers go on without a dead worker; worker 0 reports, so it must live
+    # (--elastic: any worker may die, down to --min-workers, and a live one reports)
     survivable = range(1, config.workers) if mode in ("async", "ssp") else ()
+    if elastic.elastic:
+        survivable = ()
     try:
         code = launch(
             cmd,

@@ -1,5 +1,6 @@
 """The training loop's entry: `train()` builds one rank's workload and its strategy's Step,
-then runs the loop over them (rank_run.py; with --elastic its elastic form, elastic.py).
+then runs the loop over them (rank_run.py; with --elastic its elastic form, elastic.py,
+or with --strategy ps the parameter server's, ps_elastic.py).
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from plait.train import board, elastic, traced, workloads
+from plait.train import board, elastic, ps_elastic, traced, workloads
 from plait.train.config import TrainConfig, WorkloadConfig
 from plait.train.errors import ConfigError
 from plait.train.progress import Emit
@@ -77,7 +78,9 @@ def train(
     work.check_data(config.batch_size)
     step = kind(config, group, work)
     writer = None  # --tensorboard: rank 0 writes what it reports
-    runs = elastic.ElasticRun if config.elastic.elastic else RankRun
+    runs: type[RankRun] = RankRun
+    if config.elastic.elastic:  # ps workers never join plait's engine: the servers' rounds
+        runs = ps_elastic.PSElasticRun if config.strategy == "ps" else elastic.ElasticRun
     try:
         if config.log.tensorboard and step.rank == 0:
             writer = board.Board(config.log.tensorboard)

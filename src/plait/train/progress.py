@@ -100,7 +100,19 @@ def elastic_line(e: Record, workers: int) -> str:
 
 
 def membership_line(rec: Record) -> str:
-    """--elastic: a membership change, as the new rank 0 reports it."""
+    """--elastic: a membership change, as the new rank 0 (with --strategy ps: the new
+    reporting worker) reports it."""
+    if "round" in rec:  # ps: seen in a round's reply; a lost share is trained next
+        untrained = ""
+        if rec["untrained"]:
+            lost = ", ".join(map(str, rec["lost"]))
+            untrained = (f"; {rec['untrained']} samples of step {rec['round']} not trained "
+                         f"(no gradient from worker {lost}): step {rec['step']} trains them "
+                         "first")  # fmt: skip
+        return (
+            f"membership: {_who(rec)} in round {rec['round']}{untrained}; {rec['workers']} "
+            f"workers go on from step {rec['step']} with {rec['batch']}"
+        )
     # after a failure the step in flight is trained again; a join comes at a commit
     again = "redo step" if rec["left"] else "go on from step"
     return (
@@ -110,11 +122,19 @@ def membership_line(rec: Record) -> str:
 
 
 def _who(change: Record) -> str:
-    """ "rank 0 left", "ranks 1, 3 left and 2 joined"."""
-    left = change["left"]
-    who = [f"rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left"] if left else []
+    """ "rank 0 left", "ranks 1, 3 left and 2 joined" ("worker 0 left" under ps)."""
+    left, name = change["left"], change.get("name", "rank")
+    who = [f"{name}{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left"] if left else []
     who += [f"{change['joined']} joined"] if change["joined"] else []
     return " and ".join(who) or "no change"
+
+
+def _when(change: Record) -> str:
+    """ "(generation 2)", or under ps "(round 5, 4 samples put back)"."""
+    if "round" not in change:
+        return f"(generation {change['generation']})"
+    back = f", {change['untrained']} samples put back" if change["untrained"] else ""
+    return f"(round {change['round']}{back})"
 
 
 def elastic_rows(rec: Record) -> list[tuple[str, str]]:
@@ -122,14 +142,20 @@ def elastic_rows(rec: Record) -> list[tuple[str, str]]:
     e = rec.get("elastic")
     if not e:
         return []
-    changes = "; ".join(f"step {c['step']}: {_who(c)} -> {c['workers']} workers (generation "
-                        f"{c['generation']})" for c in e["changes"])  # fmt: skip
-    return [
+    changes = "; ".join(f"step {c['step']}: {_who(c)} -> {c['workers']} workers {_when(c)}"
+                        for c in e["changes"])  # fmt: skip
+    rows = [
         ("batch policy", e["policy"]),
         ("membership", changes or f"no change ({rec['world_size']} workers throughout)"),
-        ("commit", f"{1000 * e['commit_s']:.2f} ms per step, {e['commit_fraction']:.1%} of "
-                   "a step (state copied to host memory)"),
-    ]  # fmt: skip
+    ]
+    if "commit_s" in e:  # (ps: nothing is committed, the servers hold the state)
+        rows.append(("commit", f"{1000 * e['commit_s']:.2f} ms per step, "
+                               f"{e['commit_fraction']:.1%} of a step (state copied to host "
+                               "memory)"))  # fmt: skip
+    if e.get("untrained"):  # ps: a share lost in the last round
+        why = "their worker pushed no gradient, and no step was left to train them"
+        rows.append(("untrained", f"{e['untrained']} samples of the last step: {why}"))
+    return rows
 
 
 def log_line(rec: Record) -> str:

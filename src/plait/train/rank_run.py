@@ -209,12 +209,17 @@ class RankRun:
         self.tracing.finish(self.options)  # its metrics join the figures
         result = self.result(self.steps, train_s)
         figures = result.figures()
-        if self.step.rank == 0 and self.config.log.json:
+        if self.leads() and self.config.log.json:
             write_json(self.config.log.json, figures)
         self.say("finish", {**figures, "final_loss_steps": min(FINAL_LOSS_STEPS, len(self.losses)),
                             "eval_samples": self.work.data.num_val, "unit": self.unit,
                             "token": self.token, "eval_unit": self.work.metric.unit})  # fmt: skip
         return result
+
+    def leads(self) -> bool:
+        """Whether this rank writes the run's --json: rank 0 (ps_elastic.py: whichever
+        worker reports now)."""
+        return self.step.rank == 0
 
     def resume(self) -> dict[str, Any] | None:
         """--resume: the Step's state, the RNG, the losses and evaluations so far; returns

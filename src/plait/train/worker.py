@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from plait import env
 from plait.comm import world
 from plait.errors import EXIT_BAD_INPUT, FencedError
+from plait.ps.errors import JobOverError
 from plait.train import progress
 from plait.train.config import TrainConfig
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError, NonFiniteLossError
@@ -55,6 +56,8 @@ def run(config: TrainConfig) -> int:
     emit = renderer.handle if renderer is not None else None
 
     def rank() -> int:  # the rank that explains errors: rank 0 of the job as it is now
+        if elastic and config.strategy == "ps":
+            return 0  # each worker explains its own (the others may train on without it)
         return world.default().rank if elastic else int(group.rank)
 
     try:
@@ -67,6 +70,9 @@ def run(config: TrainConfig) -> int:
     except FencedError as e:  # --elastic: the others went on without this (frozen) rank
         print(f"plait train: {e}", file=sys.stderr, flush=True)
         return 1
+    except JobOverError as e:  # --elastic --strategy ps: a joiner came after the last round
+        print(f"plait train: {e}; nothing to train", file=sys.stderr, flush=True)
+        return 0
     finally:
         if isinstance(renderer, progress.Bar):
             renderer.close()  # stop drawing, whatever happened

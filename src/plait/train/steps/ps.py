@@ -32,8 +32,15 @@ layer's forward waits for its own values (Client.wait_per_layer), so the next fo
 on the first layers while the last layers' values are still coming (P3, TicTac). The values
 are the same either way; only when they are written changes.
 
+--elastic (sync only): the servers' rounds go on over the live workers and take joiners
+(PSConfig(elastic_workers=True)); train/ps_elastic.py splits each round's global batch over
+its members and passes worker 0's reporting on. Every worker then pulls after its last push
+too (the last round's reply says whose gradients it averaged), and nobody waits for the
+others at the end: the last round closed over every live worker.
+
 Test hook: PLAIT_TRAIN_KILL_AT="RANK:N" makes worker RANK kill itself (SIGKILL) after its
-N-th push, as a crash would.
+N-th push, as a crash would (under --elastic, ps_elastic.py's: as its backward of step N
+begins).
 """
 
 from __future__ import annotations
@@ -93,16 +100,22 @@ class ParameterServerStep(Step):
         self.compute = Compute(config, self.device, recorder=role.recorder)
         self.compute.checkpoint(self.model)
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
+        if role.joining and env.get("PLAIT_TRAIN_JOIN_AT") is not None:  # a test hook
+            role.store.get(KEY + "joinable")  # ask to join once the workers wait for it
         self.client = Client(self.model.named_parameters(), self.ps, role)
         if self.ps.priority:
             self.client.wait_per_layer(self.model)
         self.store = role.store
+        self.elastic = config.elastic.elastic
         who, _, after = (env.get("PLAIT_TRAIN_KILL_AT") or "").partition(":")
-        self.kill_at = (int(who), int(after)) if who and after else None
+        self.kill_at = (int(who), int(after)) if who and after and not self.elastic else None
         self.worker_steps = 0
 
     def start(self) -> None:
-        """Wait until every worker is ready to train (a start-up wait: PLAIT_INIT_TIMEOUT)."""
+        """Wait until every worker is ready to train (a start-up wait: PLAIT_INIT_TIMEOUT);
+        a joiner comes later and waits for no one."""
+        if self.role.joining:
+            return
         timeout_s = env.get("PLAIT_INIT_TIMEOUT")
         barrier(self.store, KEY + "ready", self.world_size, timeout_s, "workers")
 
@@ -125,7 +138,7 @@ class ParameterServerStep(Step):
         """Push the gradient; pull the new parameters. A worker's `last` gradient is only
         pushed: under ssp a pull waits for the slowest live worker, and worker 0 stays live
         (idle) until the end to report."""
-        if last and self.rank != 0:
+        if last and self.rank != 0 and not self.elastic:
             self.client.push(lr=lr)
         elif self.ps.priority:
             self.client.push_pull_async(lr=lr)  # the next forward's layers wait, each for its own
@@ -156,13 +169,16 @@ class ParameterServerStep(Step):
             "ps_mode": p.mode, "servers": self.config.servers,
             "staleness": None if p.mode == "sync" else p.staleness,  # it bounds nothing there
             "stale_policy": p.stale_policy, "warm_start_steps": p.warm_start_steps,
-            "worker_steps": self.worker_steps, **(self.client.stats() if self.rank == 0 else {}),
+            "worker_steps": self.worker_steps, **(self.client.stats() if self.reports else {}),
             **self.compute.figures(),
         }  # fmt: skip
 
     def finish(self) -> None:
         """Count this worker finished; worker 0 then waits until every worker has finished
-        or been found dead by the servers, and pulls: every live worker's last update."""
+        or been found dead by the servers, and pulls: every live worker's last update.
+        --elastic: nothing to wait for (every worker pulled the last round's values)."""
+        if self.elastic:
+            return
         self.store.add(KEY + "finished", 1)
         if self.rank != 0:
             return
