@@ -24,9 +24,12 @@ for step in range(3):
     opt.zero_grad()
 total = torch.tensor([loss.item()])
 dist.all_reduce(total)
-print(
-    f"OK rank={rank} size={size} backend={dist.get_backend()} loss={total.item():.6f}", flush=True
+# one write of the whole line: the ranks share torchrun's stdout, and with PYTHONUNBUFFERED
+# print() writes the text and its newline apart, so another rank's line could come between
+sys.stdout.write(
+    f"OK rank={rank} size={size} backend={dist.get_backend()} loss={total.item():.6f}\n"
 )
+sys.stdout.flush()
 if leave:
     fut = dist.all_reduce(torch.ones(2), async_op=True).get_future()
     del fut
