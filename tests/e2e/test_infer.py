@@ -38,6 +38,7 @@ from plait.infer import InferError, load_run, model_bytes, predict, prepare
 from plait.infer.rows import lines
 from plait.train.config import TrainConfig
 from plait.train.loop import train
+from support.held_out import few_held_out_windows
 from support.paths import ROOT
 from support.world import run_world
 
@@ -68,6 +69,7 @@ def _train(comm: Communicator, root: str) -> None:
     """Each run of TRAIN into ROOT/NAME, as `plait train --out ROOT/NAME` trains it: gpt on
     both ranks (--zero 1: a sharded checkpoint), then rank 0 mlp and rank 1 the user's
     workload, each alone (on a communicator of its own), from ROOT."""
+    few_held_out_windows()  # support/held_out.py: the gpt run's evaluation at its end
     train(TrainConfig.from_options({**TRAIN["gpt"], "out": f"{root}/gpt"}), comm)
     alone = comm.split(color=comm.rank)
     assert alone is not None
