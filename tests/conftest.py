@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-# netns_hosts: network namespaces as hosts; fake_profiling, no_calibration: the planner's
-pytest_plugins = ["support.netns", "support.plan_profiles"]
+# netns_hosts: network namespaces as hosts; fake_profiling, no_calibration: the planner's;
+# shared_runs: command runs whose end several modules read
+pytest_plugins = ["support.netns", "support.plan_profiles", "support.shared_runs"]
 
 KINDS = ("unit", "world", "e2e")
 TESTS = Path(__file__).resolve().parent

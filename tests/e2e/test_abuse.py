@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from plait.comm.bootstrap import secret
 from support.listeners import Listener, Watch
+from support.shared_runs import SharedRuns
 from support.world import free_port
 
 STRANGER_KEY = secret.key_from("0" * 64, None, one_host=False)
@@ -185,37 +186,33 @@ def _forged_endpoint(tmp: Path, acted: threading.Event) -> tuple[_Ran, int]:
 # too, joins as the strangers' job does (`plait.init()`: the store, gloo's world group, the
 # engine's mesh) and runs its collectives on the world's group: that job's watch covers
 # them. A mesh's sub-communicators make groups of their own, and the parameter server
-# listens through ZeroMQ.
+# listens through ZeroMQ. Each strategy's job is a run of the session's that other modules
+# read too (tests/support/shared_runs.py): a mesh splits its communicator along every axis
+# (of size 1 too), and every part makes its gloo group alike (on its first native
+# collective); the parameter server's run is gpt's under bf16.
 STRATEGIES = {
-    # a mesh splits its communicator along every axis (of size 1 too), and every part makes
-    # its gloo group alike (on its first native collective): two ranks on a tp axis go the
-    # way a pp x tp mesh of four does, with half the processes
-    "mesh": ["--workers", "2", "--tp", "2", "--model", "gpt-small", "--steps", "2"],
-    "ps": ["--workers", "2", "--strategy", "ps", "--servers", "1"],
+    "mesh": "mesh",  # --dp 2 --pp 2: test_train_mesh_command.py's figures
+    "ps": "ps precision",  # --strategy ps --servers 1: test_train_precision_command.py's
 }
 
 
-def _strategy(watch: Watch, name: str, tmp: Path) -> tuple[_Ran, str, Path]:
+def _strategy(watch: Watch, shared: SharedRuns, name: str) -> tuple[_Ran, str, Path]:
     """Strategy `name`'s `plait train` job, watched; its run, its secret and the folder it
-    ran in (`tmp`)."""
-    job_secret = secrets.token_hex(32)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "plait", "train", "--model", "mlp", "--steps", "6",
-         "--batch-size", "16", "--json", "run.json", *STRATEGIES[name]],
-        env={**os.environ, "PLAIT_JOB_SECRET": job_secret, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp,
-    )  # fmt: skip
+    ran in."""
+    proc = shared.start(STRATEGIES[name])
     watch.add(proc.pid)
     try:
-        out, _ = proc.communicate(timeout=200)
+        ended = shared.result(STRATEGIES[name])
     finally:
-        proc.kill()
-    ran = _Ran(proc.returncode, out, "", *watch.end(proc.pid))
-    return ran, job_secret, tmp
+        seen, samples = watch.end(proc.pid)
+    ran = _Ran(ended.returncode, ended.stdout + ended.stderr, "", seen, samples)
+    return ran, ended.secret, ended.folder
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future[Any]]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, shared_runs: SharedRuns
+) -> dict[str, Future[Any]]:
     """Every job of this file, each driven by its own thread; each test takes its job's
     result from its future (which raises what the thread raised).
 
@@ -239,7 +236,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future[Any]]:
         for event in acted:
             event.wait()
         for name in STRATEGIES:
-            done[name] = pool.submit(_strategy, watch, name, tmp_path_factory.mktemp("strategy"))
+            done[name] = pool.submit(_strategy, watch, shared_runs, name)
         wait(done.values())
     watch.stop()
     return done

@@ -1,7 +1,9 @@
-"""`plait bench collectives`, `train`, `comm` and `torch-backend` end to end, tiny: every
-algorithm, workload and way appears, ratios are computed, bad input is refused (`elastic`
-too, whose smallest run takes a minute). The commands
-run at once, once for the module: what is checked is the tables, not the times."""
+"""`plait bench collectives`, `train`, `comm` (also `--to-target`), `torch-backend` and
+`infer` end to end, tiny: every algorithm, workload and way appears, ratios are computed,
+bad input is refused (`elastic` too, whose smallest run takes a minute). The commands run
+at once, once for the module: what is checked is the tables, not the times (a bench that
+runs one process at a time, as `comm --to-target` on 1 rank and `infer`'s trainings do,
+leaves a core to the others)."""
 
 import json
 import subprocess
@@ -11,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from plait.bench.infer import runs as infer_runs
 from plait.comm.dispatch import routes
 from support.commands import Command, commands_at_once
+from support.paths import SRC
 
 Ran = dict[str, subprocess.CompletedProcess[str]]
 
@@ -49,6 +53,23 @@ def ran(folder: Path) -> Ran:
                 [*bench, "torch-backend", "-n", "2", "--workloads", "cnn", "--global-batch", "8",
                  "--steps", "2", "--repeats", "2", "--warmup", "1", "--calls", "20", "--json",
                  str(folder / "torch_backend.json"), "--markdown"],
+            ),
+            # 1 rank: what is checked is what the command runs, prints and writes, the
+            # smallest job that shows it (the ways' bytes between ranks are "comm"'s); mlp
+            # for 20 steps, fifo and top-k train, DDP is reported skipped
+            "comm target": Command(
+                [*bench, "comm", "--hosts", "1", "-n", "1", "--workloads", "mlp", "--ways",
+                 "fifo,topk:0.01,ddp", "--steps", "1", "--repeats", "1", "--warmup", "1",
+                 "--to-target", "--target-steps", "20", "--target-eval-every", "10", "--json",
+                 str(folder / "comm_target.json"), "--markdown"],
+            ),
+            # mlp trained on one worker for 6 steps: what is checked is what the command
+            # measures and writes, not how well the model learnt
+            "infer": Command(
+                [*bench, "infer", "--models", "mlp", "--steps-scale", "0.01", "--workers", "1",
+                 "--calls", "10", "--repeats", "1", "--predict-repeats", "1", "--workers-list",
+                 "1,2", "--runs", str(folder / "runs"), "--json", str(folder / "infer.json")],
+                env={"PYTHONPATH": str(SRC), "COLUMNS": "200"},
             ),
             "torch-backend cuda": Command([*bench, "torch-backend", "--device", "cuda"]),
             "bad algorithm": Command([*bench, "collectives", "--algorithms", "ring,fastest"]),
@@ -176,3 +197,42 @@ def test_bench_torch_backend_on_cuda_without_a_gpu_says_so(ran: Ran) -> None:
     proc = ran["torch-backend cuda"]
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("plait bench torch-backend: device cuda was asked for")
+
+
+@pytest.mark.timeout(200)
+def test_bench_comm_to_target_reports_every_way(ran: Ran, folder: Path) -> None:
+    """The rule for the target is in tests/unit/test_bench_comm_target.py."""
+    proc = ran["comm target"]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads((folder / "comm_target.json").read_text())
+    rows = {r["way"]: r for r in data["target_summary"]}
+    assert set(rows) == {"fifo", "topk:0.01", "ddp"} and "skipped" in rows["ddp"]
+    for way in ("fifo", "topk:0.01"):
+        r = rows[way]
+        assert 0 <= r["final"] <= 1 and r["steps"] == 20 and r["world_size"] == 1
+        assert r["steps_to_target"] in (10, 20, None)
+        assert set(r["time_to_target_s"]) == {"None"}  # loopback: one "rate"
+    assert rows["fifo"]["gap"] == 0 and rows["fifo"]["steps_to_target"] is not None
+    assert "less 1 point" in rows["fifo"]["target_rule"]
+    assert "target = fifo's final accuracy" in proc.stdout
+    assert "| mlp | topk:0.01 |" in proc.stdout
+
+
+@pytest.mark.timeout(200)
+def test_bench_infer_measures_and_writes_every_figure(ran: Ran, folder: Path) -> None:
+    """The config, plans, turns and bars are in tests/unit/test_bench_infer.py."""
+    proc = ran["infer"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "training mlp" in proc.stderr and "batch prediction: mlp" in proc.stderr
+    table = [line for line in proc.stdout.splitlines() if line.startswith("│ mlp")]
+    assert [line.split("│")[2].strip() for line in table[:3]] == ["fp32", "int8", "bf16"]
+    assert "torch threads" in proc.stdout and "n/a   gpt int8" in proc.stdout
+    got = json.loads((folder / "infer.json").read_text())
+    assert set(got) >= {"config", "torch_threads", "rows", "prediction", "students", "bars",
+                        "training", "worker_ratios"}  # fmt: skip
+    assert [r["variant"] for r in got["rows"]] == ["fp32", "int8", "bf16"]
+    assert set(got["rows"][0]) >= {"parameters", "model_bytes", "latency_p50_ms",
+                                   "latency_p99_ms", "examples_per_s", "metric"}  # fmt: skip
+    assert set(got["prediction"]["mlp"]["examples_per_s"]) == {"1", "2"}
+    assert got["rows"][1]["model_bytes"] < got["rows"][0]["model_bytes"]  # int8 weighs less
+    assert (folder / "runs" / "mlp" / infer_runs.OPTIONS_FILE).is_file()  # --runs keeps it

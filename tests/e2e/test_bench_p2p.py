@@ -19,8 +19,10 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(120)
 def test_bench_p2p_times_three_ways(tmp_path):
     out = tmp_path / "p2p.json"
+    # one call per timing: what is checked is the table and that the pipe carried the 256K
+    # messages, not the times
     proc = _bench(
-        "--sizes", "4K,256K", "--repeats", "2", "--budget", "0.2", "--json", str(out), "--markdown"
+        "--sizes", "4K,256K", "--repeats", "2", "--budget", "0.01", "--json", str(out), "--markdown"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())

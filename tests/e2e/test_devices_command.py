@@ -1,7 +1,8 @@
 """`--device` through the command line: torch's build read without importing it, `--device
-cuda` without a GPU one line and exit status 2, `--device cpu` trains and says so, and
---help lists the options (the device choice itself is in tests/unit/test_devices.py; what
-needs a GPU in tests/world/test_train_cuda.py)."""
+cuda` without a GPU one line and exit status 2, `--device cpu` trains and says so (the
+session's "observe" run, tests/support/shared_runs.py), and --help lists the options (the
+device choice itself is in tests/unit/test_devices.py; what needs a GPU in
+tests/world/test_train_cuda.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from plait.train import device as train_device
+from support.shared_runs import OBSERVE_STEPS, SharedRuns
 
 
 def test_the_installed_torch_build_is_read_without_importing_it() -> None:
@@ -50,14 +51,12 @@ def test_device_cuda_without_a_gpu_is_one_line_and_exit_2() -> None:
     assert "Traceback" not in bad.stderr
 
 
-@pytest.mark.timeout(120)
-def test_device_cpu_trains_and_says_so(tmp_path: Path) -> None:
-    figures = tmp_path / "run.json"
-    res = _plait("train", "--device", "cpu", "--workers", "2", "--steps", "4",
-                 "--data", "synthetic", "--json", str(figures))  # fmt: skip
+@pytest.mark.timeout(180)
+def test_device_cpu_trains_and_says_so(shared_runs: SharedRuns) -> None:
+    res = shared_runs.result("observe")  # two workers, --device cpu (and --trace, ...)
     assert res.returncode == 0, res.stdout + res.stderr
-    data = json.loads(figures.read_text())
-    assert (data["device"], data["world_size"], data["steps"]) == ("cpu", 2, 4)
+    data = json.loads((res.folder / "run.json").read_text())
+    assert (data["device"], data["world_size"], data["steps"]) == ("cpu", 2, OBSERVE_STEPS)
     assert all(v == v for v in data["losses"])  # finite, not NaN
     assert ", on cpu" in res.stdout  # the run's header names where it ran
 

@@ -97,6 +97,10 @@ def test_a_raising_rank_leads_the_report_with_its_traceback_once(ran: Ran) -> No
     assert report.count("Traceback (most recent call last):") == 1
     assert report.rstrip().endswith("ValueError: boom at step 3")
     assert "PeerFailureError" not in report
+    # the raising rank's traceback last, not its victims' (each blocked in an allreduce)
+    tail = res.stderr[res.stderr.rindex("its traceback:") - 80 :]
+    assert "rank 1 failed" in tail and "ValueError: boom at step 3" in tail
+    assert "PeerFailureError" not in tail
 
 
 @pytest.mark.timeout(90)

@@ -5,33 +5,42 @@ applying the loaded model batch by batch, in input order, and the held-out metri
 the one the run measured at its end. Also: sharded checkpoints, int8 and bf16, the kinds of
 --data, a worker that dies (reported by shard, or retried), and the command line.
 
-Three small runs (mlp, gpt, a user's own workload) are trained once for the module, at the
-same time (`plait train --out`, in subprocesses), and `plait infer` runs on the mlp run as
-soon as it is trained; independent jobs run at once (threads). What loads in this process
-without a worker is in tests/unit/test_infer_load.py.
+Three small runs (mlp, gpt, a user's own workload) are trained once for the module, in a
+world of 2 ranks (tests/support/world.py: forked from a process that has imported torch,
+they cost seconds less than `plait train` commands, whose workers each import it; what
+`plait train --out` writes is what `train(config, comm)` with that --out writes: the command
+is tested in tests/e2e/test_train_loop_command.py), and `plait infer` runs on the mlp run
+meanwhile the tests after it run; independent jobs run at once (threads). What loads in this
+process without a worker is in tests/unit/test_infer_load.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from plait import Communicator
 from plait.cli.main import main as plait_command
 from plait.errors import ConfigError
 from plait.infer import InferError, load_run, model_bytes, predict, prepare
 from plait.infer.rows import lines
-from support.commands import Command, commands_at_once
+from plait.train.config import TrainConfig
+from plait.train.loop import train
+from support.held_out import few_held_out_windows
 from support.paths import ROOT
+from support.world import run_world
 
 DEADLINE = 120  # seconds for any one subprocess
 
@@ -40,11 +49,10 @@ DEADLINE = 120  # seconds for any one subprocess
 # give each of the two workers a GPU, and one GPU is refused to two ranks (PLAIT_SHARE_GPU);
 # `custom` is the user's own workload, named relative to ROOT
 TRAIN = {
-    "mlp": ["--model", "mlp", "--steps", "30", "--workers", "1", "--device", "cpu"],
-    "gpt": ["--model", "gpt", "--data", "synthetic", "--steps", "4", "--batch-size", "8",
-            "--workers", "2", "--zero", "1", "--device", "cpu"],
-    "custom": ["--workload", "examples/custom_workload.py:make", "--steps", "3",
-               "--workers", "1"],
+    "mlp": {"model": "mlp", "steps": 30, "workers": 1, "device": "cpu"},
+    "gpt": {"model": "gpt", "data": "synthetic", "steps": 4, "batch_size": 8, "workers": 2,
+            "zero": 1, "device": "cpu"},
+    "custom": {"workload": "examples/custom_workload.py:make", "steps": 3, "workers": 1},
 }  # fmt: skip
 
 
@@ -57,47 +65,48 @@ def _at_once(*calls: Callable[[], Any]) -> list[Future[Any]]:
         return [pool.submit(call) for call in calls]
 
 
+def _train(comm: Communicator, root: str) -> None:
+    """Each run of TRAIN into ROOT/NAME, as `plait train --out ROOT/NAME` trains it: gpt on
+    both ranks (--zero 1: a sharded checkpoint), then rank 0 mlp and rank 1 the user's
+    workload, each alone (on a communicator of its own), from ROOT."""
+    few_held_out_windows()  # support/held_out.py: the gpt run's evaluation at its end
+    train(TrainConfig.from_options({**TRAIN["gpt"], "out": f"{root}/gpt"}), comm)
+    alone = comm.split(color=comm.rank)
+    assert alone is not None
+    name = ("mlp", "custom")[comm.rank]
+    os.chdir(ROOT)  # where the workload's relative path resolves
+    train(TrainConfig.from_options({**TRAIN[name], "out": f"{root}/{name}"}), alone)
+
+
+@dataclass
+class Trained:
+    """Where the runs are (ROOT/NAME), and `plait infer` on the mlp run with --json, started
+    as soon as the runs were trained (its files are in ROOT/infer): test_the_command_line
+    reads how it ended."""
+
+    root: Path
+    infer: subprocess.Popen[str]
+
+
 @pytest.fixture(scope="module")
-def trained(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
-    """The runs the tests apply, each trained by `plait train --out`: where, and how the
-    command ended; and "infer": `plait infer` on the mlp run with --json (where its files
-    are, and how it ended), for test_the_command_line. They run at the same time, the
-    command as soon as the mlp run is trained: a command spends much of its time importing
-    torch in one process after another, while the other core would be idle."""
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
     root = tmp_path_factory.mktemp("runs")
-
-    def train(names: list[str]) -> dict[str, subprocess.CompletedProcess[str]]:
-        commands = {
-            name: Command(
-                ["-m", "plait", "train", *TRAIN[name], "--out", str(root / name)], cwd=ROOT
-            )
-            for name in names
-        }
-        return commands_at_once(commands, timeout=DEADLINE)
-
-    def mlp_then_infer() -> dict[str, subprocess.CompletedProcess[str]]:
-        done = train(["mlp"])
-        if done["mlp"].returncode == 0:
-            (root / "infer").mkdir()
-            argv = ["-m", "plait", "infer", "--from", str(root / "mlp"),
-                    "--out", str(root / "infer" / "p.jsonl"),
-                    "--json", str(root / "infer" / "f.json")]  # fmt: skip
-            done |= commands_at_once({"infer": Command(argv)}, timeout=DEADLINE)
-        return done
-
-    others, mlp = _at_once(lambda: train(["gpt", "custom"]), mlp_then_infer)
-    done = {**others.result(), **mlp.result()}
-    return {name: (root / name, done[name]) for name in done}
+    run_world(2, _train, str(root), timeout=DEADLINE, env={"PLAIT_TIMEOUT": "60"})
+    (root / "infer").mkdir()
+    infer = subprocess.Popen(
+        [sys.executable, "-m", "plait", "infer", "--from", str(root / "mlp"),
+         "--out", str(root / "infer" / "p.jsonl"), "--json", str(root / "infer" / "f.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    yield Trained(root, infer)
+    infer.kill()
+    infer.communicate()
 
 
 @pytest.fixture(scope="module")
-def runs(trained: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]) -> dict[str, Path]:
+def runs(trained: Trained) -> dict[str, Path]:
     """The built-in models' runs: mlp (plain checkpoint), gpt (sharded: --zero 1)."""
-    for name in ("mlp", "gpt"):
-        assert trained[name][1].returncode == 0, trained[name][1].stderr
-    return {name: trained[name][0] for name in ("mlp", "gpt")}
+    return {name: trained.root / name for name in ("mlp", "gpt")}
 
 
 def _reference(
@@ -276,20 +285,16 @@ def test_a_dead_worker_is_named_and_its_shard_retried(
     assert other.read_text().splitlines(keepends=True) == by_4.result()
 
 
-def test_the_command_line(
-    trained: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
-    runs: dict[str, Path],
-    tmp_path: Path,
-) -> None:
-    # `plait infer --from RUNS/mlp --out p.jsonl --json f.json`, run by the fixture: one
+def test_the_command_line(trained: Trained, tmp_path: Path) -> None:
+    # `plait infer --from RUNS/mlp --out p.jsonl --json f.json`, started by the fixture: one
     # worker, so the command predicts in its own process (workers' progress events are
     # test_workers_write_what_one_process_writes's)
-    where, done = trained["infer"]
-    assert done.returncode == 0, done.stderr
-    assert "wrote 360 predictions" in done.stdout and "held-out accuracy" in done.stdout
-    assert "(the run measured" in done.stdout  # the held-out figure beside the run's own
-    assert "360/360 inputs" in done.stderr  # progress, on stderr
-    fig = json.loads((where / "f.json").read_text())
+    stdout, stderr = trained.infer.communicate(timeout=DEADLINE)
+    assert trained.infer.returncode == 0, stderr
+    assert "wrote 360 predictions" in stdout and "held-out accuracy" in stdout
+    assert "(the run measured" in stdout  # the held-out figure beside the run's own
+    assert "360/360 inputs" in stderr  # progress, on stderr
+    fig = json.loads((trained.root / "infer" / "f.json").read_text())
     for key in ("examples_per_s", "latency_p50_ms", "latency_p99_ms", "metric", "model_bytes"):
         assert key in fig
     # -X importtime: the modules the command imported, listed on stderr
@@ -322,12 +327,9 @@ def test_pipeline_and_tensor_parallel_workers_equal_one_process(
 
 
 def test_a_run_of_the_users_own_workload(
-    trained: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run, done = trained["custom"]  # --workload examples/custom_workload.py:make, from ROOT
-    assert done.returncode == 0, done.stderr
+    run = trained.root / "custom"  # --workload examples/custom_workload.py:make, from ROOT
     monkeypatch.chdir(ROOT)  # the relative path resolves here
     result = predict(run, out=tmp_path / "p.jsonl")
     assert result.metric == pytest.approx(load_run(run).metric, abs=1e-9)

@@ -279,8 +279,9 @@ def test_bench_collectives_across_simulated_hosts(tmp_path: Path) -> None:
     with LOCK.open("wb") as lock:  # the bench makes the namespaces itself
         fcntl.flock(lock, fcntl.LOCK_EX)
         res = subprocess.run(
+            # one call per timing: what is checked is the table and the levels, not the times
             [sys.executable, "-m", "plait", "bench", "collectives", "--hosts", "2", "-n", "2",
-             "--sizes", "64K", "--repeats", "1", "--budget", "0.2", "--calibrate",
+             "--sizes", "64K", "--repeats", "1", "--budget", "0.01", "--calibrate",
              "--json", str(out)],
             capture_output=True, text=True, timeout=140,
             env={**os.environ, "PLAIT_CALIBRATION": str(tmp_path / "cal.json")},

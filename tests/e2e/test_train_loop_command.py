@@ -1,6 +1,7 @@
 """The real `plait train` command: a run end to end, a NaN loss through the command line, and
-`plait train` under a launcher as the worker (the loop in worlds is in
-tests/world/test_train_loop.py). The three commands run at once, once for the module."""
+`plait train` under a launcher as the worker, there with --compression (the loop in worlds is
+in tests/world/test_train_loop.py, every compression method's figures in a world too). The
+three commands run at once, once for the module."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from plait.train import checkpoint
 from support.commands import Command, commands_at_once
 
 Ran = dict[str, tuple[Path, subprocess.CompletedProcess[str]]]  # each command's folder, end
+COMPRESSION = "topk:0.05"
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +30,11 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Ran:
         "nan": Command(["-m", "plait", "train", "--steps", "12", "--workers", "1",
                         "--out", str(where["nan"]), "--checkpoint-every", "2", "--log-every", "5"],
                        env={"PLAIT_TRAIN_NAN_AT": "5"}),
-        # RANK/WORLD_SIZE set (plait run, torchrun): train as that rank, world size from the job
+        # RANK/WORLD_SIZE set (plait run, torchrun): train as that rank, world size from the
+        # job; a real --compression run too (top-k: its bytes follow from k alone)
         "launched": Command(["-m", "plait", "run", "-n", "2", "-m", "plait", "train",
-                             "--steps", "6", "--data", "synthetic"]),
+                             "--steps", "6", "--compression", COMPRESSION,
+                             "--json", str(where["launched"] / "run.json")]),
     })  # fmt: skip
     return {name: (where[name], done[name]) for name in where}
 
@@ -68,3 +72,17 @@ def test_under_a_launcher_plait_train_is_the_worker(ran: Ran) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("[rank 0] summary:") == 1 and "[rank 1]" not in res.stdout
     assert "2 workers" in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_plait_train_compression(ran: Ran) -> None:
+    folder, res = ran["launched"]
+    assert res.returncode == 0, res.stderr
+    figures = json.loads((folder / "run.json").read_text())
+    assert figures["compression"] == COMPRESSION
+    dense, sent = figures["allreduce_bytes"], figures["sent_bytes"]
+    assert dense < 2**20  # one bucket (the first is 1 MiB): the formula below holds
+    n = dense // 4  # fp32 gradients
+    assert sent == -(-n // 20) * (4 + 4)  # k = ceil(n / 20) fp32 values, int32 indices
+    assert f"compression          {COMPRESSION}: " in res.stdout
+    assert figures["losses"][-1] < figures["losses"][0]

@@ -1,46 +1,30 @@
 """`plait train --tensorboard DIR`, `--profile STEPS` and `--trace FILE --trace-blocks` through
-the command: one real two-worker run (`observed`) serves every check of what it prints and
-the files it writes (the options and errors are in tests/unit/test_train_observe.py, the
-trace's worlds in tests/world/test_trace.py, --trace under --strategy ps in
+the command: the session's two-worker "observe" run (tests/support/shared_runs.py, which
+also serves --device cpu and --optimizer lamb) serves every check of what it prints and the
+files it writes (the options and errors are in tests/unit/test_train_observe.py, the trace's
+worlds in tests/world/test_trace.py, --trace under --strategy ps in
 tests/e2e/test_train_ps_command.py, a --trace path it cannot write in
 tests/e2e/test_trace_command.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from support.chrome_trace import step_spans, valid_trace
-
-HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
-
-
-STEPS = 8
+from support.shared_runs import HAVE_TENSORBOARD, SharedRuns
+from support.shared_runs import OBSERVE_STEPS as STEPS
 
 
 @pytest.fixture(scope="module")
-def observed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny run with --profile, --trace (and --tensorboard, where tensorboard is
-    installed): its folder, with what it printed in stdout.txt."""
-    tmp = tmp_path_factory.mktemp("observed")
-    board = ["--tensorboard", str(tmp / "tb")] if HAVE_TENSORBOARD else []
-    res = subprocess.run(
-        [sys.executable, "-m", "plait", "train", "--model", "mlp", "--data", "synthetic",
-         "--steps", str(STEPS), "--workers", "2", "--log-every", "2", "--eval-every", "4",
-         "--profile", "3:4", "--profile-dir", str(tmp / "prof"), "--trace",
-         str(tmp / "t.json"), "--trace-blocks", "--json", str(tmp / "run.json"), *board],
-        capture_output=True, text=True, timeout=150,
-        env={**os.environ, "PLAIT_TIMEOUT": "60"},
-    )  # fmt: skip
+def observed(shared_runs: SharedRuns) -> Path:
+    """The run's folder, with what it printed in stdout.txt."""
+    res = shared_runs.result("observe")
     assert res.returncode == 0, res.stdout + res.stderr
-    (tmp / "stdout.txt").write_text(res.stdout)
-    return tmp
+    (res.folder / "stdout.txt").write_text(res.stdout)
+    return res.folder
 
 
 @pytest.mark.timeout(180)

@@ -1,5 +1,5 @@
 """`plait bench comm --to-target`: the target's rule, steps and time to target, and the
-options' checks (the run end to end is in tests/e2e/test_bench_comm_target_command.py)."""
+options' checks (the run end to end is in tests/e2e/test_bench.py)."""
 
 import pytest
 

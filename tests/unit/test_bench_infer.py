@@ -1,5 +1,5 @@
 """`plait bench infer`: its config's checks, the runs it plans, turn-taking on fake calls, and
-the bars on made-up figures (one tiny real run is in tests/e2e/test_bench_infer_command.py)."""
+the bars on made-up figures (one tiny real run is in tests/e2e/test_bench.py)."""
 
 from __future__ import annotations
 

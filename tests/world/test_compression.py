@@ -10,7 +10,7 @@ too), PowerSGD to float64 rounding (its orthogonalisation here is torch's QR, no
 Gram-Schmidt). Bytes are checked against each method's payload formula, written from the
 papers' definitions. The compressors alone are in tests/unit/test_compressors.py; training
 with each method in tests/world/test_train_loop.py, and the command line's one
-`plait train --compression` run in tests/e2e/test_compression_command.py.
+`plait train --compression` run in tests/e2e/test_train_loop_command.py.
 """
 
 from __future__ import annotations

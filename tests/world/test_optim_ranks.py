@@ -25,6 +25,7 @@ from plait.train.config import TrainConfig
 from plait.train.loop import train
 from plait.train.mesh_model import MeshModel
 from plait.train.workload import stages
+from support.held_out import few_held_out_windows
 from support.optim_reference import MAKE, PER_RANK, STEPS, gap, make, reference, run
 from support.world import run_world
 
@@ -116,6 +117,7 @@ def _train(comm: Communicator, options: dict[str, Any]) -> list[float]:
 
 
 def battery(comm: Communicator) -> dict[str, Any]:
+    few_held_out_windows()  # support/held_out.py: the evaluation at each run's end
     out: dict[str, Any] = {f"dp-{n}": data_parallel_gap(comm, n) for n in MAKE}
     for size in (2, 3, 4):
         sub = comm.split(ranks=list(range(size)))  # the others wait in their next call

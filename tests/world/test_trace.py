@@ -30,6 +30,7 @@ from plait.train.config import TrainConfig
 from plait.train.loop import train
 from plait.train.steps.compute import Compute
 from support.chrome_trace import step_spans, valid_trace
+from support.held_out import few_held_out_windows
 from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
@@ -97,6 +98,7 @@ def _straggler(comm: Communicator, path: str) -> Any:
 
 
 def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
+    few_held_out_windows()  # support/held_out.py: the evaluation at each run's end
     return {
         "straggler": _straggler(comm, f"{tmp}/straggler.json"),
         "overlap": _dp_run(comm, f"{tmp}/overlap.json", overlap=True),

@@ -22,6 +22,7 @@ from plait.train import checkpoint, parts_compute
 from plait.train.config import TrainConfig
 from plait.train.errors import NonFiniteLossError
 from plait.train.loop import train
+from support.held_out import few_held_out_windows
 from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
@@ -68,6 +69,7 @@ def _nan(comm: Communicator, options: dict[str, Any]) -> Any:
 
 
 def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
+    few_held_out_windows()  # support/held_out.py: the evaluation at each run's end
     results: dict[str, Any] = {}
     for name, options in ONE_VS_TWO.items():
         results[name] = (_alone(comm, options), _train(comm, options))

@@ -26,6 +26,7 @@ from plait.train import workloads
 from plait.train.config import TrainConfig
 from plait.train.loop import train
 from plait.train.mesh_model import MeshModel
+from support.held_out import few_held_out_windows
 from support.pipeline_grid import idle_share_on_grid
 from support.world import run_world
 
@@ -120,6 +121,7 @@ CLIP = 0.05
 
 
 def battery(comm: Communicator) -> dict[str, Any]:
+    few_held_out_windows()  # support/held_out.py: the evaluation at each run's end
     alone = comm.split(ranks=[0])  # the others wait for rank 0 in their next collective
     return {
         "one": _train(alone, GPT) if alone is not None else None,

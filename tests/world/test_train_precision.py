@@ -23,6 +23,7 @@ from plait.train import compile as compiling
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.loop import train
+from support.held_out import few_held_out_windows
 from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "120"}
@@ -86,6 +87,7 @@ def _resumed(comm: Communicator, options: dict[str, Any], out: str) -> dict[str,
 
 
 def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
+    few_held_out_windows()  # support/held_out.py: the evaluation at each run's end
     runs: dict[str, Any] = {"reduce_dtype": _reduce_dtype(comm)}
     cases: dict[str, dict[str, Any]] = {
         "mlp": MLP,

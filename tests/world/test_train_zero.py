@@ -19,6 +19,7 @@ from plait.sharded import checkpoint as sharded
 from plait.train.config import TrainConfig
 from plait.train.gpt import GPT, GPTConfig
 from plait.train.loop import train
+from support.held_out import few_held_out_windows
 from support.world import run_world
 
 ENV = {"PLAIT_TIMEOUT": "60"}
@@ -40,6 +41,7 @@ def _on(comm: Communicator, n: int, options: dict[str, Any]) -> Any:
 
 
 def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
+    few_held_out_windows()  # support/held_out.py: the evaluation at each run's end
     out: dict[str, Any] = {"dp": _train(comm, GPT_SMALL)}
     for stage in (1, 2, 3):
         out[f"zero{stage}"] = _train(comm, {**GPT_SMALL, "zero": stage})
