@@ -6,12 +6,12 @@ the one the run measured at its end. Also: sharded checkpoints, int8 and bf16, t
 --data, a worker that dies (reported by shard, or retried), and the command line.
 
 Three small runs (mlp, gpt, a user's own workload) are trained once for the module, in a
-world of 2 ranks (tests/support/world.py: forked from a process that has imported torch,
-they cost seconds less than `plait train` commands, whose workers each import it; what
-`plait train --out` writes is what `train(config, comm)` with that --out writes: the command
-is tested in tests/e2e/test_train_loop_command.py), and `plait infer` runs on the mlp run
-meanwhile the tests after it run; independent jobs run at once (threads). What loads in this
-process without a worker is in tests/unit/test_infer_load.py.
+world of 2 ranks: what `plait train --out DIR` writes is what `train(config, comm)` with that
+--out writes (the command itself is tested in tests/e2e/test_train_loop_command.py), and
+ranks forked from a process that has imported torch (tests/support/world.py) cost seconds
+less than the command's workers, which each import it. `plait infer` on the mlp run starts
+as soon as they are trained, while the tests run; independent jobs run at once (threads).
+What loads in this process without a worker is in tests/unit/test_infer_load.py.
 """
 
 from __future__ import annotations
