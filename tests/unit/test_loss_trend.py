@@ -42,6 +42,11 @@ def test_a_growing_loss_is_diverging() -> None:
     growing = [2.3 * 1.2**k for k in range(150)]  # --lr 1000: on to 3e21
     trend = judge(growing, 600)
     assert trend is not None and trend.kind == "diverging" and trend.last > 1.5 * trend.first
+    # far beyond its start, it is told before a quarter of the run: at two windows
+    assert judge(growing[:49], 600) is None
+    early = judge(growing[:50], 600)
+    assert early is not None and early.kind == "diverging" and early.step == 50
+    assert judge([2.3] * 25 + [4.0] * 25, 600) is None  # 1.7x: not before the quarter
 
 
 def test_short_runs_and_losses_not_above_zero_are_not_judged() -> None:

@@ -14,6 +14,10 @@ the mean of the last W losses with the mean of the first W:
     last > DIVERGING * first            diverging
     last > (1 - STALLED) * first        stalled: not even STALLED (2%) below the start
 
+A loss far beyond its start is told sooner: from n >= 2W on, a last window above
+EARLY_DIVERGING (10x) the first is diverging at once (LARS at --lr 1000 reached 5e17 by
+step 50 of 600, and NaN, which stops the run, at step 135).
+
 Runs shorter than MIN_STEPS, and losses whose first window is not above 0, are not judged
 (a user's loss may be negative; a few steps say nothing). No torch here.
 """
@@ -31,6 +35,7 @@ MIN_WINDOW, MAX_WINDOW = 3, 25  # ... within these bounds
 MIN_STEPS = 20  # shorter runs are not judged
 STALLED = 0.02  # the last window must be at least 2% below the first
 DIVERGING = 1.5  # a last window above 1.5x the first is diverging
+EARLY_DIVERGING = 10.0  # ... and above 10x, before a quarter of the run too
 
 
 @dataclass(frozen=True)
@@ -65,11 +70,15 @@ def judge(losses: Sequence[float], steps: int) -> Trend | None:
     """The verdict on `losses` (the global-batch losses of steps 1..len(losses) of a run of
     `steps` steps), or None: the loss moved, or it is too early to say."""
     w, n, start = window(steps), len(losses), first_judged(steps)
-    if start is None or n < start:
+    if start is None or n < 2 * w:
         return None
     first = sum(losses[:w]) / w
     last = sum(losses[-w:]) / w
     if not first > 0.0:
+        return None
+    if last > EARLY_DIVERGING * first:
+        return Trend("diverging", n, w, first, last)
+    if n < start:
         return None
     if last > DIVERGING * first:
         return Trend("diverging", n, w, first, last)
