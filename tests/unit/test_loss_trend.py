@@ -64,3 +64,6 @@ def test_the_warning_names_the_learning_rate() -> None:
     assert "learning rate (peak 0.08) is the likely cause" in line
     diverging = loss_trend.message(Trend("diverging", 150, 25, 2.3, 3e21), 600, 1000.0)
     assert "diverging" in diverging and "peak 1000" in diverging and "3e+21" in diverging
+    assert diverging.endswith("likely too large; lower --lr")
+    lamb = loss_trend.message(stalled, 600, 0.08, "lamb", "linear")  # the rule is the fix
+    assert lamb.endswith("(it never fell); --lr-scaling sqrt or a lower --lr")

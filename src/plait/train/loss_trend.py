@@ -87,19 +87,24 @@ def judge(losses: Sequence[float], steps: int) -> Trend | None:
     return None
 
 
-def message(trend: Trend, steps: int, peak_lr: float) -> str:
-    """One line for the user: what the loss did, and the learning rate as the likely cause."""
+def message(
+    trend: Trend, steps: int, peak_lr: float, optimizer: str = "", scaling: str = ""
+) -> str:
+    """One line for the user: what the loss did, and the learning rate as the likely cause
+    (with lars or lamb scaled linearly, the square root as the fix: lr_schedule.py)."""
     w, n = trend.window, trend.step
     means = (f"mean {trend.last:.4g} over steps {n - w + 1}-{n} against {trend.first:.4g} "
              f"over steps 1-{w}")  # fmt: skip
+    layerwise_linear = optimizer in ("lars", "lamb") and scaling == "linear"
     if trend.kind == "diverging":
+        fix = "--lr-scaling sqrt or a lower --lr" if layerwise_linear else "lower --lr"
         return (
             f"the training loss is diverging after {n} of {steps} steps ({means}): the "
-            f"learning rate (peak {peak_lr:g}) is likely too large; lower --lr"
+            f"learning rate (peak {peak_lr:g}) is likely too large; {fix}"
         )
+    fix = "--lr-scaling sqrt or a lower --lr" if layerwise_linear else "try another --lr"
     return (
         f"the training loss has not moved from its start after {n} of {steps} steps ({means}): "
         f"the learning rate (peak {peak_lr:g}) is the likely cause: too large (the loss fell, "
-        "then rose back: the weights blew up) or too small (it never fell); try another "
-        "--lr, or --lr-scaling sqrt for lamb and lars"
+        f"then rose back: the weights blew up) or too small (it never fell); {fix}"
     )

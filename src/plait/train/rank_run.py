@@ -294,14 +294,19 @@ class RankRun:
         trend = loss_trend.judge(self.losses, self.steps)
         if trend is not None and trend.kind not in self.warned:
             self.warned.add(trend.kind)
-            text = loss_trend.message(trend, self.steps, self.config.peak_lr)
-            self.say("warning", {"message": text})
+            self.say("warning", {"message": self.told(trend)})
 
     def trend(self) -> dict[str, Any]:
         """The --json's "loss_trend": the verdict on the whole run's loss, or None."""
         t = loss_trend.judge(self.losses, self.steps)
-        told = None if t is None else loss_trend.message(t, self.steps, self.config.peak_lr)
-        return {"loss_trend": None if t is None else {**t.to_dict(), "message": told}}
+        return {"loss_trend": None if t is None else {**t.to_dict(), "message": self.told(t)}}
+
+    def told(self, trend: loss_trend.Trend) -> str:
+        """The line that tells of `trend` (loss_trend.message), with this run's rate."""
+        c = self.config
+        return loss_trend.message(
+            trend, self.steps, c.peak_lr, c.optimizer, str(c.optim.lr_scaling)
+        )
 
     def evaluate(self, step: int) -> None:
         with trace.maybe(self.rec, "eval", "eval", {"step": step}):
