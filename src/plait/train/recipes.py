@@ -22,7 +22,7 @@ OPTIMIZERS = ("sgd", "adamw", "lars", "lamb")  # --optimizer; built by train/opt
 # square root of the batch (You et al. 2020, after Krizhevsky 2014), as SimCLR does LARS's
 # for short runs (Chen et al. 2020); linearly scaled, their rates broke 600-step runs on
 # digits at 8x the batch where sqrt trained (docs/large-batch.md#scaling-the-rate). sgd and
-# adamw keep their rate unless asked: at the base batch every rule gives the same run.
+# adamw keep their rate unless asked. At the base batch sqrt is the same run as none.
 LR_SCALING = {"sgd": "none", "adamw": "none", "lars": "sqrt", "lamb": "sqrt"}
 
 
