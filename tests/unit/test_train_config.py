@@ -66,7 +66,7 @@ def test_config_survives_a_json_round_trip() -> None:
         ({"steps": 10, "warmup_steps": 11}, "warmup_steps 11 > steps 10"),
         ({"resume": True}, "resume needs out"),
         ({"strategy": "ps-async"}, "strategy 'ps-async' is not one of allreduce, ps"),
-        ({"lr_scaling": "sqrt"}, "lr_scaling 'sqrt' is not one of none, linear"),
+        ({"lr_scaling": "cubic"}, "lr_scaling 'cubic' is not one of none, linear, sqrt"),
         ({"workload": "pkg.mod:make", "model": "cnn"}, "--model chooses a built-in workload"),
         ({"workload": "pkg.mod"}, "workload 'pkg.mod' is not MODULE:FUNCTION"),
     ],
@@ -104,6 +104,36 @@ def test_linear_scaling_uses_the_base_batch() -> None:
     # Goyal et al.: the warm-up starts from the unscaled rate
     w = _config(batch_size=4 * base, lr=0.1, lr_scaling="linear", warmup_steps=4, steps=40)
     assert w.lr_at(1) == pytest.approx(0.1 + (0.4 - 0.1) / 4)
+
+
+def test_sqrt_scaling_is_the_layerwise_optimizers_default() -> None:
+    base = RECIPES["mlp"].base_batch
+    for name, scaling in (("sgd", "none"), ("adamw", "none"), ("lars", "sqrt"), ("lamb", "sqrt")):
+        c = _config(optimizer=name, batch_size=4 * base, lr=0.1)
+        assert c.optim.lr_scaling == scaling
+        assert c.peak_lr == pytest.approx(0.2 if scaling == "sqrt" else 0.1)
+    # at the base batch sqrt is the unscaled run, its warm-up from 0 included
+    at_base = [_config(optimizer="lamb", lr_scaling=s, warmup_steps=4, steps=40) for s in
+               ("none", "sqrt")]  # fmt: skip
+    assert [c.lr_at(k) for k in (1, 5, 40) for c in at_base[:1]] == [
+        c.lr_at(k) for k in (1, 5, 40) for c in at_base[1:]
+    ]
+    assert _config(optimizer="sgd", lr_scaling="sqrt", batch_size=base // 4).peak_lr == (
+        pytest.approx(RECIPES["mlp"].rates["sgd"].lr / 2)
+    )
+
+
+def test_linear_scaling_of_lars_and_lamb_past_4x_is_warned_of() -> None:
+    base = RECIPES["mlp"].base_batch
+    c = _config(optimizer="lamb", batch_size=8 * base, lr=0.01, lr_scaling="linear")
+    warning = c.rate_warning()
+    assert warning is not None
+    assert "peak lr of 0.08 (0.01 x 512/64)" in warning and "sqrt" in warning
+    assert "gives 0.0283" in warning
+    at_4x = _config(optimizer="lamb", batch_size=4 * base, lr_scaling="linear")
+    assert at_4x.rate_warning() is None
+    assert _config(optimizer="lamb", batch_size=8 * base).rate_warning() is None  # sqrt
+    assert _config(batch_size=8 * base, lr_scaling="linear").rate_warning() is None  # sgd
 
 
 def test_a_custom_workload_takes_the_generic_defaults() -> None:

@@ -20,9 +20,8 @@ from typing import Any
 
 from plait.options import build, flatten, group, load, option
 from plait.ps.config import PSConfig
-from plait.train import parts_ps, strategies
+from plait.train import lr_schedule, parts_ps, strategies
 from plait.train.errors import ConfigError
-from plait.train.lr_schedule import lr_at
 from plait.train.parts import (
     DeviceConfig,
     MeshConfig,
@@ -202,21 +201,26 @@ class TrainConfig:
 
     @property
     def peak_lr(self) -> float:
-        """The learning rate after warm-up: lr, times batch_size / base_batch if scaled."""
-        lr = self.optim.lr
-        assert lr is not None, "filled in on creation"
-        if self.optim.lr_scaling == "linear":
-            return lr * self.batch_size / self.recipe.base_batch
-        return lr
+        """The learning rate after warm-up: lr, scaled to the batch by --lr-scaling."""
+        lr, rule = self.optim.lr, self.optim.lr_scaling
+        assert lr is not None and rule is not None, "filled in on creation"
+        return lr_schedule.scaled(rule, lr, self.batch_size, self.recipe.base_batch)
 
     def lr_at(self, step: int) -> float:
         """The learning rate of step `step` (1-based): warm-up, then the decay."""
         o = self.optim
-        assert o.lr is not None and o.warmup_steps is not None, "filled in on creation"
-        # Goyal et al.: with linear scaling, warm up from the unscaled lr to the scaled one
-        start = o.lr if o.lr_scaling == "linear" else 0.0
-        return lr_at(step, peak=self.peak_lr, steps=self.steps, warmup_steps=o.warmup_steps,
-                     start=start, decay=o.lr_decay)  # fmt: skip
+        assert o.lr is not None and o.warmup_steps is not None and o.lr_scaling is not None
+        start = lr_schedule.warmup_start(o.lr_scaling, o.lr)
+        return lr_schedule.lr_at(step, peak=self.peak_lr, steps=self.steps,
+                                 warmup_steps=o.warmup_steps, start=start,
+                                 decay=o.lr_decay)  # fmt: skip
+
+    def rate_warning(self) -> str | None:
+        """A line for the user when the scaled rate is one known to break runs (lr_schedule)."""
+        o = self.optim
+        assert o.lr is not None and o.lr_scaling is not None, "filled in on creation"
+        return lr_schedule.rate_warning(self.optimizer, o.lr_scaling, o.lr, self.batch_size,
+                                        self.recipe.base_batch)  # fmt: skip
 
     @property
     def row(self) -> Strategy:

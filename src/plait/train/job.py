@@ -251,6 +251,9 @@ def run(
     except (ConfigError, MissingExtraError, CheckpointError) as e:
         print(f"plait train: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    warning = config.rate_warning()  # a scaled rate known to break runs: said, not refused
+    if warning is not None and os.environ.get("RANK", "0") == "0":
+        print(f"plait train: warning: {warning}", file=sys.stderr)
     if under_launcher():
         from plait.train import worker
 

@@ -21,6 +21,7 @@ from plait.train import data as datasets
 from plait.train.errors import ConfigError
 from plait.train.recipes import (
     CUSTOM,
+    LR_SCALING,
     MODEL_TASK,
     MODELS,
     OPTIMIZERS,
@@ -31,7 +32,7 @@ from plait.train.recipes import (
 )
 
 PIPELINE_SCHEDULES = tuple(SCHEDULES)  # the ones the runtime runs (plait.pipeline.schedule)
-LR_SCALINGS = ("none", "linear")
+LR_SCALINGS = ("none", "linear", "sqrt")
 LR_DECAYS = ("cosine", "none")
 DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
 IMPORT_PATH = re.compile(r"^[^:]+:[A-Za-z_][\w.]*$")  # module.path:function or file.py:function
@@ -145,16 +146,18 @@ class OptimConfig:
     lr: float | None = field(
         default=None,
         metadata=option(
-            "peak learning rate (at the model's base batch with --lr-scaling linear)",
+            "peak learning rate (at the model's base batch with --lr-scaling linear or sqrt)",
             default_text=per_model("lr") + "; each optimizer has its own (recipes.py)",
         ),
     )
-    lr_scaling: str = field(
-        default="none",
+    lr_scaling: str | None = field(
+        default=None,
         metadata=option(
             "linear: scale lr by batch_size / the model's base batch "
-            f"({per_model('base_batch')}), Goyal et al. 2017",
+            f"({per_model('base_batch')}), Goyal et al. 2017; sqrt: by its square root, "
+            "You et al. 2020 (LAMB)",
             choices=LR_SCALINGS,
+            default_text=", ".join(f"{o} {s}" for o, s in LR_SCALING.items()),
         ),
     )
     warmup_steps: int | None = field(
@@ -174,7 +177,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.optimizer is not None:
             one_of("optimizer", self.optimizer, OPTIMIZERS)
-        one_of("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        if self.lr_scaling is not None:
+            one_of("lr_scaling", self.lr_scaling, LR_SCALINGS)
         one_of("lr_decay", self.lr_decay, LR_DECAYS)
         for name in ("steps", "batch_size"):
             value = getattr(self, name)
@@ -201,6 +205,7 @@ class OptimConfig:
             batch_size=r.batch_size if self.batch_size is None else self.batch_size,
             optimizer=optimizer,
             lr=r.rates[optimizer].lr if self.lr is None else self.lr,
+            lr_scaling=LR_SCALING[optimizer] if self.lr_scaling is None else self.lr_scaling,
             warmup_steps=warmup,
         )
 

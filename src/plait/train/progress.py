@@ -8,6 +8,7 @@ The training loop emits records `(kind, dict)`:
     log     the same, at a log point (text prints a line)
     eval    an evaluation on held-out data
     membership  (--elastic) the workers changed: who left or joined, the step redone
+    warning the loss is stalled or diverging (loss_trend.py): {"message"}
     finish  the summary (the --json figures and a few more)
     error   (events only) an error rank 0 explains: {"message", "code"}
 
@@ -166,6 +167,10 @@ def log_line(rec: Record) -> str:
     )
 
 
+def warning_line(rec: Record) -> str:
+    return f"warning: {rec['message']}"
+
+
 def eval_line(rec: Record) -> str:
     text = f"step {rec['step']}: {rec['name']} {_value(rec)}"
     if rec.get("baseline") is not None:
@@ -212,6 +217,8 @@ def summary(rec: Record) -> list[str]:
                      f"{rec['chunks']} chunks, {rec['schedule']}: bubble "
                      f"{rec['bubble_fraction']:.3f} (theory {rec['bubble_theory']:.3f}), "
                      f"peak activations per stage {rec['peak_activations']}"))  # fmt: skip
+    if rec.get("loss_trend"):  # stalled or diverging at the end (loss_trend.py)
+        rows.append(("warning", rec["loss_trend"]["message"]))
     rows += parts_compute.rows(rec)
     rows += memory_rows(rec)
     rows += elastic_rows(rec)
@@ -265,6 +272,8 @@ class Text:
             lines = [eval_line(rec)]
         elif kind == "membership":
             lines = [membership_line(rec)]
+        elif kind == "warning":
+            lines = [warning_line(rec)]
         elif kind == "finish":
             lines = summary(rec)
         else:
@@ -315,6 +324,8 @@ class Bar:
             self.text(eval_line(rec))
         elif kind == "membership":
             self.text(membership_line(rec))
+        elif kind == "warning":
+            self.text(warning_line(rec))
         elif kind == "finish":
             self.close()
             for line in summary(rec):

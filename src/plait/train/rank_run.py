@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from plait import env, trace
-from plait.train import checkpoint, compile, distill, parts_compute, profile, traced
+from plait.train import checkpoint, compile, distill, loss_trend, parts_compute, profile, traced
 from plait.train.config import TrainConfig
 from plait.train.errors import NonFiniteLossError
 from plait.train.progress import Emit
@@ -93,6 +93,7 @@ class RankRun:
         self.distiller = distill.load(config, work, step.device)
         self.loss_fn = work.loss if self.distiller is None else self.distiller.loss
         self.pending: list[torch.Tensor] = []  # this rank's losses since the last flush
+        self.warned: set[str] = set()  # the loss_trend kinds already told (once each)
         self.started = time.perf_counter()
         self.paused_s = 0.0  # evaluation and checkpoint time, left out of samples/s
         self.window = (self.started, 0.0, 0)  # since the last log line: start, paused, step
@@ -188,7 +189,8 @@ class RankRun:
 
         is_log, is_eval = due(log.log_every), due(log.eval_every)
         is_ckpt = self.out is not None and due(self.config.checkpoint.checkpoint_every)
-        if is_log or is_eval or is_ckpt or step == stop_after or due(self.flush_every):
+        judged = step == loss_trend.first_judged(self.steps)  # a verdict in the first quarter
+        if is_log or is_eval or is_ckpt or step == stop_after or due(self.flush_every) or judged:
             self.flush(step, log=is_log)
         if is_eval:
             self.evaluate(step)
@@ -275,6 +277,7 @@ class RankRun:
                 raise NonFiniteLossError(step - len(values) + 1 + i, value, where,
                                          self.saved_step)  # fmt: skip
         self.losses.extend(values)
+        self.watch_loss()
         start, paused, since = self.window
         seconds = time.perf_counter() - start - (self.paused_s - paused)
         rate = (step - since) * self.batch / max(seconds, 1e-9)
@@ -285,6 +288,25 @@ class RankRun:
         if log:
             self.throughput.append([step, rate])
             self.window = (time.perf_counter(), self.paused_s, step)
+
+    def watch_loss(self) -> None:
+        """Warn, once of each kind, when the loss is stalled at its start or diverging."""
+        trend = loss_trend.judge(self.losses, self.steps)
+        if trend is not None and trend.kind not in self.warned:
+            self.warned.add(trend.kind)
+            self.say("warning", {"message": self.told(trend)})
+
+    def trend(self) -> dict[str, Any]:
+        """The --json's "loss_trend": the verdict on the whole run's loss, or None."""
+        t = loss_trend.judge(self.losses, self.steps)
+        return {"loss_trend": None if t is None else {**t.to_dict(), "message": self.told(t)}}
+
+    def told(self, trend: loss_trend.Trend) -> str:
+        """The line that tells of `trend` (loss_trend.message), with this run's rate."""
+        c = self.config
+        return loss_trend.message(
+            trend, self.steps, c.peak_lr, c.optimizer, str(c.optim.lr_scaling)
+        )
 
     def evaluate(self, step: int) -> None:
         with trace.maybe(self.rec, "eval", "eval", {"step": step}):
@@ -346,5 +368,6 @@ class RankRun:
             eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
             throughput=self.throughput,
             device=self.step.device.type, compile_s=self.compile_s,
-            extra={**self.step.figures(), **self.tracing.figures(), **self.distilled()},
+            extra={**self.step.figures(), **self.tracing.figures(), **self.distilled(),
+                   **self.trend()},
         )  # fmt: skip
