@@ -6,14 +6,20 @@ its shape, adds the model's buffers, and writes one state_dict with torch.save (
 a temporary file, then a rename), which `model.load_state_dict(torch.load(FILE))` reads
 without plait. Every file is checked against the manifest first (present, its size, its
 sha256): a missing, truncated or altered file is an error naming it, exit status 2.
+
+A parameter-server run's directory (`--strategy ps`) holds ps-checkpoint.json and one file
+per server instead: its keys are put back in their parameters the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 from plait.errors import EXIT_BAD_INPUT, CheckpointError
+from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.train.outdir import check_file_writable
 
 
@@ -43,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         check_file_writable(args.output, "-o")
+        if (Path(args.directory) / PS_MANIFEST).is_file():  # a parameter-server run's
+            return _parameter_server(args, say)
         m = checkpoint.read_manifest(args.directory)
         say(
             f"{m.path}: generation {m.generation}, saved by {m.world} ranks, "
@@ -58,5 +66,27 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.output}: {len(m.layout.names)} parameters ({values:,} values), "
         f"{buffers} buffers, {size:,} bytes"
+    )
+    return 0
+
+
+def _parameter_server(args: argparse.Namespace, say: Any) -> int:
+    """`run` for a parameter-server run's checkpoint (plait/ps/run_checkpoint.py).
+
+    Raises:
+        CheckpointError: a missing, truncated or altered file (named).
+    """
+    from plait.ps import run_checkpoint
+    from plait.sharded.checkpoint import write_state_dict
+
+    m = run_checkpoint.read_manifest(args.directory)
+    say(f"{m.path}: generation {m.generation}, step {m.step}, saved by {m.servers} "
+        f"parameter servers, {len(m.specs)} parameters in {len(m.keys)} keys")  # fmt: skip
+    state = run_checkpoint.consolidate(args.directory, progress=say)
+    size = write_state_dict(state, args.output)
+    values = sum(state[s.name].numel() for s in m.specs)
+    print(
+        f"wrote {args.output}: {len(m.specs)} parameters ({values:,} values), "
+        f"{len(state) - len(m.specs)} buffers, {size:,} bytes"
     )
     return 0

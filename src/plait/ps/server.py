@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from plait.ps import checkpoint
+from plait.errors import CheckpointError
+from plait.ps import checkpoint, run_checkpoint
 from plait.ps.config import PSConfig
 from plait.ps.consistency import DEAD, MAX_WORKERS, Consistency
 from plait.ps.errors import PSError
@@ -150,6 +151,44 @@ class Server:
             lost_updates=self.lost_updates,
         )
         checkpoint.save(self.cfg.checkpoint_dir, self.index, shard)
+
+    def save_run(self, msg: Message) -> None:
+        """Worker 0's `save`: write this server's part of generation meta["generation"] of
+        the job's checkpoint, after step meta["step"] (cfg.run_dir; run_checkpoint.py)."""
+        assert self.cfg is not None and self.cons is not None
+        generation, step = msg.meta.get("generation"), msg.meta.get("step")
+        if msg.worker != 0 or not self.cfg.run_dir:
+            raise BadRequest("save comes from worker 0 of a job with PSConfig(run_dir=...)")
+        if type(generation) is not int or type(step) is not int or generation < 1 or step < 0:
+            raise BadRequest(f"save needs meta generation >= 1 and step >= 0; got {msg.meta}")
+        keys = {k: {"value": self.values[k], "opt": self.opt[k].state(),
+                    "version": self.cons.version[k]} for k in sorted(self.keys)}  # fmt: skip
+        try:
+            run_checkpoint.save_server(self.cfg.run_dir, generation, self.index,
+                                       self.num_servers, step, keys, self.updates,
+                                       self.cons.clock)  # fmt: skip
+        except CheckpointError as e:
+            raise BadRequest(str(e)) from None
+
+    def restore_run(self) -> None:
+        """Start from the job's checkpoint in cfg.run_dir (worker 0 checked it whole): this
+        server's keys, from whichever servers' files hold them; every worker's clock at its
+        step. Nothing is loaded unless all is (an error leaves the server unconfigured)."""
+        assert self.cfg is not None and self.cons is not None and self.cfg.run_dir
+        try:
+            m = run_checkpoint.read_manifest(self.cfg.run_dir)
+            run_checkpoint.check_files(m, verify=False)  # sizes: worker 0 checked the hashes
+            loaded = run_checkpoint.load_keys(m, list(self.keys.values()))
+            for k, state in loaded.items():
+                self.opt[k].load(state["opt"])
+        except (CheckpointError, KeyError, TypeError) as e:
+            self.cfg = self.cons = None  # a pull waits for an init that worker 0 won't send
+            raise BadRequest(f"cannot resume: {e}") from None
+        self.values = {k: state["value"] for k, state in loaded.items()}
+        self.cons.version = {k: int(state["version"]) for k, state in loaded.items()}
+        self.cons.start_at(m.step)
+        self.log(f"resumed {len(loaded)} keys from {m.path} (step {m.step}, saved by "
+                 f"{m.servers} servers)")  # fmt: skip
 
     def finished(self) -> bool:
         """Every worker said goodbye or died, and no push waits: the server may stop."""
@@ -288,6 +327,9 @@ class Server:
         elif msg.op == "bye":
             self.cons.goodbye(w)
             self.send(origin, Message("ok", msg.rid, -1))
+        elif msg.op == "save":
+            self.save_run(msg)
+            self.send(origin, Message("ok", msg.rid, -1))
         elif msg.op == "pull":
             self.check_keys(msg, with_tensors=False)
             self.pending[(w, msg.rid)] = (origin, list(msg.keys) or sorted(self.keys))
@@ -321,7 +363,9 @@ class Server:
             for w, when in {**self.early, 0: self.now}.items():
                 self.cons.heard(w, when, 0)
             self.early.clear()
-            if not (cfg.resume and self.restore(fresh_workers=True)):
+            if cfg.resume_run:
+                self.restore_run()
+            elif not (cfg.resume and self.restore(fresh_workers=True)):
                 self.check_keys(msg, with_tensors=True)
                 self.values = {k: t.clone() for k, t in zip(msg.keys, msg.tensors, strict=True)}
         self.send(origin, Message("ok", msg.rid, -1))

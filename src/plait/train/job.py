@@ -36,6 +36,7 @@ from typing import Any, TextIO, cast
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
+from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import MANIFEST
 from plait.train import board, compile, device, outdir
 from plait.train import data as datasets
@@ -184,7 +185,7 @@ def _check(config: TrainConfig) -> TrainConfig:
     out = config.checkpoint.out
     if out is not None:
         if config.checkpoint.resume:
-            outdir.check_resumable(out, sharded=config.zero > 0)
+            outdir.check_resumable(out, **_saved_as(config))
         outdir.check_writable(out)
     if config.distill.teacher is not None:
         _check_teacher(config.distill.teacher)
@@ -197,6 +198,13 @@ def _check(config: TrainConfig) -> TrainConfig:
     if config.log.trace is not None:
         outdir.check_file_writable(config.log.trace, what="--trace")
     return config
+
+
+def _saved_as(config: TrainConfig) -> dict[str, Any]:
+    """How the run's checkpoints are saved, as outdir.check_resumable takes it."""
+    if config.strategy == "ps":  # the servers' files and a manifest of their own
+        return {"sharded": True, "manifest": PS_MANIFEST}
+    return {"sharded": config.zero > 0}
 
 
 def _check_teacher(teacher: str) -> None:
@@ -306,6 +314,6 @@ def run(
         return int(stream.error["code"])
     if code != 0 and config.checkpoint.out is not None:  # a crash or a stop: it can go on
         out.flush()
-        hint = outdir.resume_hint(config.checkpoint.out, config.zero > 0, argv)
+        hint = outdir.resume_hint(config.checkpoint.out, argv=argv, **_saved_as(config))
         print(hint, file=sys.stderr)
     return code
