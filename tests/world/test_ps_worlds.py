@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -28,7 +29,9 @@ from plait.ps.config import store_server_key
 from plait.ps.wire import Message, decode, encode
 from plait.train.config import TrainConfig
 from plait.train.data.sampler import GlobalBatchSampler
+from plait.train.evaluate import evaluate_alone
 from plait.train.loop import train
+from plait.train.trained import load_run
 from support.ps_world import authenticate, run_ps_world
 
 pytestmark = pytest.mark.timeout(120)
@@ -235,21 +238,25 @@ def test_bad_messages_get_error_replies_and_the_server_keeps_serving() -> None:
 CPU = {"PLAIT_DEVICE": "cpu"}  # as `plait train` gives its workers here (a GPU machine too)
 
 
-def _train_job(role: ps.Role, options: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """This worker's figures of a `plait train --strategy ps` run, and how many of its
-    updates went through Client.push_pull_async (--priority's: the proof it was on)."""
+def _train_job(
+    role: ps.Role, options: dict[str, Any], stop_after: int | None = None
+) -> tuple[dict[str, Any], int]:
+    """This worker's figures of a `plait train --strategy ps` run (`stop_after`: as if
+    interrupted after that step), and how many of its updates went through
+    Client.push_pull_async (--priority's: the proof it was on)."""
     config = TrainConfig.from_options({**options, "strategy": "ps", "workers": role.num_workers,
                                        "servers": role.num_servers})  # fmt: skip
     original = Client.push_pull_async
     with mock.patch.object(Client, "push_pull_async", autospec=True, side_effect=original) as m:
-        return train(config, role).figures(), m.call_count
+        return train(config, role, stop_after=stop_after).figures(), m.call_count
 
 
 @pytest.mark.parametrize("mode", ["ssp", "async"])
-def test_plait_train_ssp_and_async_share_the_slices_out(mode: str) -> None:
-    (data, _), _ = run_ps_world(
-        2, 1, _train_job, {"ps_mode": mode, "steps": 20, "eval_every": 0}, env=CPU
-    )
+def test_plait_train_ssp_and_async_share_the_slices_out(mode: str, tmp_path: Path) -> None:
+    # async: with --out (checkpoints at steps 10 and 20), which a resumed run goes on from
+    out = {"out": str(tmp_path / "run"), "checkpoint_every": 10} if mode == "async" else {}
+    options = {"ps_mode": mode, "steps": 20, "eval_every": 0, **out}
+    (data, _), _ = run_ps_world(2, 1, _train_job, options, env=CPU)
     assert (data["strategy"], data["ps_mode"], data["servers"]) == ("ps", mode, 1)
     assert (data["world_size"], data["steps"], data["global_batch"]) == (2, 20, 64)
     assert 0.5 < data["eval_value"] <= 1.0 and data["samples_per_s"] > 0
@@ -259,17 +266,57 @@ def test_plait_train_ssp_and_async_share_the_slices_out(mode: str) -> None:
     assert data["mean_staleness"] <= data["max_staleness"]
     if mode == "ssp":
         assert data["max_staleness"] <= 2 * 4 + 1  # tau 4, at most one update per worker
+        return
+    # the checkpoint is whole and consistent: its consolidated model is the one worker 0
+    # evaluated after the last pull (every slice applied), on every held-out sample alike
+    trained = load_run(out["out"])
+    assert trained.step == 20 and trained.evals == data["evals"]
+    assert (
+        evaluate_alone(trained.model, trained.workload, torch.device("cpu")) == data["eval_value"]
+    )
+    # resumed (at 2 servers) for 4 more steps: their 8 slices, and no other, are trained
+    (more, _), _ = run_ps_world(2, 2, _train_job, {**options, "steps": 24, "resume": True}, env=CPU)
+    assert more["losses"][: len(data["losses"])] == data["losses"]
+    assert more["updates_per_server"] == [8, 8] and more["steps"] == 24
+    assert len(more["losses"]) == len(data["losses"]) + more["worker_steps"]  # worker 0's
 
 
-def test_plait_train_priority_gives_fifos_losses() -> None:
-    options = {"steps": 8, "eval_every": 0}
-    # P3's small slices; FIFO's 4 MiB slices: results do not depend on the cut either. The
-    # two worlds run at once: nothing they compute depends on timing
-    with ThreadPoolExecutor(2, thread_name_prefix="ps-world") as pool:
-        started = [pool.submit(run_ps_world, 2, 1, _train_job, o, env=CPU)
-                   for o in ({**options, "priority": True, "slice_mb": 0.01}, options)]  # fmt: skip
-    prio, fifo = (future.result() for future in started)
+SYNC = {"steps": 8, "eval_every": 0}
+
+
+@pytest.fixture(scope="module")
+def sync_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three sync runs of SYNC, at once (nothing they compute depends on timing): with
+    --priority (P3's small slices), without (FIFO's 4 MiB slices), and one with --out that
+    stops after step 4 as if interrupted, writing its checkpoint there; and its folder."""
+    out = tmp_path_factory.mktemp("ps-sync") / "run"
+    runs = {"prio": ({**SYNC, "priority": True, "slice_mb": 0.01}, None), "fifo": (SYNC, None),
+            "stopped": ({**SYNC, "out": str(out), "checkpoint_every": 4}, 4)}  # fmt: skip
+    with ThreadPoolExecutor(3, thread_name_prefix="ps-world") as pool:
+        started = {name: pool.submit(run_ps_world, 2, 1, _train_job, o, stop, env=CPU)
+                   for name, (o, stop) in runs.items()}  # fmt: skip
+    return {name: future.result() for name, future in started.items()} | {"out": out}
+
+
+def test_plait_train_priority_gives_fifos_losses(sync_runs: dict[str, Any]) -> None:
+    # results do not depend on the cut either
+    prio, fifo = sync_runs["prio"], sync_runs["fifo"]
     (got, _), (want, _) = prio[0], fifo[0]
     assert [n for _, n in prio] == [8, 7] and [n for _, n in fifo] == [0, 0]  # priority on
     assert (got["losses"], got["eval_value"]) == (want["losses"], want["eval_value"])
     assert got["applied_gradients"] == 16 and got["dead_workers"] == []
+
+
+def test_plait_train_sync_resumes_with_an_uninterrupted_runs_losses(
+    sync_runs: dict[str, Any],
+) -> None:
+    """Stopped after step 4 at 1 server, resumed at 2: the losses and the held-out metric of
+    the run that was never stopped, bit for bit."""
+    (stopped, _), _ = sync_runs["stopped"]
+    assert stopped["stopped_at"] == 4 and len(stopped["losses"]) == 4
+    options = {**SYNC, "out": str(sync_runs["out"]), "resume": True}
+    (resumed, _), _ = run_ps_world(2, 2, _train_job, options, env=CPU)
+    (whole, _), _ = sync_runs["fifo"]
+    assert resumed["losses"] == whole["losses"] and len(whole["losses"]) == 8
+    assert resumed["eval_value"] == whole["eval_value"]
+    assert resumed["updates_per_server"] == [4, 4]  # steps 5 to 8 only
