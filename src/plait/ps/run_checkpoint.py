@@ -31,6 +31,7 @@ sha256) before any server loads anything, so a checkpoint is never partly loaded
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -43,6 +44,8 @@ import torch
 
 from plait.errors import CheckpointError
 from plait.ps.checkpoint import write_atomic
+from plait.ps.consistency import Consistency
+from plait.ps.optim import SliceOptimizer
 from plait.ps.run_files import GENERATION_FILE, MANIFEST, common_file, server_file
 from plait.ps.sharding import Key, ParamSpec, Plan, Segment, scatter, specs_from_json, specs_to_json
 
@@ -108,6 +111,54 @@ def save_server(
              "step": step, "updates": updates, "clocks": list(clocks), "keys": keys}  # fmt: skip
     write_summed(path, state)
     return path
+
+
+def save_keys(
+    directory: str | None, worker: int, meta: dict[str, Any], server: int, servers: int,
+    values: dict[int, torch.Tensor], opt: dict[int, SliceOptimizer], cons: Consistency,
+    updates: int,
+) -> Path:  # fmt: skip
+    """A server's part of a `save` request: its keys' values, optimizer states and versions
+    as generation meta["generation"] after step meta["step"] (`save_server`).
+
+    Raises:
+        ValueError: not worker 0's, no run directory, or a bad generation or step.
+        CheckpointError: the write failed.
+    """
+    generation, step = meta.get("generation"), meta.get("step")
+    if worker != 0 or not directory:
+        raise ValueError("save comes from worker 0 of a job with PSConfig(run_dir=...)")
+    if type(generation) is not int or type(step) is not int or generation < 1 or step < 0:
+        raise ValueError(f"save needs meta generation >= 1 and step >= 0; got {meta}")
+    keys = {k: {"value": values[k], "opt": opt[k].state(), "version": cons.version[k]}
+            for k in sorted(values)}  # fmt: skip
+    return save_server(directory, generation, server, servers, step, keys, updates, cons.clock)
+
+
+def restore_keys(
+    directory: str, keys: dict[int, Key], opt: dict[int, SliceOptimizer], cons: Consistency
+) -> tuple[Manifest, dict[int, torch.Tensor]]:
+    """A server's start from the checkpoint in `directory`: its `keys`' optimizer states
+    loaded into `opt` and versions into `cons`, every worker's clock at the step (`start_at`);
+    returns the manifest and the keys' values. Nothing is changed unless all is read.
+
+    Raises:
+        CheckpointError: a missing or truncated file, or one that is not the manifest's.
+    """
+    m = read_manifest(directory)
+    check_files(m, verify=False)  # sizes only: worker 0 checked the hashes (check_resume)
+    loaded = load_keys(m, list(keys.values()))
+    try:
+        states = {k: _loaded(opt[k], s["opt"]) for k, s in loaded.items()}
+        versions = {k: int(s["version"]) for k, s in loaded.items()}
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"{m.path}'s files hold a key state this plait cannot read: {e}"
+        ) from e
+    opt.update(states)
+    cons.version = versions
+    cons.start_at(m.step)
+    return m, {k: s["value"] for k, s in loaded.items()}
 
 
 def commit(directory: str | os.PathLike[str], generation: int, step: int, plan: Plan) -> Path:
@@ -324,6 +375,13 @@ def _summed(path: Path) -> Stored:
     if size != stored.bytes:
         raise CheckpointError(f"cannot commit: {path} has {size} bytes, {stored.bytes} written")
     return stored
+
+
+def _loaded(like: SliceOptimizer, state: dict[str, torch.Tensor]) -> SliceOptimizer:
+    """A copy of `like` (its settings) holding `state`; `like` itself is left as it was."""
+    out = copy.copy(like)
+    out.load(state)
+    return out
 
 
 def _read(m: Manifest, stored: Stored) -> Any:

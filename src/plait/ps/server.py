@@ -153,41 +153,28 @@ class Server:
         checkpoint.save(self.cfg.checkpoint_dir, self.index, shard)
 
     def save_run(self, msg: Message) -> None:
-        """Worker 0's `save`: write this server's part of generation meta["generation"] of
-        the job's checkpoint, after step meta["step"] (cfg.run_dir; run_checkpoint.py)."""
+        """Worker 0's `save`: write this server's keys to the job's checkpoint (cfg.run_dir;
+        run_checkpoint.py); a refusal or a failed write is the request's error reply."""
         assert self.cfg is not None and self.cons is not None
-        generation, step = msg.meta.get("generation"), msg.meta.get("step")
-        if msg.worker != 0 or not self.cfg.run_dir:
-            raise BadRequest("save comes from worker 0 of a job with PSConfig(run_dir=...)")
-        if type(generation) is not int or type(step) is not int or generation < 1 or step < 0:
-            raise BadRequest(f"save needs meta generation >= 1 and step >= 0; got {msg.meta}")
-        keys = {k: {"value": self.values[k], "opt": self.opt[k].state(),
-                    "version": self.cons.version[k]} for k in sorted(self.keys)}  # fmt: skip
         try:
-            run_checkpoint.save_server(self.cfg.run_dir, generation, self.index,
-                                       self.num_servers, step, keys, self.updates,
-                                       self.cons.clock)  # fmt: skip
-        except CheckpointError as e:
+            run_checkpoint.save_keys(self.cfg.run_dir, msg.worker, msg.meta, self.index,
+                                     self.num_servers, self.values, self.opt, self.cons,
+                                     self.updates)  # fmt: skip
+        except (ValueError, CheckpointError) as e:
             raise BadRequest(str(e)) from None
 
     def restore_run(self) -> None:
-        """Start from the job's checkpoint in cfg.run_dir (worker 0 checked it whole): this
-        server's keys, from whichever servers' files hold them; every worker's clock at its
-        step. Nothing is loaded unless all is (an error leaves the server unconfigured)."""
+        """Start from the job's checkpoint in cfg.run_dir (worker 0 checked it whole), every
+        worker's clock at its step; all or nothing (a failure leaves this server waiting
+        for an init, which worker 0, failed, does not send)."""
         assert self.cfg is not None and self.cons is not None and self.cfg.run_dir
         try:
-            m = run_checkpoint.read_manifest(self.cfg.run_dir)
-            run_checkpoint.check_files(m, verify=False)  # sizes: worker 0 checked the hashes
-            loaded = run_checkpoint.load_keys(m, list(self.keys.values()))
-            for k, state in loaded.items():
-                self.opt[k].load(state["opt"])
-        except (CheckpointError, KeyError, TypeError) as e:
-            self.cfg = self.cons = None  # a pull waits for an init that worker 0 won't send
+            m, self.values = run_checkpoint.restore_keys(self.cfg.run_dir, self.keys, self.opt,
+                                                         self.cons)  # fmt: skip
+        except CheckpointError as e:
+            self.cfg = self.cons = None
             raise BadRequest(f"cannot resume: {e}") from None
-        self.values = {k: state["value"] for k, state in loaded.items()}
-        self.cons.version = {k: int(state["version"]) for k, state in loaded.items()}
-        self.cons.start_at(m.step)
-        self.log(f"resumed {len(loaded)} keys from {m.path} (step {m.step}, saved by "
+        self.log(f"resumed {len(self.keys)} keys from {m.path} (step {m.step}, saved by "
                  f"{m.servers} servers)")  # fmt: skip
 
     def finished(self) -> bool:
