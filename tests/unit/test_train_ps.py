@@ -113,7 +113,13 @@ def test_resume_looks_for_the_parameter_servers_manifest(tmp_path: Path) -> None
     that failed after one was written is told the command that resumes it."""
     with pytest.raises(CheckpointError, match=r"ps-checkpoint\.json does not exist"):
         job.configure({"strategy": "ps", "out": str(tmp_path), "resume": True})
-    (tmp_path / "ps-checkpoint.json").write_text("{}")
+    manifest = {"files": [{"name": "s.pt", "bytes": 3}], "common": {"name": "c.pt", "bytes": 0}}
+    (tmp_path / "ps-checkpoint.json").write_text(json.dumps(manifest))
+    (tmp_path / "c.pt").write_bytes(b"")
+    (tmp_path / "s.pt").write_bytes(b"12")  # the files' sizes too, before any worker starts
+    with pytest.raises(CheckpointError, match=r"s\.pt has 2 bytes; .* says 3: the file is trunc"):
+        job.configure({"strategy": "ps", "out": str(tmp_path), "resume": True})
+    (tmp_path / "s.pt").write_bytes(b"123")
     config = job.configure({"strategy": "ps", "out": str(tmp_path), "resume": True})
     assert config.row.checkpoints and config.checkpoint.resume
     hint = outdir.resume_hint(str(tmp_path), True, ["train", "--out", str(tmp_path)],

@@ -46,7 +46,13 @@ from plait.errors import CheckpointError
 from plait.ps.checkpoint import write_atomic
 from plait.ps.consistency import Consistency
 from plait.ps.optim import SliceOptimizer
-from plait.ps.run_files import GENERATION_FILE, MANIFEST, common_file, server_file
+from plait.ps.run_files import (
+    GENERATION_FILE,
+    MANIFEST,
+    check_file,
+    common_file,
+    server_file,
+)
 from plait.ps.sharding import Key, ParamSpec, Plan, Segment, scatter, specs_from_json, specs_to_json
 
 FORMAT = 1
@@ -230,18 +236,7 @@ def check_files(m: Manifest, verify: bool = True) -> None:
         CheckpointError: naming the missing, truncated or altered file.
     """
     for stored in (*m.files, m.common):
-        path = m.file(stored)
-        if not path.is_file():
-            raise CheckpointError(
-                f"checkpoint {m.path} names {path}, which is missing: the checkpoint is "
-                "incomplete (a file was deleted, or not copied with the others)"
-            )
-        have = path.stat().st_size
-        if have != stored.bytes:
-            raise CheckpointError(
-                f"{path} has {have} bytes; {m.path} says {stored.bytes}: the file is "
-                f"{'truncated' if have < stored.bytes else 'not the one written'}"
-            )
+        path = check_file(m.path, stored.name, stored.bytes)
         if verify and (digest := sha256(path)) != stored.sha256:
             raise CheckpointError(
                 f"{path} is corrupt: its sha256 is {digest[:16]}..., {m.path} says "

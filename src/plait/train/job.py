@@ -36,6 +36,7 @@ from typing import Any, TextIO, cast
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
+from plait.ps import run_files
 from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import MANIFEST
 from plait.train import board, compile, device, outdir
@@ -186,6 +187,8 @@ def _check(config: TrainConfig) -> TrainConfig:
     if out is not None:
         if config.checkpoint.resume:
             outdir.check_resumable(out, **_saved_as(config))
+            if config.strategy == "ps":  # its files too, before any worker starts
+                run_files.check_present(out)
         outdir.check_writable(out)
     if config.distill.teacher is not None:
         _check_teacher(config.distill.teacher)
