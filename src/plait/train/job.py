@@ -131,6 +131,8 @@ def resume_after_restart(options: dict[str, Any], environ: Mapping[str, str]) ->
         return options
     sharded = int(options.get("zero") or 0) > 0
     where = Path(out) / MANIFEST if sharded else outdir.checkpoint_path(out)
+    if options.get("strategy") == "ps":  # the parameter servers' own manifest
+        where = Path(out) / PS_MANIFEST
     found = where.is_file()
     if environ.get("RANK") == "0":
         what = f"resuming from {where}" if found else f"no checkpoint in {out} yet: starting over"
