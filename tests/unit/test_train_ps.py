@@ -125,3 +125,24 @@ def test_resume_looks_for_the_parameter_servers_manifest(tmp_path: Path) -> None
     hint = outdir.resume_hint(str(tmp_path), True, ["train", "--out", str(tmp_path)],
                               manifest="ps-checkpoint.json")  # fmt: skip
     assert hint.endswith(f"plait train --out {tmp_path} --resume")
+
+
+class _Counter:
+    """The store's counter of claimed slices (`add` returns the new value)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def add(self, key: str, amount: int) -> int:
+        self.value += amount
+        return self.value
+
+
+def test_a_resumed_async_run_claims_the_slices_after_its_step() -> None:
+    """Resumed after step 3 of 5 with 2 workers, async and ssp claim steps 4 and 5's four
+    slices, in order (sync trains every step after it: every_step)."""
+    from plait.train.steps.ps import ParameterServerStep
+
+    step = object.__new__(ParameterServerStep)  # the claims need its store and mode only
+    step.ps, step.store, step.world_size = PSConfig(mode="async"), _Counter(), 2
+    assert list(step.slices(3, 5)) == [(4, 0), (4, 1), (5, 0), (5, 1)]

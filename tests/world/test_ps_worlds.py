@@ -253,7 +253,7 @@ def _train_job(
 
 @pytest.mark.parametrize("mode", ["ssp", "async"])
 def test_plait_train_ssp_and_async_share_the_slices_out(mode: str, tmp_path: Path) -> None:
-    # async: with --out (checkpoints at steps 10 and 20), which a resumed run goes on from
+    # async: with --out (checkpoints at steps 10 and 20)
     out = {"out": str(tmp_path / "run"), "checkpoint_every": 10} if mode == "async" else {}
     options = {"ps_mode": mode, "steps": 20, "eval_every": 0, **out}
     (data, _), _ = run_ps_world(2, 1, _train_job, options, env=CPU)
@@ -274,49 +274,26 @@ def test_plait_train_ssp_and_async_share_the_slices_out(mode: str, tmp_path: Pat
     assert (
         evaluate_alone(trained.model, trained.workload, torch.device("cpu")) == data["eval_value"]
     )
-    # resumed (at 2 servers) for 4 more steps: their 8 slices, and no other, are trained
-    (more, _), _ = run_ps_world(2, 2, _train_job, {**options, "steps": 24, "resume": True}, env=CPU)
-    assert more["losses"][: len(data["losses"])] == data["losses"]
-    assert more["updates_per_server"] == [8, 8] and more["steps"] == 24
-    assert len(more["losses"]) == len(data["losses"]) + more["worker_steps"]  # worker 0's
+    # (a resume's plumbing is sync's, below; the slices it claims: tests/unit/test_train_ps.py)
 
 
-SYNC = {"steps": 8, "eval_every": 0}
-
-
-@pytest.fixture(scope="module")
-def sync_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Three sync runs of SYNC, at once (nothing they compute depends on timing): with
-    --priority (P3's small slices), without (FIFO's 4 MiB slices), and one with --out that
-    stops after step 4 as if interrupted, writing its checkpoint there; and its folder."""
-    out = tmp_path_factory.mktemp("ps-sync") / "run"
-    runs = {"prio": ({**SYNC, "priority": True, "slice_mb": 0.01}, None), "fifo": (SYNC, None),
-            "stopped": ({**SYNC, "out": str(out), "checkpoint_every": 4}, 4)}  # fmt: skip
-    with ThreadPoolExecutor(3, thread_name_prefix="ps-world") as pool:
-        started = {name: pool.submit(run_ps_world, 2, 1, _train_job, o, stop, env=CPU)
-                   for name, (o, stop) in runs.items()}  # fmt: skip
-    return {name: future.result() for name, future in started.items()} | {"out": out}
-
-
-def test_plait_train_priority_gives_fifos_losses(sync_runs: dict[str, Any]) -> None:
-    # results do not depend on the cut either
-    prio, fifo = sync_runs["prio"], sync_runs["fifo"]
-    (got, _), (want, _) = prio[0], fifo[0]
-    assert [n for _, n in prio] == [8, 7] and [n for _, n in fifo] == [0, 0]  # priority on
-    assert (got["losses"], got["eval_value"]) == (want["losses"], want["eval_value"])
+def test_plait_train_priority_and_a_resumed_run_give_fifos_losses(tmp_path: Path) -> None:
+    """--priority (P3's small slices), and a FIFO run (4 MiB slices) stopped after step 4 at
+    one server, as if interrupted, then resumed at two: the same losses and held-out metric,
+    bit for bit. The first two run at once (nothing they compute depends on timing); the
+    values depend neither on the cut nor on the interruption."""
+    options, out = {"steps": 8, "eval_every": 0}, str(tmp_path / "run")
+    fifo = {**options, "out": out, "checkpoint_every": 4}
+    with ThreadPoolExecutor(2, thread_name_prefix="ps-world") as pool:
+        started = [pool.submit(run_ps_world, 2, 1, _train_job, o, stop, env=CPU)
+                   for o, stop in (({**options, "priority": True, "slice_mb": 0.01}, None),
+                                   (fifo, 4))]  # fmt: skip
+    prio, stopped = (future.result() for future in started)
+    (got, _), (first, _) = prio[0], stopped[0]
+    assert [n for _, n in prio] == [8, 7] and [n for _, n in stopped] == [0, 0]  # priority on
     assert got["applied_gradients"] == 16 and got["dead_workers"] == []
-
-
-def test_plait_train_sync_resumes_with_an_uninterrupted_runs_losses(
-    sync_runs: dict[str, Any],
-) -> None:
-    """Stopped after step 4 at 1 server, resumed at 2: the losses and the held-out metric of
-    the run that was never stopped, bit for bit."""
-    (stopped, _), _ = sync_runs["stopped"]
-    assert stopped["stopped_at"] == 4 and len(stopped["losses"]) == 4
-    options = {**SYNC, "out": str(sync_runs["out"]), "resume": True}
-    (resumed, _), _ = run_ps_world(2, 2, _train_job, options, env=CPU)
-    (whole, _), _ = sync_runs["fifo"]
-    assert resumed["losses"] == whole["losses"] and len(whole["losses"]) == 8
-    assert resumed["eval_value"] == whole["eval_value"]
-    assert resumed["updates_per_server"] == [4, 4]  # steps 5 to 8 only
+    assert first["stopped_at"] == 4 and first["losses"] == got["losses"][:4]
+    resumed = run_ps_world(2, 2, _train_job, {**fifo, "resume": True}, env=CPU)
+    (want, _), _ = resumed
+    assert (got["losses"], got["eval_value"]) == (want["losses"], want["eval_value"])
+    assert want["updates_per_server"] == [4, 4]  # steps 5 to 8 only
