@@ -29,20 +29,25 @@ from plait.errors import CheckpointError
 from plait.ps import run_checkpoint
 from plait.ps.run_files import common_file
 from plait.ps.sharding import ParamSpec, make_plan
+from plait.train import checkpoint
 
 if TYPE_CHECKING:
     from plait.ps import Client
 
 
-def check_resume(out: str, model: nn.Module, servers: int, slice_bytes: int) -> None:
-    """Worker 0, before its Client's init: the checkpoint in `out` is whole and this model's.
+def check_resume(
+    out: str, model: nn.Module, servers: int, slice_bytes: int, options: dict[str, Any]
+) -> None:
+    """Worker 0, before its Client's init: the checkpoint in `out` is whole, of a run with
+    this run's `options` (checkpoint.MUST_MATCH), and of this model.
 
     Raises:
-        CheckpointError: naming the missing, truncated or altered file, the first parameter
-            that differs, or the two slice sizes.
+        CheckpointError: naming the missing, truncated or altered file, the option that
+            differs, the first parameter that differs, or the two slice sizes.
     """
     m = run_checkpoint.read_manifest(out)
     run_checkpoint.check_files(m, verify=True)
+    checkpoint.check_matches(run_checkpoint.read_common(m), options, out)
     specs = [ParamSpec(n, tuple(p.shape), p.dtype) for n, p in model.named_parameters()]
     run_checkpoint.check_plan(m, make_plan(specs, servers, slice_bytes))
 

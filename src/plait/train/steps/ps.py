@@ -110,7 +110,8 @@ class ParameterServerStep(Step):
         if out is not None:  # the servers write to (and resume from) the run's directory
             self.ps = replace(self.ps, run_dir=os.path.abspath(out), resume_run=resume)
             if resume and self.rank == 0:  # all of it checked before any server loads
-                ps_checkpoint.check_resume(out, self.model, role.num_servers, self.ps.slice_bytes)
+                ps_checkpoint.check_resume(out, self.model, role.num_servers,
+                                           self.ps.slice_bytes, config.options())  # fmt: skip
         self.client = Client(self.model.named_parameters(), self.ps, role)
         if self.ps.priority:
             self.client.wait_per_layer(self.model)
