@@ -114,7 +114,7 @@ def test_consolidate_gives_each_parameter_in_its_shape(
         assert torch.equal(gather(plan, k, [state[s.name] for s in SPECS]), values[k.key][0])
     # the command: one file torch reads without plait
     args = argparse.Namespace(directory=str(out), output=str(tmp_path / "model.pt"))
-    assert cli.run(args) == 0
+    assert cli.consolidate(args) == 0
     loaded = torch.load(tmp_path / "model.pt", weights_only=True)
     assert all(torch.equal(loaded[n], state[n]) for n in state)
     assert loaded["w"].shape == (5, 8) and loaded["d"].dtype == torch.float64

@@ -187,10 +187,10 @@ def _check(config: TrainConfig) -> TrainConfig:
         _check_workload(config)
     out = config.checkpoint.out
     if out is not None:
-        if config.checkpoint.resume:
-            outdir.check_resumable(out, **_saved_as(config))
-            if config.strategy == "ps":  # its files too, before any worker starts
-                run_files.check_present(out)
+        if config.checkpoint.resume and config.strategy == "ps":
+            run_files.check_present(out)  # the servers' manifest and files
+        elif config.checkpoint.resume:
+            outdir.check_resumable(out, sharded=config.zero > 0)
         outdir.check_writable(out)
     if config.distill.teacher is not None:
         _check_teacher(config.distill.teacher)
@@ -203,13 +203,6 @@ def _check(config: TrainConfig) -> TrainConfig:
     if config.log.trace is not None:
         outdir.check_file_writable(config.log.trace, what="--trace")
     return config
-
-
-def _saved_as(config: TrainConfig) -> dict[str, Any]:
-    """How the run's checkpoints are saved, as outdir.check_resumable takes it."""
-    if config.strategy == "ps":  # the servers' files and a manifest of their own
-        return {"sharded": True, "manifest": PS_MANIFEST}
-    return {"sharded": config.zero > 0}
 
 
 def _check_teacher(teacher: str) -> None:
@@ -319,6 +312,7 @@ def run(
         return int(stream.error["code"])
     if code != 0 and config.checkpoint.out is not None:  # a crash or a stop: it can go on
         out.flush()
-        hint = outdir.resume_hint(config.checkpoint.out, argv=argv, **_saved_as(config))
+        ps = {"manifest": PS_MANIFEST} if config.strategy == "ps" else {}  # the servers'
+        hint = outdir.resume_hint(config.checkpoint.out, config.zero > 0 or bool(ps), argv, **ps)
         print(hint, file=sys.stderr)
     return code
