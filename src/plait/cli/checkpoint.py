@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from plait.errors import EXIT_BAD_INPUT, CheckpointError
+from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.train.outdir import check_file_writable
 
 
@@ -31,7 +33,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     c.add_argument(
         "-o", "--output", metavar="FILE", required=True, help="the state_dict file to write"
     )
-    c.set_defaults(func=run)
+    c.set_defaults(func=consolidate)
+
+
+def consolidate(args: argparse.Namespace) -> int:
+    """`run`, or `parameter_server` for the directory of a `--strategy ps` run (it holds
+    ps-checkpoint.json and one file per server: plait/ps/run_checkpoint.py)."""
+    if (Path(args.directory) / PS_MANIFEST).is_file():
+        return parameter_server(args)
+    return run(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,5 +68,32 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.output}: {len(m.layout.names)} parameters ({values:,} values), "
         f"{buffers} buffers, {size:,} bytes"
+    )
+    return 0
+
+
+def parameter_server(args: argparse.Namespace) -> int:
+    """`run` for a parameter-server run's checkpoint: each server's keys put back in their
+    parameters, worker 0's buffers added; 0, or 2 on a bad checkpoint or output."""
+    from plait.ps import run_checkpoint  # torch: imported only when the command runs
+    from plait.sharded.checkpoint import write_state_dict
+
+    def say(line: str) -> None:
+        print(f"plait checkpoint: {line}", file=sys.stderr, flush=True)
+
+    try:
+        check_file_writable(args.output, "-o")
+        m = run_checkpoint.read_manifest(args.directory)
+        say(f"{m.path}: generation {m.generation}, step {m.step}, saved by {m.servers} "
+            f"parameter servers, {len(m.specs)} parameters in {len(m.keys)} keys")  # fmt: skip
+        state = run_checkpoint.consolidate(args.directory, progress=say)
+        size = write_state_dict(state, args.output)
+    except CheckpointError as e:
+        print(f"plait checkpoint: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    values = sum(state[s.name].numel() for s in m.specs)
+    print(
+        f"wrote {args.output}: {len(m.specs)} parameters ({values:,} values), "
+        f"{len(state) - len(m.specs)} buffers, {size:,} bytes"
     )
     return 0

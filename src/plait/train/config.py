@@ -376,6 +376,11 @@ class TrainConfig:
                 "--elastic with --strategy ps does not run with --trace yet: the trace's "
                 "merge waits for the starting workers' events and knows no joiner"
             )
+        if self.checkpoint.out is not None:
+            raise ConfigError(
+                "--elastic with --strategy ps does not write checkpoints (--out) yet: the "
+                "worker that reports, and would commit them, changes as workers leave"
+            )
         self.ps = replace(self.ps, elastic_workers=True)
 
     def _check_checkpoints(self) -> None:

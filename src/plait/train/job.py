@@ -36,6 +36,8 @@ from typing import Any, TextIO, cast
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
+from plait.ps import run_files
+from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import MANIFEST
 from plait.train import board, compile, device, outdir
 from plait.train import data as datasets
@@ -129,6 +131,8 @@ def resume_after_restart(options: dict[str, Any], environ: Mapping[str, str]) ->
         return options
     sharded = int(options.get("zero") or 0) > 0
     where = Path(out) / MANIFEST if sharded else outdir.checkpoint_path(out)
+    if options.get("strategy") == "ps":  # the parameter servers' own manifest
+        where = Path(out) / PS_MANIFEST
     found = where.is_file()
     if environ.get("RANK") == "0":
         what = f"resuming from {where}" if found else f"no checkpoint in {out} yet: starting over"
@@ -183,7 +187,9 @@ def _check(config: TrainConfig) -> TrainConfig:
         _check_workload(config)
     out = config.checkpoint.out
     if out is not None:
-        if config.checkpoint.resume:
+        if config.checkpoint.resume and config.strategy == "ps":
+            run_files.check_present(out)  # the servers' manifest and files
+        elif config.checkpoint.resume:
             outdir.check_resumable(out, sharded=config.zero > 0)
         outdir.check_writable(out)
     if config.distill.teacher is not None:
@@ -309,6 +315,7 @@ def run(
         return int(stream.error["code"])
     if code != 0 and config.checkpoint.out is not None:  # a crash or a stop: it can go on
         out.flush()
-        hint = outdir.resume_hint(config.checkpoint.out, config.zero > 0, argv)
+        ps = {"manifest": PS_MANIFEST} if config.strategy == "ps" else {}  # the servers'
+        hint = outdir.resume_hint(config.checkpoint.out, config.zero > 0 or bool(ps), argv, **ps)
         print(hint, file=sys.stderr)
     return code

@@ -125,11 +125,12 @@ class RankRun:
             last = max(last, step)
             if s.reports and crossed and step < self.steps:
                 self.between(step, crossed, stop_after)
-                if step == stop_after:
-                    return self.stop(step)
+            if step == stop_after:  # (every rank: a ps worker that does not report too)
+                return self.stop(step)
         self.profiler.stop()  # a worker that skipped the window's last step (ps async)
         s.finish()
-        return self.end(trained_last=last == self.steps > self.first)
+        # (ps async and ssp: worker 0 may not train a slice of the last step itself)
+        return self.end(trained_last=self.steps > self.first)
 
     def begin(self) -> None:
         """Before the first step: resume, the header, the Step's start, --compile's

@@ -105,6 +105,7 @@ STRATEGIES: dict[str, Strategy] = {
         name="ps",
         help="a parameter server (ps)",
         step="plait.train.steps.ps:ParameterServerStep",
+        checkpoints=True,
         precisions=("fp32", "bf16"),
         reduces_gradients=False,
         limits="the servers apply each worker's float32 gradient as it comes, so no worker "

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from plait.errors import CheckpointError, ConfigError
+from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import MANIFEST
 from plait.train import checkpoint, outdir
 from plait.train.models import count_parameters
@@ -79,6 +80,8 @@ def load_run(directory: str | os.PathLike[str], workload: Workload | None = None
         weights, common = state["model"], state
     elif sharded.is_file():
         weights, common = _consolidated(where)
+    elif (where / PS_MANIFEST).is_file():  # a parameter-server run's (--strategy ps)
+        weights, common = _ps_consolidated(where)
     else:
         raise CheckpointError(
             f"no trained run in {str(where)!r}: it holds neither {plain.name} nor "
@@ -109,6 +112,14 @@ def _consolidated(where: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]
     weights = sharded_checkpoint.consolidate(where)
     files = storage.SavedFiles(sharded_checkpoint.read_manifest(where), verify=False)
     return weights, files.common()
+
+
+def _ps_consolidated(where: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A parameter-server checkpoint's weights as one state_dict, and worker 0's part."""
+    from plait.ps import run_checkpoint
+
+    weights = run_checkpoint.consolidate(where)
+    return weights, run_checkpoint.read_common(run_checkpoint.read_manifest(where))
 
 
 def _workload(options: dict[str, Any], where: Path) -> Workload:
