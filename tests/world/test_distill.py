@@ -129,11 +129,11 @@ def test_bad_distillation_options_say_what_was_expected(world: Any, tmp_path: Pa
     with pytest.raises(ConfigError, match="--distill-weight applies to distillation: give "
                        "--teacher DIR"):  # fmt: skip
         job.configure({"distill_weight": 0.3})
-    with pytest.raises(ConfigError, match=r"distill_weight 0\.3 apply to distillation"):
+    with pytest.raises(ConfigError, match=r"--distill-weight 0\.3 apply to distillation"):
         TrainConfig(distill=DistillConfig(distill_weight=0.3))
-    with pytest.raises(ConfigError, match="distill_temperature 0 is not > 0"):
+    with pytest.raises(ConfigError, match="--distill-temperature 0 is not > 0"):
         DistillConfig(teacher="x", distill_temperature=0.0)
-    with pytest.raises(ConfigError, match=r"distill_weight 1.5 is not in \[0, 1\]"):
+    with pytest.raises(ConfigError, match=r"--distill-weight 1.5 is not in \[0, 1\]"):
         DistillConfig(teacher="x", distill_weight=1.5)
     with pytest.raises(CheckpointError, match=r"holds no trained run: expected checkpoint\.pt"):
         job.configure({"teacher": str(tmp_path), "workers": 1})

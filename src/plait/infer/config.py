@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from plait.errors import ConfigError
-from plait.options import option
+from plait.options import flag, option
 
 QUANTIZE = ("none", "int8")
 DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
@@ -107,13 +107,13 @@ class InferConfig:
         for name in ("workers", "batch_size", "pp", "tp", "chunks", "limit", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"{name} {value} < 1")
+                raise ConfigError(f"{flag(name)} {value} < 1")
         if self.retry < 0:
-            raise ConfigError(f"retry {self.retry} < 0")
+            raise ConfigError(f"--retry {self.retry} < 0")
         per_group = self.pp * self.tp
         if self.workers % per_group:
             raise ConfigError(
-                f"workers {self.workers} % (pp {self.pp} * tp {self.tp}) = "
+                f"--workers {self.workers} % (pp {self.pp} * tp {self.tp}) = "
                 f"{self.workers % per_group} != 0: each shard of the inputs runs on pp * tp "
                 f"workers; try --workers {per_group * max(1, self.workers // per_group)}"
             )

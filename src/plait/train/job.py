@@ -74,7 +74,7 @@ def configure(options: dict[str, Any]) -> TrainConfig:
             return _launched(_check(TrainConfig.from_options({"workers": 1, **given})))
         if options.get("workers", world) != world:
             raise ConfigError(
-                f"workers {options['workers']} != WORLD_SIZE {world}: under torchrun or "
+                f"--workers {options['workers']} != WORLD_SIZE {world}: under torchrun or "
                 "plait run the launcher decides the number of workers; leave out --workers"
             )
         options["workers"] = world
@@ -153,11 +153,11 @@ def _configure_ps_rank(options: dict[str, Any], world: int) -> TrainConfig:
             "ranks are servers: pass --servers S (or set PLAIT_SERVERS=S on every rank)"
         )
     if env_servers is not None and env_servers != servers:
-        raise ConfigError(f"servers {servers} != PLAIT_SERVERS {env_servers}")
+        raise ConfigError(f"--servers {servers} != PLAIT_SERVERS {env_servers}")
     workers = world - servers
     if options.get("workers", workers) != workers:
         raise ConfigError(
-            f"workers {options['workers']} != WORLD_SIZE {world} - servers {servers}: under "
+            f"--workers {options['workers']} != WORLD_SIZE {world} - servers {servers}: under "
             "torchrun or plait run the launcher decides the number of workers; leave out "
             "--workers"
         )
@@ -197,6 +197,11 @@ def _check(config: TrainConfig) -> TrainConfig:
     if config.log.trace is not None:
         outdir.check_file_writable(config.log.trace, what="--trace")
     return config
+
+
+def _count(n: int, noun: str) -> str:
+    """ "1 worker", "4 workers"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _check_teacher(teacher: str) -> None:
@@ -263,11 +268,11 @@ def run(
     renderer: progress.Renderer = progress.Bar() if out.isatty() else progress.Text(out)
     servers = config.servers or 0
     mode = config.ps.mode if config.ps is not None else None
-    also = f" and {servers} parameter servers ({mode})" if servers else ""
+    also = f" and {_count(servers, 'parameter server')} ({mode})" if servers else ""
     elastic = config.elastic
     if elastic.elastic:
         also += f" (elastic: the run goes on while at least {elastic.min_workers} live)"
-    renderer.text(f"plait train: starting {config.workers} workers{also}")
+    renderer.text(f"plait train: starting {_count(config.workers, 'worker')}{also}")
     children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0),
                     PLAIT_DEVICE=str(config.device.name))  # fmt: skip
     if elastic.elastic and elastic.max_workers is not None:  # joiners admitted up to it
