@@ -114,7 +114,7 @@ def load(config: TrainConfig, work: Workload, device: torch.device) -> Distiller
     if d.teacher is None:
         return None
     trained = load_run(d.teacher)
-    _check_data(trained.options, config, d.teacher)
+    check_data(trained.options, config, d.teacher)
     x, _ = work.data.train_batch(torch.arange(min(2, work.data.num_train)))
     with torch.no_grad():
         mine = work.build_model(config.workload.seed)(x).shape
@@ -142,7 +142,7 @@ def load(config: TrainConfig, work: Workload, device: torch.device) -> Distiller
     return Distiller(trained.model.to(device), d.distill_temperature, d.distill_weight, figures)
 
 
-def _check_data(teacher: dict[str, Any], config: TrainConfig, where: str) -> None:
+def check_data(teacher: dict[str, Any], config: TrainConfig, where: str) -> None:
     """Raise ConfigError unless the teacher trained on the student's data (a --workload
     student: the same --workload)."""
     w = config.workload

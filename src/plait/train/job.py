@@ -185,9 +185,12 @@ def _check(config: TrainConfig) -> TrainConfig:
     if out is not None:
         if config.checkpoint.resume:
             outdir.check_resumable(out, sharded=config.zero > 0)
+            _check_resume(config, out)
         outdir.check_writable(out)
     if config.distill.teacher is not None:
-        _check_teacher(config.distill.teacher)
+        _check_teacher(config)
+    if config.mesh.tp > 1 and config.workload.path is None and not config.workload.given:
+        _check_split(config)
     if config.log.json is not None:
         outdir.check_file_writable(config.log.json)
     if config.log.tensorboard is not None:
@@ -204,15 +207,60 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _check_teacher(teacher: str) -> None:
-    """--teacher DIR holds a trained run's checkpoint (plain or sharded); its data and
-    outputs are checked where it is loaded (distill.load, in every worker)."""
+class Finished(Exception):
+    """--resume of a run whose checkpoint is at its last step already: nothing to train."""
+
+
+def _check_resume(config: TrainConfig, out: str) -> None:
+    """--resume: the checkpoint whole (every file at its size and sha256: saved.py), written
+    with the options a resume needs the same (checkpoint.MUST_MATCH), and not at its end.
+
+    Raises:
+        CheckpointError: a damaged checkpoint (the file named), or other options.
+        Finished: the checkpoint is at step --steps or later.
+    """
+    from plait.train import checkpoint, saved
+
+    state = saved.read(out, sharded=config.zero > 0)
+    checkpoint.check_matches(state, config.options(), out)
+    step = int(state["step"])
+    if step >= config.steps:
+        raise Finished(
+            f"the run in {out} has done step {step} of --steps {config.steps} already: there "
+            f"is nothing to train. To train it further, resume with a larger --steps (e.g. "
+            f"--steps {2 * config.steps}; the learning-rate schedule then spans the new count)"
+        )
+
+
+def _check_teacher(config: TrainConfig) -> None:
+    """--teacher DIR holds a whole trained run's checkpoint (plain or sharded) of the
+    student's task and data (distill.check_data); the outputs' shape is checked where it
+    is loaded (distill.load, in every worker)."""
+    teacher = config.distill.teacher
+    assert teacher is not None
     where = outdir.checkpoint_path(teacher)
     if not where.is_file() and not (where.parent / MANIFEST).is_file():
         raise CheckpointError(
             f"--teacher {teacher!r} holds no trained run: expected {where.name} or "
             f"{MANIFEST} there (the directory `plait train --out DIR` wrote)"
         )
+    from plait.train import distill, saved
+
+    distill.check_data(saved.read(teacher)["options"], config, teacher)
+
+
+def _check_split(config: TrainConfig) -> None:
+    """--tp N on a built-in model: its heads and hidden units split over N ranks (a
+    --workload's model is checked with the workload: _check_workload)."""
+    from plait.tensor_parallel.parallelize import check
+    from plait.train import workloads
+
+    assert config.workload.model is not None
+    work = workloads.builtin(config.workload.model, config.workload.data)
+    try:
+        check(work.build_model(config.workload.seed), config.mesh.tp)
+    except ValueError as e:
+        raise ConfigError(f"--tp {config.mesh.tp}: {e}") from None
 
 
 def _check_folder(folder: str, what: str) -> None:
@@ -236,6 +284,13 @@ def _check_workload(config: TrainConfig) -> None:
     model = work.build_model(config.workload.seed)
     if config.mesh.pp > 1:
         stages(model)
+    if config.mesh.tp > 1:
+        from plait.tensor_parallel.parallelize import check
+
+        try:
+            check(model, config.mesh.tp)
+        except ValueError as e:
+            raise ConfigError(f"--tp {config.mesh.tp}: {e}") from None
 
 
 def run(
@@ -256,6 +311,10 @@ def run(
     except (ConfigError, MissingExtraError, CheckpointError) as e:
         print(f"plait train: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Finished as e:  # not an error: the run is done
+        if os.environ.get("RANK", "0") == "0":
+            print(f"plait train: {e}", file=out)
+        return 0
     if under_launcher():
         from plait.train import worker
 
