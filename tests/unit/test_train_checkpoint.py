@@ -71,7 +71,7 @@ def test_load_errors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
         checkpoint.load(tmp_path)
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="checkpoint.pt is not a checkpoint torch.save"):
+    with pytest.raises(CheckpointError, match=r"checkpoint\.pt is not a checkpoint torch\.save"):
         checkpoint.load(tmp_path)
 
 

@@ -8,7 +8,11 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
+from plait import env
 from plait.cli import bench, checkpoint, infer, pipeline, plan, plot, run, train
+from plait.errors import EXIT_BAD_INPUT
+
+STARTS_WORKERS = ("train", "run", "infer", "bench")  # the commands env.check() guards
 
 
 def version() -> str:
@@ -64,6 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         command = command_parser(parser, words)
         command.error(unrecognized(extra, command))
+    if args.command in STARTS_WORKERS:  # a bad PLAIT_* value: one line, before any worker
+        try:
+            env.check()
+        except ValueError as e:
+            print(f"plait {args.command}: error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     code: int = args.func(args)
     return code
 

@@ -32,9 +32,10 @@ class InferConfig:
     data: str = field(
         default="val",
         metadata=option(
-            "the inputs: val or train (the run's own data, labels included), a .pt file "
-            "(a tensor of inputs, or a dict with 'inputs' and optional 'targets'), or for a "
-            "language model any other file, read as bytes in windows of its context",
+            "the inputs: val (the held-out samples of the run's own data, labels included; "
+            "its data's name, e.g. digits, means the same), train (its training samples), a "
+            ".pt file (a tensor of inputs, or a dict with 'inputs' and optional 'targets'), "
+            "or for a language model any other file, read as bytes in windows of its context",
             metavar="DATA",
         ),
     )

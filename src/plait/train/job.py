@@ -60,6 +60,10 @@ def configure(options: dict[str, Any]) -> TrainConfig:
         CheckpointError: --out or --json is not writable, or --resume finds no checkpoint.
     """
     options = dict(options)
+    try:  # every PLAIT_* variable, as the command line does (cli/main.py): train() too
+        env.check()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     check_given(options)
     if under_launcher():
         world = int(os.environ["WORLD_SIZE"])
