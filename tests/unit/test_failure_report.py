@@ -141,8 +141,8 @@ def test_resume_hint(tmp_path: Path) -> None:
 
 def test_ctrl_c_tracebacks_are_left_out_and_other_lines_kept() -> None:
     tb = ["Traceback (most recent call last):\n", '  File "x.py", line 1\n', "    f()\n"]
-    chained = [*tb, "ValueError: 3\n", "\n",
-               "During handling of the above exception, another exception occurred:\n", "\n"]  # fmt: skip
+    during = "During handling of the above exception, another exception occurred:\n"
+    chained = [*tb, "ValueError: 3\n", "\n", during, "\n"]
     torch_style = [f"[rank0]: {line}" for line in (*tb, "KeyboardInterrupt\n")]
     lines = ["saved\n", *chained, *tb, "KeyboardInterrupt\n", "bye\n", *torch_style,
              "Exception ignored in: <function f>\n", *tb, "KeyboardInterrupt: \n"]  # fmt: skip
