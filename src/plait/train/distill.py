@@ -136,7 +136,8 @@ def load(config: TrainConfig, work: Workload, device: torch.device) -> Distiller
     metric = trained.workload.metric
     figures = {"dir": d.teacher, "model": trained.name, "parameters": trained.parameters,
                "metric": trained.metric, "metric_name": metric.name,
-               "metric_unit": metric.unit}  # fmt: skip
+               "metric_unit": metric.unit,
+               "token": getattr(trained.workload.data, "token", None)}  # fmt: skip
     for p in trained.model.parameters():
         p.requires_grad_(False)  # the teacher only infers: no gradient reaches it
     return Distiller(trained.model.to(device), d.distill_temperature, d.distill_weight, figures)

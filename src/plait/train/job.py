@@ -206,6 +206,25 @@ def _check(config: TrainConfig) -> TrainConfig:
     return config
 
 
+def written(config: TrainConfig, since: float) -> list[str]:
+    """The lines that say where --profile and --tensorboard wrote (files newer than
+    `since`, a time.time(), count: an older one is another run's)."""
+    lines = []
+    log = config.log
+    if log.profile is not None:
+        new = [p for p in Path(log.profile_dir).glob("rank*.json") if p.stat().st_mtime >= since]
+        lines.append(
+            f"plait train: --profile wrote {_count(len(new), 'Chrome trace')} to "
+            f"{log.profile_dir}/rank<R>.json (open them in Perfetto, ui.perfetto.dev)"
+        )
+    if log.tensorboard is not None:
+        lines.append(
+            f"plait train: --tensorboard wrote its scalars to {log.tensorboard} (see them: "
+            f"tensorboard --logdir {log.tensorboard})"
+        )
+    return lines
+
+
 def _count(n: int, noun: str) -> str:
     """ "1 worker", "4 workers"."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
@@ -372,6 +391,9 @@ def run(
         out.flush()
         print(f"plait train: error: {stream.error['message']}", file=sys.stderr)
         return int(stream.error["code"])
+    if code == 0:
+        for line in written(config, t0):
+            renderer.text(line)
     if code != 0 and config.checkpoint.out is not None:  # a crash or a stop: it can go on
         out.flush()
         hint = outdir.resume_hint(config.checkpoint.out, config.zero > 0, argv)

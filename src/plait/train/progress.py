@@ -81,7 +81,11 @@ def teacher_line(rec: Record) -> str:
     elif t.get("metric_unit") == "%":
         figure = f"{t['metric_name']} {t['metric']:.1%}"
     else:
-        shown = _value({"value": t["metric"], "eval_unit": t.get("metric_unit", "")})
+        # in the student's unit (nats/byte on code: the teacher trained on the same data)
+        token = t.get("token") or rec.get("token")
+        shown = _value(
+            {"value": t["metric"], "eval_unit": t.get("metric_unit", ""), "token": token}
+        )
         figure = f"{t['metric_name']} {shown}"
     return (
         f"distilled from {t['dir']}: {t['model']}, {t['parameters']:,} parameters, {figure} "
