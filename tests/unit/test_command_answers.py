@@ -68,6 +68,7 @@ def test_the_environment_is_checked_first(
         ({"schedule": "1f1b"}, "--schedule 1f1b applies to a pipeline (--pp 2 or more)"),
         ({"chunks": 4, "schedule": "gpipe"}, "--schedule gpipe and --chunks 4 apply to"),
         ({"model": "gpt", "tp": 3, "workers": 3}, "--tp 3: blocks.0.attn: n_head 4 % tp 3"),
+        ({"model": "gpt", "pp": 8, "workers": 8}, "--pp 8: the model has 6 layers to cut into 8"),
         ({"batch_size": 0}, "--batch-size 0 < 1"),
         ({"resume": True}, "--resume needs --out DIR"),
     ],

@@ -139,7 +139,7 @@ def test_bad_distillation_options_say_what_was_expected(world: Any, tmp_path: Pa
         job.configure({"teacher": str(tmp_path), "workers": 1})
     cpu = torch.device("cpu")
     digits = TrainConfig.from_options({"model": "mlp", "data": "digits", "teacher": str(teacher)})
-    with pytest.raises(ConfigError, match="trained on data synthetic, the student on data "
+    with pytest.raises(ConfigError, match="trained on --data synthetic, the student on --data "
                        "digits"):  # fmt: skip
         distill.load(digits, workloads.resolve(digits), cpu)
     text = TrainConfig.from_options({"model": "gpt-small", "data": "synthetic",

@@ -165,8 +165,8 @@ def check_data(teacher: dict[str, Any], config: TrainConfig, where: str) -> None
 
 
 def _source(workload: str | None, data: str | None) -> str:
-    """What a run trained on, as its options name it: "--workload M:F" or "data NAME"."""
-    return f"--workload {workload}" if workload else f"data {data}"
+    """What a run trained on, as its options name it: "--workload M:F" or "--data NAME"."""
+    return f"--workload {workload}" if workload else f"--data {data}"
 
 
 def describe(distiller: Distiller) -> dict[str, Any]:

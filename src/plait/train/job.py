@@ -193,8 +193,8 @@ def _check(config: TrainConfig) -> TrainConfig:
         outdir.check_writable(out)
     if config.distill.teacher is not None:
         _check_teacher(config)
-    if config.mesh.tp > 1 and config.workload.path is None and not config.workload.given:
-        _check_split(config)
+    if config.mesh.on_mesh and config.workload.path is None and not config.workload.given:
+        _check_built_in(config)
     if config.log.json is not None:
         outdir.check_file_writable(config.log.json)
     if config.log.tensorboard is not None:
@@ -272,18 +272,35 @@ def _check_teacher(config: TrainConfig) -> None:
     distill.check_data(saved.read(teacher)["options"], config, teacher)
 
 
-def _check_split(config: TrainConfig) -> None:
-    """--tp N on a built-in model: its heads and hidden units split over N ranks (a
-    --workload's model is checked with the workload: _check_workload)."""
-    from plait.tensor_parallel.parallelize import check
+def _check_built_in(config: TrainConfig) -> None:
+    """--pp/--tp on a built-in model: built here, so that a mesh it does not fit is one
+    line before any worker starts (a --workload's model: _check_workload)."""
     from plait.train import workloads
 
     assert config.workload.model is not None
     work = workloads.builtin(config.workload.model, config.workload.data)
-    try:
-        check(work.build_model(config.workload.seed), config.mesh.tp)
-    except ValueError as e:
-        raise ConfigError(f"--tp {config.mesh.tp}: {e}") from None
+    _check_fits(config, work.build_model(config.workload.seed))
+
+
+def _check_fits(config: TrainConfig, model: Any) -> None:
+    """The model cuts into --pp (times --virtual) stages and splits over --tp ranks."""
+    from plait.tensor_parallel.parallelize import check
+    from plait.train.workload import stages
+
+    mesh = config.mesh
+    assert mesh.virtual is not None
+    parts = mesh.pp * mesh.virtual
+    if mesh.pp > 1 and len(layers := stages(model)) < parts:
+        virtual = f" x --virtual {mesh.virtual}" if mesh.virtual > 1 else ""
+        raise ConfigError(
+            f"--pp {mesh.pp}{virtual}: the model has {len(layers)} layers to cut into "
+            f"{parts} stages; use --pp {len(layers) // mesh.virtual or 1} or fewer"
+        )
+    if mesh.tp > 1:
+        try:
+            check(model, mesh.tp)
+        except ValueError as e:
+            raise ConfigError(f"--tp {mesh.tp}: {e}") from None
 
 
 def _check_folder(folder: str, what: str) -> None:
@@ -299,21 +316,12 @@ def _check_workload(config: TrainConfig) -> None:
     """--workload: resolve it and build its model here, so that a wrong path, a builder
     that returns no nn.Module, too little data or a model a pipeline cannot cut is one
     line before any worker starts (this imports torch and the user's module)."""
-    from plait.train.workload import load, stages
+    from plait.train.workload import load
 
     assert config.workload.path is not None
     work = load(config.workload.path)
     work.check_data(config.batch_size)
-    model = work.build_model(config.workload.seed)
-    if config.mesh.pp > 1:
-        stages(model)
-    if config.mesh.tp > 1:
-        from plait.tensor_parallel.parallelize import check
-
-        try:
-            check(model, config.mesh.tp)
-        except ValueError as e:
-            raise ConfigError(f"--tp {config.mesh.tp}: {e}") from None
+    _check_fits(config, work.build_model(config.workload.seed))
 
 
 def run(
