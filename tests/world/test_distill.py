@@ -154,7 +154,7 @@ def test_bad_distillation_options_say_what_was_expected(world: Any, tmp_path: Pa
     with pytest.raises(ConfigError, match=r"shape \(2, 10\), the student \(five\) \(2, 5\)"):
         distill.load(given, five, cpu)
     assert "teacher" in checkpoint.MUST_MATCH
-    with pytest.raises(CheckpointError, match=r"teacher 'a'.*this run has teacher None"):
+    with pytest.raises(CheckpointError, match=r"--teacher 'a'.*this run has --teacher None"):
         checkpoint.check_matches({"options": {"teacher": "a"}}, {"teacher": None}, "d")
 
 
