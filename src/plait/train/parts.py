@@ -365,7 +365,8 @@ class DeviceConfig:
         """With the device PLAIT_DEVICE names (auto when unset) where none was given."""
         if self.name is not None:
             return self
-        named = env.get("PLAIT_DEVICE")
-        if named not in DEVICES:
-            raise ConfigError(f"PLAIT_DEVICE {named!r} is not one of {', '.join(DEVICES)}")
+        try:  # its choices are the registry's (env.py), as DEVICES
+            named = env.get("PLAIT_DEVICE")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         return replace(self, name=named)
