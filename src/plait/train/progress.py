@@ -52,7 +52,8 @@ class Renderer(Protocol):
 
 def header(rec: Record) -> list[str]:
     replicas = rec.get("replicas", rec["workers"])
-    split = f"{rec['workers']} workers" if replicas == rec["workers"] else f"dp {replicas}"
+    workers = f"{rec['workers']} worker{'' if rec['workers'] == 1 else 's'}"
+    split = workers if replicas == rec["workers"] else f"dp {replicas}"
     lines = [
         f"plait train: {rec['model']} ({rec['parameters']:,} parameters) on {rec['data']} "
         f"({rec['num_train']:,} train / {rec['num_val']:,} held-out {rec['unit']}s), "
