@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from plait import env
 from plait.errors import ConfigError
 from plait.options import flag, option
 
 QUANTIZE = ("none", "int8")
-DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
+DEVICES = env.REGISTRY["PLAIT_DEVICE"].choices  # auto, cpu, cuda: one table (env.py)
 PRECISIONS = ("fp32", "bf16")
 SPLITS = ("val", "train")  # --data naming one of the run's own splits
 

@@ -35,7 +35,7 @@ PIPELINE_SCHEDULES = tuple(SCHEDULES)  # the ones the runtime runs (plait.pipeli
 MESH_ONLY = {"schedule": "1f1b", "chunks": 1}  # MeshConfig's options a mesh takes: defaults
 LR_SCALINGS = ("none", "linear")
 LR_DECAYS = ("cosine", "none")
-DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
+DEVICES = env.REGISTRY["PLAIT_DEVICE"].choices  # auto, cpu, cuda: one table (env.py)
 IMPORT_PATH = re.compile(r"^[^:]+:[A-Za-z_][\w.]*$")  # module.path:function or file.py:function
 
 
