@@ -28,7 +28,7 @@ def test_slices_cover_each_parameter() -> None:
         ({"priority": True, "strategy": "ps", "compile": True}, "not with --compile yet"),
         ({"priority": True, "precision": "fp16"}, "not with --precision fp16"),
         ({"slice_mb": 2.0}, "--slice-mb 2 applies to --priority only"),
-        ({"priority": True, "slice_mb": 0.0}, "slice_mb 0 is not > 0"),
+        ({"priority": True, "slice_mb": 0.0}, "--slice-mb 0 is not > 0"),
     ],
 )
 def test_bad_priority_options_say_why(options: dict[str, Any], message: str) -> None:

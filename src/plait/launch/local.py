@@ -204,6 +204,10 @@ def launch(
                     f"stopping the other {len(stopped)} rank(s)\n",
                 )
         finally:
+            if sigs.first == signal.SIGINT:  # Ctrl-C: not a traceback per rank (output.py)
+                for rk in ranks:
+                    rk.out.hold()
+                    rk.err.hold()
             stop_all(ranks, sigs, grace_s)
             if driver is not None:
                 driver.close()
@@ -212,6 +216,8 @@ def launch(
         for rk in ranks:
             rk.out.join(_PUMP_JOIN_S)
             rk.err.join(_PUMP_JOIN_S)
+            rk.out.release()
+            rk.err.release()
             if statuses is not None and rk.proc.returncode is not None:
                 statuses[rk.rank] = rk.proc.returncode
     recap = driver.recap() if driver is not None else None

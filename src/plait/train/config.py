@@ -239,7 +239,7 @@ class TrainConfig:
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
                 raise ConfigError(
-                    f"{', '.join(given)} {verb} to --strategy ps only, not strategy "
+                    f"{', '.join(given)} {verb} to --strategy ps only, not --strategy "
                     f"{self.strategy}; add --strategy ps"
                 )
             return
@@ -255,16 +255,16 @@ class TrainConfig:
         """The global batch splits evenly over the replicas, at least a sample per chunk."""
         batch, dp, chunks = self.batch_size, self.mesh.dp, self.mesh.chunks
         assert dp is not None and chunks is not None
-        split = "workers" if dp == self.workers else "dp"
+        split = "--workers" if dp == self.workers else "--dp"
         if batch % dp != 0:
             raise ConfigError(
-                f"batch_size {batch} % {split} {dp} = {batch % dp} != 0: the global batch is "
+                f"--batch-size {batch} % {split} {dp} = {batch % dp} != 0: the global batch is "
                 "split evenly over the "
-                f"{'workers' if split == 'workers' else 'data-parallel replicas'}"
+                f"{'workers' if split == '--workers' else 'data-parallel replicas'}"
             )
         if batch // dp < chunks:
             raise ConfigError(
-                f"batch_size {batch} / dp {dp} = {batch // dp} samples per replica < chunks "
+                f"--batch-size {batch} / dp {dp} = {batch // dp} samples per replica < --chunks "
                 f"{chunks}: every micro-batch needs a sample"
             )
 
@@ -296,13 +296,13 @@ class TrainConfig:
     def _check_zero(self) -> None:
         """--zero shards over the ranks of --strategy allreduce (over the dp axis on a mesh)."""
         if self.zero not in (0, 1, 2, 3):
-            raise ConfigError(f"zero {self.zero!r} is not one of 0, 1, 2, 3")
+            raise ConfigError(f"--zero {self.zero!r} is not one of 0, 1, 2, 3")
         if self.zero:
             self.row.check_zero(self.zero)
 
     def _check_priority(self) -> None:
         if not self.slice_mb > 0:
-            raise ConfigError(f"slice_mb {self.slice_mb:g} is not > 0")
+            raise ConfigError(f"--slice-mb {self.slice_mb:g} is not > 0")
         if self.slice_mb != 1.0 and not self.priority:
             raise ConfigError(f"--slice-mb {self.slice_mb:g} applies to --priority only")
         if not self.priority:
@@ -402,5 +402,6 @@ def check_given(options: dict[str, Any]) -> None:
         ConfigError: naming exactly the flags given in vain.
     """
     DistillConfig.check_given(options)
+    MeshConfig.check_given(options)
     ElasticConfig.check_given(options)
     parts_ps.check_given(options)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from plait import env
-from plait.options import option
+from plait.options import flag, option
 from plait.pipeline.schedule import SCHEDULES, VIRTUAL
 from plait.train import data as datasets
 from plait.train.errors import ConfigError
@@ -32,22 +33,23 @@ from plait.train.recipes import (
 )
 
 PIPELINE_SCHEDULES = tuple(SCHEDULES)  # the ones the runtime runs (plait.pipeline.schedule)
+MESH_ONLY = {"schedule": "1f1b", "chunks": 1}  # MeshConfig's options a mesh takes: defaults
 LR_SCALINGS = ("none", "linear", "sqrt")
 LR_DECAYS = ("cosine", "none")
-DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
+DEVICES = env.REGISTRY["PLAIT_DEVICE"].choices  # auto, cpu, cuda: one table (env.py)
 IMPORT_PATH = re.compile(r"^[^:]+:[A-Za-z_][\w.]*$")  # module.path:function or file.py:function
 
 
 def at_least(name: str, value: int, low: int) -> None:
-    """Raise ConfigError("name value < low") unless value >= low."""
+    """Raise ConfigError("--name value < low") unless value >= low (`name`: the option's)."""
     if value < low:
-        raise ConfigError(f"{name} {value} < {low}")
+        raise ConfigError(f"{flag(name)} {value} < {low}")
 
 
 def one_of(name: str, value: str, accepted: tuple[str, ...]) -> None:
-    """Raise ConfigError unless `value` is one of `accepted`."""
+    """Raise ConfigError unless `value` is one of `accepted` (`name`: the option's)."""
     if value not in accepted:
-        raise ConfigError(f"{name} {value!r} is not one of {', '.join(accepted)}")
+        raise ConfigError(f"{flag(name)} {value!r} is not one of {', '.join(accepted)}")
 
 
 @dataclass(kw_only=True)
@@ -85,7 +87,7 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         if self.given and self.path is not None:
             raise ConfigError(
-                f"workload {self.path!r} and a Workload object passed to train(): give one"
+                f"--workload {self.path!r} and a Workload object passed to train(): give one"
             )
         if self.path is not None or self.given:
             named = [f"--{n}" for n in ("model", "data") if getattr(self, n) is not None]
@@ -97,7 +99,7 @@ class WorkloadConfig:
                 )
             if self.path is not None and not IMPORT_PATH.match(self.path):
                 raise ConfigError(
-                    f"workload {self.path!r} is not MODULE:FUNCTION (e.g. mypkg.mymod:make) "
+                    f"--workload {self.path!r} is not MODULE:FUNCTION (e.g. mypkg.mymod:make) "
                     "or FILE.py:FUNCTION"
                 )
             return
@@ -109,8 +111,8 @@ class WorkloadConfig:
         if task not in datasets.TASKS[str(self.data)]:
             fits = [d for d, tasks in datasets.TASKS.items() if task in tasks]
             raise ConfigError(
-                f"model {self.model} does {TASK_NAMES[task]}, which data {self.data} does not "
-                f"provide; use data {' or '.join(fits)}"
+                f"--model {self.model} does {TASK_NAMES[task]}, which --data {self.data} does "
+                f"not provide; use --data {' or '.join(fits)}"
             )
 
     @property
@@ -185,11 +187,11 @@ class OptimConfig:
             if value is not None:
                 at_least(name, value, 1)
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError(f"lr {self.lr} is not > 0")
+            raise ConfigError(f"--lr {self.lr} is not > 0")
         if self.warmup_steps is not None:
             at_least("warmup_steps", self.warmup_steps, 0)
             if self.steps is not None and self.warmup_steps > self.steps:
-                raise ConfigError(f"warmup_steps {self.warmup_steps} > steps {self.steps}")
+                raise ConfigError(f"--warmup-steps {self.warmup_steps} > --steps {self.steps}")
 
     def filled(self, r: Recipe) -> OptimConfig:
         """These options with the recipe's defaults where None (the learning rate: the
@@ -260,6 +262,11 @@ class MeshConfig:
         if self.dp is not None:
             at_least("dp", self.dp, 1)
         one_of("schedule", self.schedule, PIPELINE_SCHEDULES)
+        if not self.on_mesh:  # plain data parallelism runs no pipeline: they would be ignored
+            given = [f"{flag(n)} {v}" for n, v in (("schedule", self.schedule),
+                     ("chunks", self.chunks)) if v not in (MESH_ONLY[n], None)]  # fmt: skip
+            if given:
+                raise _without_mesh(given)
         if self.virtual is None:
             self.virtual = 2 if self.schedule in VIRTUAL else 1
         at_least("virtual", self.virtual, 1)
@@ -276,6 +283,20 @@ class MeshConfig:
     def on_mesh(self) -> bool:
         """Whether the run needs a mesh (pipeline or tensor parallelism), not plain dp."""
         return self.pp > 1 or self.tp > 1
+
+    @staticmethod
+    def check_given(options: dict[str, Any]) -> None:
+        """Refuse --schedule and --chunks without --pp or --tp, by what the user gave (see
+        config.check_given): `--schedule 1f1b` too.
+
+        Raises:
+            ConfigError: naming the flags given in vain.
+        """
+        if options.get("pp", 1) > 1 or options.get("tp", 1) > 1:
+            return
+        given = [f"{flag(n)} {options[n]}" for n in MESH_ONLY if options.get(n) is not None]
+        if given:
+            raise _without_mesh(given)
 
     def check_schedule(self) -> None:
         """interleaved's shape on a mesh: two stages or more, micro-batches in groups of
@@ -299,15 +320,24 @@ class MeshConfig:
         if dp is None:
             if workers % (pp * tp):
                 raise ConfigError(
-                    f"workers {workers} % (pp({pp}) * tp({tp})) = {workers % (pp * tp)} != 0: "
+                    f"--workers {workers} % (pp({pp}) * tp({tp})) = {workers % (pp * tp)} != 0: "
                     "the workers are laid on a dp x pp x tp grid"
                 )
             dp = workers // (pp * tp)
         if dp * pp * tp != workers:
             raise ConfigError(
-                f"dp({dp}) * pp({pp}) * tp({tp}) = {dp * pp * tp} != workers {workers}"
+                f"dp({dp}) * pp({pp}) * tp({tp}) = {dp * pp * tp} != --workers {workers}"
             )
         return replace(self, dp=dp)
+
+
+def _without_mesh(given: list[str]) -> ConfigError:
+    verb = "applies" if len(given) == 1 else "apply"
+    return ConfigError(
+        f"{' and '.join(given)} {verb} to a pipeline (--pp 2 or more) or tensor parallelism "
+        "(--tp); without either, every worker trains the whole model on its whole share of "
+        "the batch: add --pp N, or leave them out"
+    )
 
 
 @dataclass(kw_only=True)
@@ -340,7 +370,8 @@ class DeviceConfig:
         """With the device PLAIT_DEVICE names (auto when unset) where none was given."""
         if self.name is not None:
             return self
-        named = env.get("PLAIT_DEVICE")
-        if named not in DEVICES:
-            raise ConfigError(f"PLAIT_DEVICE {named!r} is not one of {', '.join(DEVICES)}")
+        try:  # its choices are the registry's (env.py), as DEVICES
+            named = env.get("PLAIT_DEVICE")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         return replace(self, name=named)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.data_parallel import spec
-from plait.options import option
+from plait.options import flag, option
 from plait.train.errors import ConfigError
 
 # --precision and --reduce-dtype names -> torch dtype names (precision.py makes the dtypes)
@@ -81,20 +81,20 @@ class ComputeConfig:
         for name in ("precision", "reduce_dtype"):
             value = getattr(self, name)
             if value not in PRECISIONS:
-                raise ConfigError(f"{name} {value!r} is not one of {', '.join(PRECISIONS)}")
+                raise ConfigError(f"{flag(name)} {value!r} is not one of {', '.join(PRECISIONS)}")
         spec.parse(self.compression)  # the message says what was expected and given
         if self.reduce_dtype != "fp32" and self.compression not in ("none", self.reduce_dtype):
             raise ConfigError(
-                f"reduce_dtype {self.reduce_dtype} and compression {self.compression} both "
+                f"--reduce-dtype {self.reduce_dtype} and --compression {self.compression} both "
                 f"say how gradients cross the wire (--reduce-dtype {self.reduce_dtype} is "
                 f"--compression {self.reduce_dtype}): give one"
             )
         if not (math.isfinite(self.loss_scale) and self.loss_scale > 0):
-            raise ConfigError(f"loss_scale {self.loss_scale:g} is not a finite number > 0")
+            raise ConfigError(f"--loss-scale {self.loss_scale:g} is not a finite number > 0")
         if self.loss_scale != LOSS_SCALE and self.precision != "fp16":
             raise ConfigError(
-                f"loss_scale {self.loss_scale:g} applies to --precision fp16 only, not "
-                f"precision {self.precision}: bf16 has fp32's range and needs no scaling"
+                f"--loss-scale {self.loss_scale:g} applies to --precision fp16 only, not "
+                f"--precision {self.precision}: bf16 has fp32's range and needs no scaling"
             )
 
     @property

@@ -53,7 +53,8 @@ class Renderer(Protocol):
 
 def header(rec: Record) -> list[str]:
     replicas = rec.get("replicas", rec["workers"])
-    split = f"{rec['workers']} workers" if replicas == rec["workers"] else f"dp {replicas}"
+    workers = f"{rec['workers']} worker{'' if rec['workers'] == 1 else 's'}"
+    split = workers if replicas == rec["workers"] else f"dp {replicas}"
     lines = [
         f"plait train: {rec['model']} ({rec['parameters']:,} parameters) on {rec['data']} "
         f"({rec['num_train']:,} train / {rec['num_val']:,} held-out {rec['unit']}s), "
@@ -82,7 +83,11 @@ def teacher_line(rec: Record) -> str:
     elif t.get("metric_unit") == "%":
         figure = f"{t['metric_name']} {t['metric']:.1%}"
     else:
-        shown = _value({"value": t["metric"], "eval_unit": t.get("metric_unit", "")})
+        # in the student's unit (nats/byte on code: the teacher trained on the same data)
+        token = t.get("token") or rec.get("token")
+        shown = _value(
+            {"value": t["metric"], "eval_unit": t.get("metric_unit", ""), "token": token}
+        )
         figure = f"{t['metric_name']} {shown}"
     return (
         f"distilled from {t['dir']}: {t['model']}, {t['parameters']:,} parameters, {figure} "

@@ -55,7 +55,7 @@ class Strategy:
             meshed = " or ".join(n for n, row in STRATEGIES.items() if row.mesh_step)
             raise ConfigError(
                 f"--pp/--tp run with --strategy {meshed} (data parallelism over dp), "
-                f"not strategy {self.name}"
+                f"not --strategy {self.name}"
             )
 
     def check_zero(self, zero: int) -> None:

@@ -27,7 +27,7 @@ from torch import nn
 from plait.errors import CheckpointError, ConfigError
 from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import MANIFEST
-from plait.train import checkpoint, outdir
+from plait.train import checkpoint, outdir, saved
 from plait.train.models import count_parameters
 from plait.train.workload import Workload
 
@@ -76,6 +76,7 @@ def load_run(directory: str | os.PathLike[str], workload: Workload | None = None
     where = Path(directory)
     plain, sharded = outdir.checkpoint_path(where), where / MANIFEST
     if plain.is_file():
+        saved.check_plain(plain)  # its size and sha256 (or structure): a damaged file, named
         state = checkpoint.load(where)
         weights, common = state["model"], state
     elif sharded.is_file():
