@@ -37,7 +37,7 @@ from typing import Any, TextIO, cast
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
 from plait.sharded.filenames import MANIFEST
-from plait.train import board, compile, device, outdir
+from plait.train import board, compile, device, outdir, resumable
 from plait.train import data as datasets
 from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
@@ -184,7 +184,7 @@ def _check(config: TrainConfig) -> TrainConfig:
     out = config.checkpoint.out
     if out is not None:
         if config.checkpoint.resume:
-            outdir.check_resumable(out, sharded=config.zero > 0)
+            resumable.check(out, config.mesh.on_mesh, config.zero)
         outdir.check_writable(out)
     if config.distill.teacher is not None:
         _check_teacher(config.distill.teacher)
@@ -306,6 +306,7 @@ def run(
         return int(stream.error["code"])
     if code != 0 and config.checkpoint.out is not None:  # a crash or a stop: it can go on
         out.flush()
-        hint = outdir.resume_hint(config.checkpoint.out, config.zero > 0, argv)
+        manifest = config.zero > 0 or config.mesh.on_mesh  # (mesh checkpoints have one too)
+        hint = outdir.resume_hint(config.checkpoint.out, manifest, argv)
         print(hint, file=sys.stderr)
     return code
