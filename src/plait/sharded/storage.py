@@ -22,6 +22,7 @@ import torch
 from plait.errors import CheckpointError
 from plait.sharded.filenames import GENERATION_FILE, MANIFEST, PLAIN
 from plait.sharded.layout import Layout
+from plait.sharded.present import check_present
 
 FORMAT = 1
 CHUNK = 1 << 22  # bytes hashed at a time: the whole file never sits in memory
@@ -120,19 +121,7 @@ class CheckedFiles:
 
     def __init__(self, manifest: Path, stored: Iterable[Stored], verify: bool) -> None:
         self.manifest, self.verify = manifest, verify
-        for s in stored:
-            path = self.file(s)
-            if not path.is_file():
-                raise CheckpointError(
-                    f"checkpoint {manifest} names {path}, which is missing: the checkpoint is "
-                    "incomplete (a file was deleted, or not copied with the others)"
-                )
-            have = path.stat().st_size
-            if have != s.bytes:
-                raise CheckpointError(
-                    f"{path} has {have} bytes; {manifest} says {s.bytes}: the file is "
-                    f"{'truncated' if have < s.bytes else 'not the one written'}"
-                )
+        check_present(manifest, ((s.name, s.bytes) for s in stored))
 
     def file(self, stored: Stored) -> Path:
         return self.manifest.parent / stored.name

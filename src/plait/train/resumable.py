@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from plait.sharded.filenames import DCP_METADATA, GENERATION_FILE, MANIFEST, PLAIN
+from plait.sharded.present import check_present, named_files
 from plait.train.errors import CheckpointError
 from plait.train.outdir import check_resumable
 
@@ -66,6 +67,8 @@ def check(out: str | os.PathLike[str], on_mesh: bool, zero: int) -> None:
     found = kind_of(out)
     if found is None or (run == "sharded" and found == "plain"):
         check_resumable(out, sharded=run != "plain")  # its message, with its hint
+    if found in ("mesh", "sharded"):  # every file there at its size, before any worker starts
+        check_present(Path(out) / MANIFEST, named_files(Path(out) / MANIFEST))
     if found is not None and found not in READS[run]:
         readers = [r for r, kinds in READS.items() if found in kinds]
         runs = {"mesh": "--pp/--tp", "plain": "plain --dp", "sharded": "--zero without --pp/--tp"}
