@@ -267,3 +267,7 @@ def test_a_dcp_directory_of_another_model_is_refused(tmp_path: Path) -> None:
     want = r"holds 'model.0.weight' of shape \(4, 3\); this model's '0.weight' is \(4, 5\)"
     with pytest.raises(CheckpointError, match=want):
         open_source(tmp_path, catalog_of(nn.Sequential(nn.Linear(5, 4, bias=False))))
+    (tmp_path / "__0_0.distcp").unlink()  # DCP records no sizes: found as it reads
+    source = open_source(tmp_path, catalog_of(nn.Sequential(nn.Linear(3, 4, bias=False))))
+    with pytest.raises(CheckpointError, match=rf"cannot load the DCP checkpoint {where}: FileNotF"):
+        source.tensor("0.weight")

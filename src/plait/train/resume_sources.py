@@ -184,6 +184,7 @@ class DcpSource:
         if self.loaded is not None:
             return self.loaded
         from torch.distributed import checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         index = {n: i for i, (n, _, _) in enumerate(self.catalog)}
@@ -204,6 +205,14 @@ class DcpSource:
             warnings.simplefilter("ignore")
             try:
                 dcp.load(want, checkpoint_id=str(self.folder), no_dist=True)
+            except CheckpointException as e:  # (a BaseException) what failed in its reads
+                why = [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+                raise CheckpointError(
+                    f"cannot load the DCP checkpoint {self.where}: "
+                    f"{type(why[0]).__name__ if why else ''}: {why[0] if why else e} (DCP "
+                    "records no sizes or checksums: a file of it is missing, truncated or "
+                    "not of this checkpoint)"
+                ) from None
             except Exception as e:
                 raise CheckpointError(f"cannot load the DCP checkpoint {self.where}: {e}") from e
         self.loaded = want

@@ -10,12 +10,14 @@ model's parameter names, and loads its part at any mesh shape (train/mesh_checkp
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
 
 from plait.comm.communicator import Communicator
 from plait.comm.mesh import Mesh, MeshError
+from plait.data_parallel import DataParallel
 from plait.train import device, memory
 from plait.train import mesh_checkpoint as checkpoint
 from plait.train.config import TrainConfig
@@ -104,6 +106,11 @@ class MeshStep(AllreduceStep):
         common = checkpoint.load(source, self.model.mesh, self.naming, self.model.module,
                                  self.model.sharded, self.optimizer)  # fmt: skip
         self.compute.load_state_dict(common)
+        dp = self.model.dp
+        if isinstance(dp, DataParallel) and dp.compression.state_dict() and self.rank == 0:
+            print(f"plait train: note: --compression {dp.compression!r} starts its residuals "
+                  "from zeros: a mesh checkpoint does not hold them", file=sys.stderr,
+                  flush=True)  # fmt: skip
         return common
 
     def figures(self) -> dict[str, Any]:
