@@ -203,6 +203,9 @@ def test_which_runs_resume_from_which_checkpoint(
 ) -> None:
     mesh = saved[((2, 2, 1), False)]
     assert resumable.kind_of(mesh) == "mesh" and resumable.kind_of(tmp_path) is None
+    (tmp_path / "checkpoint.json").write_text('{"format": 1}')  # a --zero run's: the header
+    assert resumable.kind_of(tmp_path) == "sharded"  # names it, not a checkpoint.pt
+    assert resumable.committed(tmp_path) == tmp_path / "checkpoint.json"
     assert resumable.committed(mesh) == mesh / "checkpoint.json"
     resumable.check(mesh, on_mesh=False, zero=0)  # a plain run reads it
     with pytest.raises(CheckpointError, match=r"holds a mesh checkpoint .* cannot resume"):
