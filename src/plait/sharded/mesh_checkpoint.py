@@ -96,37 +96,30 @@ def read_manifest(directory: str | os.PathLike[str]) -> MeshManifest:
     Raises:
         CheckpointError: there is none, or another kind, or it cannot be read.
     """
-    path = Path(directory) / MANIFEST
-    if not path.is_file():
-        raise CheckpointError(storage.why_none(Path(directory)))
-    try:
-        data = json.loads(path.read_text())
-        if data.get("kind") != KIND:
-            raise CheckpointError(
-                f"{path} is a sharded checkpoint of a run with --zero and no --pp/--tp, not a "
-                "mesh checkpoint: resume it with --zero and no --pp/--tp"
-            )
-        if data.get("format") != FORMAT:
-            raise CheckpointError(f"{path} has format {data.get('format')!r}; expected {FORMAT}")
-        groups = tuple(
-            Group(g["pp"], g["tp"], tuple(Stored(**s) for s in g["files"]),
-                  Layout.from_json(g["layout"]) if g["layout"] else None,
-                  tuple(g["params"]), tuple(g["buffers"]))
-            for g in data["groups"]
-        )  # fmt: skip
-        params = tuple(
-            Param(p["name"], tuple(p["shape"]), p["dtype"], p["stage"], p["tp_dim"])
-            for p in data["params"]
-        )
-        d, p, t = (int(data["mesh"][a]) for a in ("dp", "pp", "tp"))
-        return MeshManifest(path, int(data["generation"]), (d, p, t), int(data["zero"]),
-                            params, groups, Stored(**data["common"]))  # fmt: skip
-    except CheckpointError:
-        raise
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    return storage.parse_manifest(directory, _mesh)
+
+
+def _mesh(path: Path, data: Any) -> MeshManifest:
+    if data.get("kind") != KIND:
         raise CheckpointError(
-            f"cannot read the checkpoint manifest {path}: {type(e).__name__}: {e}"
-        ) from e
+            f"{path} is a sharded checkpoint of a run with --zero and no --pp/--tp, not a "
+            "mesh checkpoint: resume it with --zero and no --pp/--tp"
+        )
+    if data.get("format") != FORMAT:
+        raise CheckpointError(f"{path} has format {data.get('format')!r}; expected {FORMAT}")
+    groups = tuple(
+        Group(g["pp"], g["tp"], tuple(Stored(**s) for s in g["files"]),
+              Layout.from_json(g["layout"]) if g["layout"] else None,
+              tuple(g["params"]), tuple(g["buffers"]))
+        for g in data["groups"]
+    )  # fmt: skip
+    params = tuple(
+        Param(p["name"], tuple(p["shape"]), p["dtype"], p["stage"], p["tp_dim"])
+        for p in data["params"]
+    )
+    d, p, t = (int(data["mesh"][a]) for a in ("dp", "pp", "tp"))
+    return MeshManifest(path, int(data["generation"]), (d, p, t), int(data["zero"]),
+                        params, groups, Stored(**data["common"]))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ cutting

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TypeVar
 
 import torch
 
@@ -25,6 +25,7 @@ from plait.sharded.layout import Layout
 from plait.sharded.present import check_present
 
 FORMAT = 1
+T = TypeVar("T")
 CHUNK = 1 << 22  # bytes hashed at a time: the whole file never sits in memory
 
 
@@ -59,37 +60,51 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         CheckpointError: there is none (the message says what is there instead), or the
             manifest cannot be read.
     """
+    return parse_manifest(directory, _sharded)
+
+
+def parse_manifest(directory: str | os.PathLike[str], parse: Callable[[Path, Any], T]) -> T:
+    """`parse(path, data)` of the manifest in `directory` (its JSON), a broken one's error
+    (a missing key, a bad value) as a CheckpointError naming it.
+
+    Raises:
+        CheckpointError: there is no manifest (the message says what is there instead), or
+            it cannot be read or parsed.
+    """
     folder = Path(directory)
     path = folder / MANIFEST
     if not path.is_file():
         raise CheckpointError(why_none(folder))
     try:
-        data = json.loads(path.read_text())
-        if data.get("kind") == "mesh":  # mesh_checkpoint.py's: the same commit marker
-            raise CheckpointError(
-                f"{path} is a mesh checkpoint (a run with --pp/--tp), not a sharded one: resume "
-                "it on a mesh (any --dp/--pp/--tp, with or without --zero) or with plain "
-                f"--dp; `plait checkpoint consolidate {folder}` writes its weights as one "
-                "state_dict"
-            )
-        if data.get("format") != FORMAT:
-            raise CheckpointError(
-                f"{path} has format {data.get('format')!r}; this plait reads format {FORMAT}"
-            )
-        m = Manifest(
-            path=path, generation=int(data["generation"]), world=int(data["world"]),
-            layout=Layout.from_json(data["layout"]),
-            ranks=tuple(Stored(**s) for s in data["ranks"]), common=Stored(**data["common"]),
-        )  # fmt: skip
-        if m.world < 1 or len(m.ranks) != m.world:
-            raise ValueError(f"it names {len(m.ranks)} rank files for world size {m.world}")
-        return m
+        return parse(path, json.loads(path.read_text()))
     except CheckpointError:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(
             f"cannot read the checkpoint manifest {path}: {type(e).__name__}: {e}"
         ) from e
+
+
+def _sharded(path: Path, data: Any) -> Manifest:
+    if data.get("kind") == "mesh":  # mesh_checkpoint.py's: the same commit marker
+        raise CheckpointError(
+            f"{path} is a mesh checkpoint (a run with --pp/--tp), not a sharded one: resume "
+            "it on a mesh (any --dp/--pp/--tp, with or without --zero) or with plain "
+            f"--dp; `plait checkpoint consolidate {path.parent}` writes its weights as one "
+            "state_dict"
+        )
+    if data.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} has format {data.get('format')!r}; this plait reads format {FORMAT}"
+        )
+    m = Manifest(
+        path=path, generation=int(data["generation"]), world=int(data["world"]),
+        layout=Layout.from_json(data["layout"]),
+        ranks=tuple(Stored(**s) for s in data["ranks"]), common=Stored(**data["common"]),
+    )  # fmt: skip
+    if m.world < 1 or len(m.ranks) != m.world:
+        raise ValueError(f"it names {len(m.ranks)} rank files for world size {m.world}")
+    return m
 
 
 def why_none(folder: Path) -> str:
