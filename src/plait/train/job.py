@@ -127,7 +127,8 @@ def resume_after_restart(options: dict[str, Any], environ: Mapping[str, str]) ->
     out = options.get("out")
     if restarts < 1 or out is None or options.get("resume"):
         return options
-    sharded = int(options.get("zero") or 0) > 0
+    on_mesh = int(options.get("pp") or 1) > 1 or int(options.get("tp") or 1) > 1
+    sharded = int(options.get("zero") or 0) > 0 or on_mesh  # (a mesh's has a manifest too)
     where = Path(out) / MANIFEST if sharded else outdir.checkpoint_path(out)
     found = where.is_file()
     if environ.get("RANK") == "0":

@@ -274,7 +274,7 @@ class RankRun:
         self.pending.clear()
         for i, value in enumerate(values):
             if not math.isfinite(value):
-                where = str(checkpoint.path(self.out)) if self.out else None
+                where = str(committed(self.out)) if self.out else None
                 raise NonFiniteLossError(step - len(values) + 1 + i, value, where,
                                          self.saved_step)  # fmt: skip
         self.losses.extend(values)
