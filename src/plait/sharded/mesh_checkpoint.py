@@ -260,11 +260,13 @@ class MeshFiles(storage.CheckedFiles):
             state[key] = self._whole(name, key) if value is None else value
         return state
 
-    def buffers(self) -> dict[str, torch.Tensor]:
-        """Every buffer the model's stages saved, by its whole-model name."""
+    def buffers(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """The buffers the model's stages saved (those of `names`, None: all), by their
+        whole-model names; only the files that hold them are read."""
         out: dict[str, torch.Tensor] = {}
+        wanted = None if names is None else set(names)
         for g in self.m.groups:
-            if g.buffers:
+            if g.buffers and (wanted is None or wanted.intersection(g.buffers)):
                 out.update((n, t.clone()) for n, t in self._file(g, 0)["buffers"].items())
         return out
 

@@ -139,7 +139,7 @@ def load(
         optim[g] = {k: fmt.tp_slice(v, naming.tp_dims[g], t, tp).clone()
                     if isinstance(v, torch.Tensor) and v.shape == whole.shape else v
                     for k, v in source.optim(g).items()}  # fmt: skip
-    buffers = source.buffers()
+    buffers = source.buffers(naming.buffers.values())
     common = source.common()
     # a DCP checkpoint has none: this run's hyperparameters
     mine = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]

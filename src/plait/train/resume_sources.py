@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,7 +58,9 @@ class Source(Protocol):
 
     def optim(self, name: str) -> dict[str, Any]: ...
 
-    def buffers(self) -> dict[str, torch.Tensor]: ...
+    def buffers(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """The buffers (those of `names`; None: all), by their whole-model names."""
+        ...
 
     def common(self) -> dict[str, Any]: ...
 
@@ -104,8 +107,8 @@ class MeshSource:
     def optim(self, name: str) -> dict[str, Any]:
         return self.files.optim(name)
 
-    def buffers(self) -> dict[str, torch.Tensor]:
-        return self.files.buffers()
+    def buffers(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        return self.files.buffers(names)
 
     def common(self) -> dict[str, Any]:
         return self.files.common()
@@ -129,7 +132,7 @@ class PlainSource:
         state: dict[str, Any] = self.state["optimizer"]["state"].get(self.index[name], {})
         return state
 
-    def buffers(self) -> dict[str, torch.Tensor]:
+    def buffers(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state["model"].items() if k not in self.index}
 
     def common(self) -> dict[str, Any]:
@@ -231,7 +234,7 @@ class DcpSource:
                 out[found.group(2)] = value
         return out
 
-    def buffers(self) -> dict[str, torch.Tensor]:
+    def buffers(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
         names = {n for n, _, _ in self.catalog}
         n = len(self.prefix)
         return {k[n:]: v for k, v in self._load().items()
