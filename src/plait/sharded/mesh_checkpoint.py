@@ -103,7 +103,8 @@ def _mesh(path: Path, data: Any) -> MeshManifest:
     if data.get("kind") != KIND:
         raise CheckpointError(
             f"{path} is a sharded checkpoint of a run with --zero and no --pp/--tp, not a "
-            "mesh checkpoint: resume it with --zero and no --pp/--tp"
+            "mesh checkpoint: plait.sharded.checkpoint reads it (`plait train --resume` "
+            "does, at any shape)"
         )
     if data.get("format") != FORMAT:
         raise CheckpointError(f"{path} has format {data.get('format')!r}; expected {FORMAT}")
@@ -144,6 +145,19 @@ def flat_shard(
     if out is None:  # a shard of padding only: the dtype is the first entry's
         out = torch.zeros(size, dtype=part(unit.entries[0].name).dtype)
     return out
+
+
+def gather_entry(e: Entry, size: int, shard: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """Entry e of a unit, whole (a new tensor of its shape), from the unit's (size,) shards
+    (`shard(q)`: dp rank q's) that overlap it."""
+    out = torch.empty(e.numel, dtype=shard(e.offset // size).dtype)
+    at = e.offset
+    while at < e.offset + e.numel:  # the shards that overlap the entry, in order
+        q = at // size
+        end = min(e.offset + e.numel, (q + 1) * size)
+        out[at - e.offset : end - e.offset] = shard(q)[at - q * size : end - q * size]
+        at = end
+    return out.view(e.shape)
 
 
 # ------------------------------------------------------------------------------ saving
@@ -300,18 +314,8 @@ class MeshFiles(storage.CheckedFiles):
                 self._corrupt(g, 0, f"it holds no {key or 'tensor'} of {name!r}")
             return value
         u, e = self.entries[(g.pp, g.tp)][name]
-        world = len(g.files)
-        size = g.layout.units[u].shard_size(world)
-        out = torch.empty(e.numel, dtype=self._flat(g, 0, u, key, size).dtype)
-        at = e.offset
-        while at < e.offset + e.numel:  # the dp shards that overlap the entry, in order
-            q = at // size
-            end = min(e.offset + e.numel, (q + 1) * size)
-            out[at - e.offset : end - e.offset] = self._flat(g, q, u, key, size)[
-                at - q * size : end - q * size
-            ]
-            at = end
-        return out.view(e.shape)
+        size = g.layout.units[u].shard_size(len(g.files))
+        return gather_entry(e, size, lambda q: self._flat(g, q, u, key, size))
 
     def _scalars(self, g: Group, name: str) -> dict[str, Any]:
         """The optimizer state's keys of `name` in group g: None for a per-element tensor

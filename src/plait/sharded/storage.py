@@ -88,10 +88,9 @@ def parse_manifest(directory: str | os.PathLike[str], parse: Callable[[Path, Any
 def _sharded(path: Path, data: Any) -> Manifest:
     if data.get("kind") == "mesh":  # mesh_checkpoint.py's: the same commit marker
         raise CheckpointError(
-            f"{path} is a mesh checkpoint (a run with --pp/--tp), not a sharded one: resume "
-            "it on a mesh (any --dp/--pp/--tp, with or without --zero) or with plain "
-            f"--dp; `plait checkpoint consolidate {path.parent}` writes its weights as one "
-            "state_dict"
+            f"{path} is a mesh checkpoint (a run with --pp/--tp), not a sharded one: "
+            "plait.sharded.mesh_checkpoint reads it (`plait train --resume` does, at any "
+            f"shape); `plait checkpoint consolidate {path.parent}` writes its weights whole"
         )
     if data.get("format") != FORMAT:
         raise CheckpointError(

@@ -32,6 +32,12 @@ from plait.sharded.layout import Layout
 from plait.sharded.sdp import ShardedDataParallel
 from plait.train.resume_sources import Catalog, Source, catalog_of
 
+Place = tuple[tuple[int, int], tuple[int, int]]  # ((dp index, dp size), (tp index, tp size))
+
+
+def place_of(mesh: Mesh) -> Place:
+    return (mesh.coords["dp"], mesh.shape["dp"]), (mesh.coords["tp"], mesh.shape["tp"])
+
 
 @dataclass
 class Naming:
@@ -119,18 +125,22 @@ def save(
 
 
 def load(
-    source: Source, mesh: Mesh, naming: Naming, module: nn.Module,
+    source: Source, place: Place, naming: Naming, module: nn.Module,
     sharded: ShardedDataParallel | None, optimizer: torch.optim.Optimizer,
 ) -> dict[str, Any]:  # fmt: skip
     """This rank's part of the model and its optimizer state, cut from `source`'s whole
     tensors; returns the source's common part (step, RNG, losses, options, ...).
+
+    Args:
+        place: this rank's (dp index, dp size) and (tp index, tp size) (`place_of(mesh)`;
+            a --zero run without a mesh: its (rank, world) and (0, 1)).
 
     Raises:
         CheckpointError: the source is not this model's (the first difference), or a file
             of it is missing, truncated or corrupt (named); nothing is loaded then.
     """
     source.check(naming.catalog)
-    t, tp = mesh.coords["tp"], mesh.shape["tp"]
+    (d, dp), (t, tp) = place
     local: dict[str, torch.Tensor] = {}
     optim: dict[str, dict[str, Any]] = {}
     for g in naming.params.values():
@@ -152,7 +162,6 @@ def load(
             states = {i: optim[g] for i, g in enumerate(names) if optim[g]}
             count = len(names)
         else:
-            d, dp = mesh.coords["dp"], mesh.shape["dp"]
             states = {}
             name = naming.params
 
@@ -181,4 +190,4 @@ def load(
     return common
 
 
-__all__ = ["Naming", "catalog_of", "load", "save"]
+__all__ = ["Naming", "catalog_of", "load", "place_of", "save"]

@@ -41,7 +41,7 @@ from plait.train.config import TrainConfig
 from plait.train.errors import NonFiniteLossError
 from plait.train.progress import Emit
 from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
-from plait.train.resumable import committed, retire_mesh
+from plait.train.resumable import committed, retire_manifest
 from plait.train.resume_sources import plain_state
 from plait.train.step import Step
 from plait.train.straggler import Straggler
@@ -320,7 +320,7 @@ class RankRun:
             by_rank = self.step.rank_states()  # (a collective)
             if self.step.rank == 0:
                 checkpoint.save(self.out, {**common, **self.step.state_dict(), **by_rank})
-                retire_mesh(self.out)  # (the one this run resumed from, if any)
+                retire_manifest(self.out)  # (the one this run resumed from, if any)
         self.saved_step = step
 
     def data_position(self, step: int) -> dict[str, int]:

@@ -8,9 +8,8 @@ Torch-free: `plait train --resume` checks before any worker starts. The kinds:
              (plait/sharded/mesh_checkpoint.py)
     dcp      .metadata: a torch.distributed.checkpoint directory (resume_sources.py)
 
-A mesh run (any --dp/--pp/--tp, with or without --zero) resumes from a mesh, plain or DCP
-checkpoint; a plain run from a plain, mesh or DCP one; a --zero run without --pp/--tp from a
-sharded one only.
+Every run that writes checkpoints (plain, --zero, --pp/--tp) resumes from any of them: the
+whole model is put back together and cut as this run cuts it (resume_sources.py).
 """
 
 from __future__ import annotations
@@ -22,16 +21,7 @@ from pathlib import Path
 
 from plait.sharded.filenames import DCP_METADATA, GENERATION_FILE, MANIFEST, PLAIN
 from plait.sharded.present import check_present, named_files
-from plait.train.errors import CheckpointError
 from plait.train.outdir import check_resumable
-
-# the kinds each kind of run reads
-READS = {"mesh": ("mesh", "plain", "dcp"), "plain": ("plain", "mesh", "dcp"),
-         "sharded": ("sharded",)}  # fmt: skip
-WHAT = {"plain": "a plain checkpoint (checkpoint.pt, a run without --zero, --pp or --tp)",
-        "sharded": "a sharded checkpoint (a run with --zero and without --pp/--tp)",
-        "mesh": "a mesh checkpoint (a run with --pp or --tp)",
-        "dcp": "a torch.distributed.checkpoint (DCP) directory"}  # fmt: skip
 
 
 def kind_of(out: str | os.PathLike[str]) -> str | None:
@@ -51,31 +41,19 @@ def kind_of(out: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def run_kind(on_mesh: bool, zero: int) -> str:
-    """What a run reads: "mesh" (--pp/--tp), "sharded" (--zero alone) or "plain"."""
-    return "mesh" if on_mesh else "sharded" if zero else "plain"
-
-
 def check(out: str | os.PathLike[str], on_mesh: bool, zero: int) -> None:
-    """Raise CheckpointError unless `out` holds a checkpoint this run can resume from.
+    """Raise CheckpointError unless `out` holds a checkpoint to resume from, every file of it
+    there at its size (any kind: every run reads every kind).
 
     Raises:
-        CheckpointError: none, or one this kind of run does not read (the message says
-            which it is and which runs read it).
+        CheckpointError: none (the message says what a run with these options writes), or
+            a file its manifest names is missing or truncated.
     """
-    run = run_kind(on_mesh, zero)
     found = kind_of(out)
-    if found is None or (run == "sharded" and found == "plain"):
-        check_resumable(out, sharded=run != "plain")  # its message, with its hint
+    if found is None:
+        check_resumable(out, sharded=on_mesh or zero > 0)  # its message
     if found in ("mesh", "sharded"):  # every file there at its size, before any worker starts
         check_present(Path(out) / MANIFEST, named_files(Path(out) / MANIFEST))
-    if found is not None and found not in READS[run]:
-        readers = [r for r, kinds in READS.items() if found in kinds]
-        runs = {"mesh": "--pp/--tp", "plain": "plain --dp", "sharded": "--zero without --pp/--tp"}
-        raise CheckpointError(
-            f"{out} holds {WHAT[found]}; this run ({runs[run]}) cannot resume from it: resume "
-            f"it with {' or '.join(runs[r] for r in readers)}"
-        )
 
 
 def committed(out: str | os.PathLike[str]) -> Path:
@@ -85,10 +63,10 @@ def committed(out: str | os.PathLike[str]) -> Path:
     return folder / {"plain": PLAIN, "dcp": DCP_METADATA}.get(kind or "plain", MANIFEST)
 
 
-def retire_mesh(out: str | os.PathLike[str]) -> None:
-    """After a plain checkpoint.pt is written: a mesh checkpoint's manifest beside it is
-    older (the run resumed from it), so it no longer commits anything."""
-    if kind_of(out) != "mesh":
+def retire_manifest(out: str | os.PathLike[str]) -> None:
+    """After a plain checkpoint.pt is written: a mesh or sharded checkpoint's manifest beside
+    it is older (the run resumed from it), so it no longer commits anything."""
+    if kind_of(out) not in ("mesh", "sharded"):
         return
     folder = Path(out)
     with contextlib.suppress(OSError):

@@ -1,5 +1,6 @@
-"""What a resuming run reads its whole model from: a mesh checkpoint, a plain checkpoint.pt,
-or a torch.distributed.checkpoint (DCP) directory, each seen alike (a `Source`).
+"""What a resuming run reads its whole model from: a mesh checkpoint, a sharded one, a plain
+checkpoint.pt, or a torch.distributed.checkpoint (DCP) directory, each seen alike (a
+`Source`).
 
 A Source gives each parameter of the whole model by its name (the whole tensor), the
 optimizer's state of it (per-element tensors whole, scalars such as Adam's step as they
@@ -24,13 +25,15 @@ import os
 import re
 import warnings
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from plait.sharded import mesh_checkpoint
+from plait.sharded import checkpoint as sharded_checkpoint
+from plait.sharded import mesh_checkpoint, storage
 from plait.sharded.filenames import DCP_METADATA
 from plait.train import checkpoint as plain_checkpoint
 from plait.train.errors import CheckpointError
@@ -69,8 +72,7 @@ def open_source(out: str | os.PathLike[str], catalog: Catalog) -> Source:
     """The checkpoint in `out` as a Source, checked against the model's `catalog`.
 
     Raises:
-        CheckpointError: none, a sharded one (a --zero run without --pp/--tp reads it), or
-            not this model's.
+        CheckpointError: none, or not this model's.
     """
     kind = kind_of(out)
     source: Source
@@ -80,8 +82,10 @@ def open_source(out: str | os.PathLike[str], catalog: Catalog) -> Source:
         source = PlainSource(out, catalog)
     elif kind == "dcp":
         source = DcpSource(out, catalog)
+    elif kind == "sharded":
+        source = ShardedSource(out)
     else:
-        mesh_checkpoint.read_manifest(out)  # raises: says what is there instead
+        plain_checkpoint.load(out)  # raises: says what is there instead
         raise AssertionError("unreachable")
     source.check(catalog)
     return source
@@ -112,6 +116,51 @@ class MeshSource:
 
     def common(self) -> dict[str, Any]:
         return self.files.common()
+
+
+class ShardedSource:
+    """A sharded checkpoint of a --zero run (plait/sharded/checkpoint.py), saved at any
+    world size: each parameter put back together from the shards that overlap it."""
+
+    def __init__(self, out: str | os.PathLike[str]) -> None:
+        m = sharded_checkpoint.read_manifest(out)
+        self.files = storage.SavedFiles(m, verify=True)  # every file there, at its size
+        self.m, self.where = m, m.path
+        self.entries = {e.name: (u, e) for u, unit in enumerate(m.layout.units)
+                        for e in unit.entries}  # fmt: skip
+
+    def check(self, catalog: Catalog) -> None:
+        saved = [mesh_checkpoint.Param(e.name, e.shape, unit.dtype, 0, None)
+                 for unit in self.m.layout.units for e in unit.entries]  # fmt: skip
+        why = mesh_checkpoint.difference(saved, catalog)
+        if why:
+            raise CheckpointError(f"checkpoint {self.where} {why}; it loads only into the model "
+                                  "that wrote it")  # fmt: skip
+
+    def tensor(self, name: str) -> torch.Tensor:
+        u, e = self.entries[name]
+        size = self.m.layout.units[u].shard_size(self.m.world)
+        return mesh_checkpoint.gather_entry(e, size, lambda q: self.files.shard(q, u))
+
+    def optim(self, name: str) -> dict[str, Any]:
+        u, e = self.entries[name]
+        size = self.m.layout.units[u].shard_size(self.m.world)
+        state: dict[str, Any] = {}
+        for key, value in self.files.optim(0, u).items():
+            if isinstance(value, torch.Tensor) and tuple(value.shape) == (size,):
+                state[key] = mesh_checkpoint.gather_entry(
+                    e, size, partial(self.files.optim_flat, u=u, key=key)
+                )
+            else:  # replicated (Adam's step)
+                state[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        return state
+
+    def buffers(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        found: dict[str, torch.Tensor] = self.files.common().get("buffers", {})
+        return found
+
+    def common(self) -> dict[str, Any]:
+        return {k: v for k, v in self.files.common().items() if k != "buffers"}
 
 
 class PlainSource:

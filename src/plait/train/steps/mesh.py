@@ -103,8 +103,8 @@ class MeshStep(AllreduceStep):
         """This rank's part, cut from the checkpoint in `out` (a mesh checkpoint of any
         shape, a plain checkpoint.pt, a DCP directory); returns its common part."""
         source = open_source(out, self.naming.catalog)
-        common = checkpoint.load(source, self.model.mesh, self.naming, self.model.module,
-                                 self.model.sharded, self.optimizer)  # fmt: skip
+        common = checkpoint.load(source, checkpoint.place_of(self.model.mesh), self.naming,
+                                 self.model.module, self.model.sharded, self.optimizer)  # fmt: skip
         self.compute.load_state_dict(common)
         dp = self.model.dp
         if isinstance(dp, DataParallel) and dp.compression.state_dict() and self.rank == 0:
