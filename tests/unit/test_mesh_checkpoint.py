@@ -272,3 +272,23 @@ def test_a_dcp_directory_of_another_model_is_refused(tmp_path: Path) -> None:
     source = open_source(tmp_path, catalog_of(nn.Sequential(nn.Linear(3, 4, bias=False))))
     with pytest.raises(CheckpointError, match=rf"cannot load the DCP checkpoint {where}: FileNotF"):
         source.tensor("0.weight")
+
+
+def test_a_sharded_checkpoint_reads_back_whole_for_any_run(tmp_path: Path) -> None:
+    """A --zero run's checkpoint (3 ranks) as a Source: what a mesh or plain run, or a
+    --zero run at another stage of the pipeline, cuts its part from."""
+    from support.sharded_states import STEP as ADAM_STEP
+    from support.sharded_states import Model, save_all
+
+    model = Model()
+    save_all(tmp_path, model, 3)
+    catalog = [(e.name, e.shape, u.dtype) for u in model.layout.units for e in u.entries]
+    source = open_source(tmp_path, catalog)
+    for u, unit in enumerate(model.layout.units):
+        for e in unit.entries:
+            assert torch.equal(source.tensor(e.name), model.params[e.name])
+            state = source.optim(e.name)
+            exp_avg = model.moments[u][0][e.offset : e.offset + e.numel].view(e.shape)
+            assert torch.equal(state["exp_avg"], exp_avg) and torch.equal(state["step"], ADAM_STEP)
+    assert source.buffers().keys() == model.buffers.keys()
+    assert source.common()["step"] == 12 and "buffers" not in source.common()

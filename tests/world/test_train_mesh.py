@@ -123,8 +123,10 @@ def _norms(comm: Communicator, max_norm: float) -> list[tuple[float, float]]:
 
 CLIP = 0.05
 # saved at dp 2 x pp 2 with --zero 1 (ZERO[0]) after step 2 of 3, resumed for step 3 at
-# each of these shapes (dp 4: plain DataParallel reads the mesh checkpoint)
-RESUMES = {"same": ZERO[0][1], "dp4": {}, "pp2tp2": {"pp": 2, "tp": 2, "chunks": 2}}
+# each of these shapes (dp 4: plain DataParallel reads the mesh checkpoint; zero3: ZeRO
+# over 4 ranks without a mesh)
+RESUMES = {"same": ZERO[0][1], "dp4": {}, "pp2tp2": {"pp": 2, "tp": 2, "chunks": 2},
+           "zero3": {"zero": 3}}  # fmt: skip
 
 
 def _resumed(comm: Communicator, tmp: str) -> dict[str, Any]:
@@ -260,7 +262,7 @@ def test_a_mesh_checkpoint_resumes_at_its_shape_and_at_others(
 ) -> None:
     """Saved at dp 2 x pp 2 (--zero 1) after step 2, resumed for step 3: the uninterrupted
     run's losses, bit for bit at the same shape, within float rounding at dp 4 (plain
-    DataParallel) and at pp 2 x tp 2."""
+    DataParallel), at pp 2 x tp 2 and under ZeRO-3 over 4 ranks."""
     want = four_ranks[0]["zero"][0]["losses"]
     got = four_ranks[0]["resumed"][name]
     print(f"{name}\n  uninterrupted: {want}\n  resumed:       {got['losses']}")
