@@ -78,8 +78,9 @@ def save(
     sharded: ShardedDataParallel | None, optimizer: torch.optim.Optimizer,
     common: dict[str, Any],
 ) -> Path:  # fmt: skip
-    """Every rank: write its part (mesh_checkpoint.py says which rank writes what); rank 0
-    the manifest. A collective (an allgather of the parts' descriptions, a barrier)."""
+    """Every rank: write its part (plait/sharded/mesh_checkpoint.py says which rank writes
+    what); rank 0 the manifest. A collective (an allgather of the parts' descriptions, a
+    barrier)."""
     coords = (mesh.coords["dp"], mesh.coords["pp"], mesh.coords["tp"])
     shape = (mesh.shape["dp"], mesh.shape["pp"], mesh.shape["tp"])
     rank = mesh.comm.rank
