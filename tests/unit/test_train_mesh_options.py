@@ -19,7 +19,6 @@ from plait.train.errors import ConfigError
         ({"pp": 2, "chunks": 8, "batch_size": 8}, "4 samples per replica < --chunks 8"),
         ({"model": "mlp", "tp": 2}, "model mlp has none: use --model gpt"),
         ({"pp": 2, "strategy": "ps"}, "not --strategy ps"),
-        ({"pp": 2, "out": "/tmp/x"}, "not supported with --pp/--tp yet"),
         ({"pp": 0}, "pp 0 < 1"),
         ({"schedule": "zigzag"}, "schedule 'zigzag' is not one of gpipe, 1f1b, interleaved, zb-h1"),
         ({"batch_size": 30}, "--batch-size 30 % --workers 4 = 2 != 0"),

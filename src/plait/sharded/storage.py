@@ -12,18 +12,20 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TypeVar
 
 import torch
 
 from plait.errors import CheckpointError
 from plait.sharded.filenames import GENERATION_FILE, MANIFEST, PLAIN
 from plait.sharded.layout import Layout
+from plait.sharded.present import check_present
 
 FORMAT = 1
+T = TypeVar("T")
 CHUNK = 1 << 22  # bytes hashed at a time: the whole file never sits in memory
 
 
@@ -58,28 +60,50 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         CheckpointError: there is none (the message says what is there instead), or the
             manifest cannot be read.
     """
+    return parse_manifest(directory, _sharded)
+
+
+def parse_manifest(directory: str | os.PathLike[str], parse: Callable[[Path, Any], T]) -> T:
+    """`parse(path, data)` of the manifest in `directory` (its JSON), a broken one's error
+    (a missing key, a bad value) as a CheckpointError naming it.
+
+    Raises:
+        CheckpointError: there is no manifest (the message says what is there instead), or
+            it cannot be read or parsed.
+    """
     folder = Path(directory)
     path = folder / MANIFEST
     if not path.is_file():
         raise CheckpointError(why_none(folder))
     try:
-        data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
-            raise CheckpointError(
-                f"{path} has format {data.get('format')!r}; this plait reads format {FORMAT}"
-            )
-        m = Manifest(
-            path=path, generation=int(data["generation"]), world=int(data["world"]),
-            layout=Layout.from_json(data["layout"]),
-            ranks=tuple(Stored(**s) for s in data["ranks"]), common=Stored(**data["common"]),
-        )  # fmt: skip
-        if m.world < 1 or len(m.ranks) != m.world:
-            raise ValueError(f"it names {len(m.ranks)} rank files for world size {m.world}")
-        return m
+        return parse(path, json.loads(path.read_text()))
+    except CheckpointError:
+        raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(
             f"cannot read the checkpoint manifest {path}: {type(e).__name__}: {e}"
         ) from e
+
+
+def _sharded(path: Path, data: Any) -> Manifest:
+    if data.get("kind") == "mesh":  # mesh_checkpoint.py's: the same commit marker
+        raise CheckpointError(
+            f"{path} is a mesh checkpoint (a run with --pp/--tp), not a sharded one: "
+            "plait.sharded.mesh_checkpoint reads it (`plait train --resume` does, at any "
+            f"shape); `plait checkpoint consolidate {path.parent}` writes its weights whole"
+        )
+    if data.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} has format {data.get('format')!r}; this plait reads format {FORMAT}"
+        )
+    m = Manifest(
+        path=path, generation=int(data["generation"]), world=int(data["world"]),
+        layout=Layout.from_json(data["layout"]),
+        ranks=tuple(Stored(**s) for s in data["ranks"]), common=Stored(**data["common"]),
+    )  # fmt: skip
+    if m.world < 1 or len(m.ranks) != m.world:
+        raise ValueError(f"it names {len(m.ranks)} rank files for world size {m.world}")
+    return m
 
 
 def why_none(folder: Path) -> str:
@@ -103,26 +127,41 @@ def why_none(folder: Path) -> str:
     return f"no sharded checkpoint in {folder}: {folder / MANIFEST} does not exist"
 
 
-class SavedFiles:
-    """The saved files of one checkpoint: all checked present at their size up front (every
-    rank checks all, so all ranks fail alike), each read (sha256, mmap) on first use."""
+class CheckedFiles:
+    """The files a manifest names: all checked present at their size up front (every rank
+    checks all, so all ranks fail alike), each checked against its sha256 when read.
+
+    Shared by the sharded checkpoints (SavedFiles) and the mesh's (mesh_checkpoint.py)."""
+
+    def __init__(self, manifest: Path, stored: Iterable[Stored], verify: bool) -> None:
+        self.manifest, self.verify = manifest, verify
+        check_present(manifest, ((s.name, s.bytes) for s in stored))
+
+    def file(self, stored: Stored) -> Path:
+        return self.manifest.parent / stored.name
+
+    def read(self, stored: Stored, mmap: bool = True) -> Any:
+        """torch.load the file (memory-mapped: only the pages used are read), after checking
+        its sha256 (`verify`)."""
+        path = self.file(stored)
+        if self.verify and (digest := sha256(path)) != stored.sha256:
+            raise CheckpointError(
+                f"{path} is corrupt: its sha256 is {digest[:16]}..., {self.manifest} says "
+                f"{stored.sha256[:16]}... (the file changed after it was written)"
+            )
+        try:
+            return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"cannot read {path}: {e}") from e
+
+
+class SavedFiles(CheckedFiles):
+    """The saved files of one sharded checkpoint, each read on first use."""
 
     def __init__(self, m: Manifest, verify: bool) -> None:
-        self.m, self.verify = m, verify
+        super().__init__(m.path, (*m.ranks, m.common), verify)
+        self.m = m
         self.open: dict[int, list[dict[str, Any]]] = {}
-        for stored in (*m.ranks, m.common):
-            path = m.file(stored)
-            if not path.is_file():
-                raise CheckpointError(
-                    f"checkpoint {m.path} names {path}, which is missing: the checkpoint is "
-                    "incomplete (a file was deleted, or not copied with the others)"
-                )
-            have = path.stat().st_size
-            if have != stored.bytes:
-                raise CheckpointError(
-                    f"{path} has {have} bytes; {m.path} says {stored.bytes}: the file is "
-                    f"{'truncated' if have < stored.bytes else 'not the one written'}"
-                )
 
     def shard(self, q: int, u: int) -> torch.Tensor:
         """Old rank q's (S,) shard of unit u."""
@@ -144,7 +183,7 @@ class SavedFiles:
 
     def common(self) -> dict[str, Any]:
         """What rank 0 saved as `common` (read whole, not mapped: it is small)."""
-        state = self._read(self.m.common, mmap=False)
+        state = self.read(self.m.common, mmap=False)
         if not isinstance(state, dict):
             raise CheckpointError(f"{self.m.file(self.m.common)} holds no dict")
         return state
@@ -158,7 +197,7 @@ class SavedFiles:
 
     def _units(self, q: int) -> list[dict[str, Any]]:
         if q not in self.open:
-            state = self._read(self.m.ranks[q])
+            state = self.read(self.m.ranks[q])
             expect = {"format": FORMAT, "generation": self.m.generation, "rank": q,
                       "world": self.m.world}  # fmt: skip
             if not isinstance(state, dict):
@@ -169,18 +208,6 @@ class SavedFiles:
                 self._corrupt(q, f"it holds {got}; expected {expect} and {want} units")
             self.open[q] = units
         return self.open[q]
-
-    def _read(self, stored: Stored, mmap: bool = True) -> Any:
-        path = self.m.file(stored)
-        if self.verify and (digest := sha256(path)) != stored.sha256:
-            raise CheckpointError(
-                f"{path} is corrupt: its sha256 is {digest[:16]}..., {self.m.path} says "
-                f"{stored.sha256[:16]}... (the file changed after it was written)"
-            )
-        try:
-            return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
-        except Exception as e:
-            raise CheckpointError(f"cannot read {path}: {e}") from e
 
     def _corrupt(self, q: int, why: str) -> NoReturn:
         path = self.m.file(self.m.ranks[q])

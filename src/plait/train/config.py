@@ -386,8 +386,6 @@ class TrainConfig:
     def _check_checkpoints(self) -> None:
         if self.checkpoint.out is None and not self.checkpoint.resume:
             return
-        if self.mesh.on_mesh:
-            raise ConfigError("checkpoints (--out, --resume) are not supported with --pp/--tp yet")
         self.row.check_checkpoints()
 
 

@@ -39,7 +39,7 @@ from plait.errors import EXIT_BAD_INPUT
 from plait.ps import run_files
 from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import MANIFEST
-from plait.train import board, compile, device, outdir
+from plait.train import board, compile, device, outdir, resumable
 from plait.train import data as datasets
 from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
@@ -133,7 +133,8 @@ def resume_after_restart(options: dict[str, Any], environ: Mapping[str, str]) ->
     out = options.get("out")
     if restarts < 1 or out is None or options.get("resume"):
         return options
-    sharded = int(options.get("zero") or 0) > 0
+    on_mesh = int(options.get("pp") or 1) > 1 or int(options.get("tp") or 1) > 1
+    sharded = int(options.get("zero") or 0) > 0 or on_mesh  # (a mesh's has a manifest too)
     where = Path(out) / MANIFEST if sharded else outdir.checkpoint_path(out)
     if options.get("strategy") == "ps":  # the parameter servers' own manifest
         where = Path(out) / PS_MANIFEST
@@ -194,7 +195,7 @@ def _check(config: TrainConfig) -> TrainConfig:
         if config.checkpoint.resume and config.strategy == "ps":
             run_files.check_present(out)  # the servers' manifest and files
         elif config.checkpoint.resume:
-            outdir.check_resumable(out, sharded=config.zero > 0)
+            resumable.check(out, config.mesh.on_mesh, config.zero)
             _check_resume(config, out)
         outdir.check_writable(out)
     if config.distill.teacher is not None:
@@ -250,7 +251,9 @@ def _check_resume(config: TrainConfig, out: str) -> None:
     """
     from plait.train import checkpoint, saved
 
-    state = saved.read(out, sharded=config.zero > 0)
+    if resumable.kind_of(out) == "dcp":  # weights only: checked where they are read
+        return
+    state = saved.read(out)
     checkpoint.check_matches(state, config.options(), out)
     step = int(state["step"])
     if step >= config.steps:
@@ -414,6 +417,7 @@ def run(
     if code != 0 and config.checkpoint.out is not None:  # a crash or a stop: it can go on
         out.flush()
         ps = {"manifest": PS_MANIFEST} if config.strategy == "ps" else {}  # the servers'
-        hint = outdir.resume_hint(config.checkpoint.out, config.zero > 0 or bool(ps), argv, **ps)
+        manifest = config.zero > 0 or config.mesh.on_mesh or bool(ps)  # (mesh ones too)
+        hint = outdir.resume_hint(config.checkpoint.out, manifest, argv, **ps)
         print(hint, file=sys.stderr)
     return code

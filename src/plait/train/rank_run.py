@@ -41,6 +41,8 @@ from plait.train.config import TrainConfig
 from plait.train.errors import NonFiniteLossError
 from plait.train.progress import Emit
 from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
+from plait.train.resumable import committed, retire_manifest
+from plait.train.resume_sources import plain_state
 from plait.train.step import Step
 from plait.train.straggler import Straggler
 from plait.train.workload import LossFn, Workload
@@ -233,8 +235,9 @@ class RankRun:
             assert c.out is not None
             if self.step.sharded_checkpoints:
                 state = self.step.load_checkpoint(c.out)
-            else:
-                state = checkpoint.load(c.out)
+            else:  # checkpoint.pt, or a mesh or DCP checkpoint put back together
+                model, optimizer = (getattr(self.step, a, None) for a in ("model", "optimizer"))
+                state = plain_state(c.out, model, optimizer)
             checkpoint.check_matches(state, self.options, c.out)
             if not self.step.sharded_checkpoints:
                 self.step.load_state_dict(state)
@@ -247,7 +250,7 @@ class RankRun:
 
     def announce(self) -> None:
         c, d = self.config, self.work.data
-        resumed = str(checkpoint.path(self.out)) if c.checkpoint.resume and self.out else None
+        resumed = str(committed(self.out)) if c.checkpoint.resume and self.out else None
         self.say("start", {
             "model": self.work.name, "parameters": self.step.parameters, "data": d.name,
             "num_train": d.num_train, "num_val": d.num_val, "unit": self.unit,
@@ -274,7 +277,7 @@ class RankRun:
         self.pending.clear()
         for i, value in enumerate(values):
             if not math.isfinite(value):
-                where = str(checkpoint.path(self.out)) if self.out else None
+                where = str(committed(self.out)) if self.out else None
                 raise NonFiniteLossError(step - len(values) + 1 + i, value, where,
                                          self.saved_step)  # fmt: skip
         self.losses.extend(values)
@@ -340,6 +343,7 @@ class RankRun:
             by_rank = self.step.rank_states()  # (a collective)
             if self.step.rank == 0:
                 checkpoint.save(self.out, {**common, **self.step.state_dict(), **by_rank})
+                retire_manifest(self.out)  # (the one this run resumed from, if any)
         self.saved_step = step
 
     def data_position(self, step: int) -> dict[str, int]:

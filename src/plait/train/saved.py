@@ -20,15 +20,15 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
-from plait.sharded import storage
-from plait.sharded.filenames import MANIFEST
+from plait.sharded import mesh_checkpoint, storage
 from plait.sharded.storage import sha256, write
+from plait.train import resumable
 from plait.train.errors import CheckpointError
 from plait.train.outdir import checkpoint_path
 
@@ -123,11 +123,11 @@ def why_unreadable(path: Path) -> str | None:
     return None
 
 
-def read(directory: str | os.PathLike[str], sharded: bool | None = None) -> dict[str, Any]:
+def read(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The checkpoint in `directory` checked whole, and what its run saved besides the
     weights: the options, the step, the losses and evaluations (plain: the checkpoint
-    without "model" and "optim"; sharded: rank 0's common part). `sharded`: which kind to
-    read (a --zero run's, or not); None: the one there.
+    without "model" and "optim"; sharded and mesh: rank 0's common part), of the kind
+    there (resumable.kind_of; a DCP directory holds no run's options: not read here).
 
     Raises:
         CheckpointError: no checkpoint there, or a missing, truncated or corrupt file
@@ -135,8 +135,11 @@ def read(directory: str | os.PathLike[str], sharded: bool | None = None) -> dict
     """
     folder = Path(directory)
     plain = checkpoint_path(folder)
-    if sharded or (sharded is None and not plain.is_file() and (folder / MANIFEST).is_file()):
+    kind = resumable.kind_of(folder)
+    if kind == "sharded":
         return _read_sharded(folder)
+    if kind == "mesh":
+        return _read_mesh(folder)
     check_plain(plain)
     try:  # mmap: the tensors are mapped, not read; only the small values are
         state = torch.load(plain, map_location="cpu", weights_only=True, mmap=True)
@@ -152,11 +155,24 @@ def _read_sharded(folder: Path) -> dict[str, Any]:
     0's common part read."""
     m = storage.read_manifest(folder)
     files = storage.SavedFiles(m, verify=True)  # every file present at its size
-    for stored in m.ranks:
-        path = m.file(stored)
-        if sha256(path) != stored.sha256:
-            raise CheckpointError(
-                f"{path} is corrupt: its sha256 is not the one {m.path} records (the file "
-                "changed after it was written)"
-            )
+    _check_sums(files, (*m.ranks, m.common))
     return files.common()
+
+
+def _read_mesh(folder: Path) -> dict[str, Any]:
+    """The same for a mesh checkpoint (--pp/--tp)."""
+    m = mesh_checkpoint.read_manifest(folder)
+    files = mesh_checkpoint.MeshFiles(m, verify=True)
+    _check_sums(files, (*(s for g in m.groups for s in g.files), m.common))
+    return files.common()
+
+
+def _check_sums(files: storage.CheckedFiles, stored: Iterable[storage.Stored]) -> None:
+    """Every file of `stored` against the sha256 its manifest records."""
+    for each in stored:
+        path = files.file(each)
+        if sha256(path) != each.sha256:
+            raise CheckpointError(
+                f"{path} is corrupt: its sha256 is not the one {files.manifest} records (the "
+                "file changed after it was written)"
+            )

@@ -4,7 +4,8 @@
 
 - DIR/checkpoint.pt, a plain one (`plait.train.checkpoint`): {"model": state_dict,
   "options": the run's options, "step", "evals", ...};
-- DIR/checkpoint.json and its rank files, a sharded one (`--zero`: `plait.sharded.checkpoint`):
+- DIR/checkpoint.json and its rank files, a sharded one (`--zero`: `plait.sharded.checkpoint`;
+  on a mesh, `--pp`/`--tp`: `plait.sharded.mesh_checkpoint`):
   the parameters in shards, consolidated here into one state_dict; the options, the buffers
   and the evaluations are in rank 0's `common` file.
 
@@ -106,10 +107,14 @@ def load_run(directory: str | os.PathLike[str], workload: Workload | None = None
 
 
 def _consolidated(where: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """A sharded checkpoint's weights as one state_dict, and rank 0's common part."""
+    """A sharded or mesh checkpoint's weights as one state_dict, and rank 0's common part."""
     from plait.sharded import checkpoint as sharded_checkpoint
-    from plait.sharded import storage
+    from plait.sharded import mesh_checkpoint, storage
+    from plait.train.resumable import kind_of
 
+    if kind_of(where) == "mesh":
+        parts = mesh_checkpoint.MeshFiles(mesh_checkpoint.read_manifest(where), verify=False)
+        return mesh_checkpoint.consolidate(where), parts.common()
     weights = sharded_checkpoint.consolidate(where)
     files = storage.SavedFiles(sharded_checkpoint.read_manifest(where), verify=False)
     return weights, files.common()
