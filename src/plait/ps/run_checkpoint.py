@@ -17,7 +17,7 @@ parameters (name, shape, dtype: the model's identity), every key's server and se
 
 Saving generation g + 1 (g: the manifest's, 0 without one) never touches generation g's
 files: worker 0 asks every server to `save` (server.py), each writes its file atomically
-(ps/checkpoint.py's write_atomic) and a `.sum` sidecar; worker 0 writes the common file the
+(plait/files.py's write_summed: a `.sum` sidecar beside it); worker 0 writes the common file the
 same way, then the manifest from the sidecars (os.replace: the commit), then deletes older
 generations and leftovers. A crash before the commit leaves generation g whole.
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -43,7 +42,8 @@ from typing import Any
 import torch
 
 from plait.errors import CheckpointError
-from plait.ps.checkpoint import write_atomic
+from plait.files import Stored, sha256, summed, write
+from plait.files import write_summed as write_file_summed
 from plait.ps.consistency import Consistency
 from plait.ps.optim import SliceOptimizer
 from plait.ps.run_files import (
@@ -56,16 +56,6 @@ from plait.ps.run_files import (
 from plait.ps.sharding import Key, ParamSpec, Plan, Segment, scatter, specs_from_json, specs_to_json
 
 FORMAT = 1
-CHUNK = 1 << 22  # bytes hashed at a time
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One file of a checkpoint as the manifest records it."""
-
-    name: str
-    bytes: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -99,11 +89,9 @@ def write_summed(path: Path, state: Any) -> None:
     """torch.save `state` to `path` atomically, then its size and sha256 to `path`.sum."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(str(path), state)
-        record = json.dumps({"bytes": path.stat().st_size, "sha256": sha256(path)})
-        _write_text(path.with_name(path.name + ".sum"), record)
     except OSError as e:
         raise CheckpointError(f"writing {path} failed: {e}") from e
+    write_file_summed(path, lambda f: torch.save(state, f))
 
 
 def save_server(
@@ -186,7 +174,7 @@ def commit(directory: str | os.PathLike[str], generation: int, step: int, plan: 
         "files": [vars(f) for f in files], "common": vars(common),
     }  # fmt: skip
     path = folder / MANIFEST
-    _write_text(path, json.dumps(manifest, indent=1))
+    write(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     keep = {*names, common.name}
     for p in folder.iterdir():  # older generations, their sidecars, dead saves' temporaries
         m = GENERATION_FILE.match(p.name)
@@ -333,43 +321,10 @@ def consolidate(
 
 
 # ------------------------------------------------------------------------------ files
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (a temporary file beside it, then a rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise CheckpointError(f"writing {path} failed: {e}") from e
-
-
 def _summed(path: Path) -> Stored:
     """The record `write_summed` left beside `path`, checked against the file's size."""
-    try:
-        record = json.loads(path.with_name(path.name + ".sum").read_text())
-        stored = Stored(path.name, int(record["bytes"]), str(record["sha256"]))
-        size = path.stat().st_size
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(
-            f"cannot commit {path.parent / MANIFEST}: {path} or its .sum is missing or "
-            f"unreadable ({e}); every server must have saved before worker 0 commits"
-        ) from e
-    if size != stored.bytes:
-        raise CheckpointError(f"cannot commit: {path} has {size} bytes, {stored.bytes} written")
-    return stored
+    writers = "every server must have saved before worker 0 commits"
+    return summed(path, path.parent / MANIFEST, writers)
 
 
 def _loaded(like: SliceOptimizer, state: dict[str, torch.Tensor]) -> SliceOptimizer:

@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+from plait import files
 from plait.errors import CheckpointError
 
 MANIFEST = "ps-checkpoint.json"  # written last: what commits a checkpoint
@@ -35,19 +36,8 @@ def check_file(manifest: Path, name: str, size: int) -> Path:
     Raises:
         CheckpointError: naming the file, missing or of another size.
     """
-    path = manifest.parent / name
-    if not path.is_file():
-        raise CheckpointError(
-            f"checkpoint {manifest} names {path}, which is missing: the checkpoint is "
-            "incomplete (a file was deleted, or not copied with the others)"
-        )
-    have = path.stat().st_size
-    if have != size:
-        raise CheckpointError(
-            f"{path} has {have} bytes; {manifest} says {size}: the file is "
-            f"{'truncated' if have < size else 'not the one written'}"
-        )
-    return path
+    files.check_present(manifest, [(name, size)])
+    return manifest.parent / name
 
 
 def check_present(directory: str) -> None:

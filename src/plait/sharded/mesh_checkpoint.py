@@ -44,10 +44,10 @@ from typing import Any
 import torch
 
 from plait.errors import CheckpointError
+from plait.files import Stored, write
 from plait.sharded import filenames, storage
 from plait.sharded.filenames import MANIFEST
 from plait.sharded.layout import Entry, Layout, Unit
-from plait.sharded.storage import Stored
 
 FORMAT = 1
 KIND = "mesh"
@@ -215,7 +215,7 @@ def commit(
         "groups": groups, "common": vars(common),
     }  # fmt: skip
     path = folder / MANIFEST
-    storage.write(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    write(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     keep = {common.name, *(s["name"] for g in groups for s in g["files"])}
     storage.prune(folder, generation, keep)
     plain = folder / filenames.PLAIN  # this run went on from it: the manifest is the newer

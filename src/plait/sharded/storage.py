@@ -8,34 +8,23 @@ described in checkpoint.py, which is all that uses this module.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 
+from plait import files
 from plait.errors import CheckpointError
+from plait.files import Stored, check_present, sha256
 from plait.sharded.filenames import GENERATION_FILE, MANIFEST, PLAIN
 from plait.sharded.layout import Layout
-from plait.sharded.present import check_present
 
 FORMAT = 1
 T = TypeVar("T")
-CHUNK = 1 << 22  # bytes hashed at a time: the whole file never sits in memory
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One file of a checkpoint as the manifest records it."""
-
-    name: str
-    bytes: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -256,76 +245,12 @@ def prune(folder: Path, generation: int, keep: set[str]) -> None:
                 p.unlink()
 
 
-class _Hashing:
-    """A binary file that counts and hashes what is written through it (torch.save writes)."""
-
-    def __init__(self, f: IO[bytes]) -> None:
-        self.f, self.size, self.sha256 = f, 0, hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self.sha256.update(data)
-        self.size += memoryview(data).nbytes
-        return self.f.write(data)
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
-def write(path: Path, fill: Callable[[Any], object]) -> tuple[int, str]:
-    """Write `path` atomically: `fill(f)` writes to a temporary file in the same directory,
-    which is fsync'ed and renamed over `path`. Returns (bytes written, their sha256)."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise CheckpointError(f"cannot write {path}: {e}") from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            out = _Hashing(f)
-            fill(out)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise CheckpointError(f"writing {path} failed: {e}") from e
-        raise
-    with contextlib.suppress(OSError):  # the rename itself survives a power cut
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return out.size, out.sha256.hexdigest()
-
-
 def write_summed(path: Path, state: Any) -> None:
     """torch.save `state` to `path`, then its size and sha256 to the sidecar `path`.sum."""
-    size, digest = write(path, lambda f: torch.save(state, f))
-    record = json.dumps({"bytes": size, "sha256": digest}).encode()
-    write(path.with_name(path.name + ".sum"), lambda f: f.write(record))
+    files.write_summed(path, lambda f: torch.save(state, f))
 
 
 def summed(path: Path) -> Stored:
     """The record of a file `write_summed` wrote, checked against the file's size."""
-    try:
-        record = json.loads(path.with_name(path.name + ".sum").read_text())
-        stored = Stored(path.name, int(record["bytes"]), str(record["sha256"]))
-        size = path.stat().st_size
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(
-            f"cannot commit {path.parent / MANIFEST}: {path} or its .sum is missing or "
-            f"unreadable ({e}); every rank must finish save_rank() before rank 0 commits"
-        ) from e
-    if size != stored.bytes:
-        raise CheckpointError(f"cannot commit: {path} has {size} bytes, {stored.bytes} written")
-    return stored
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    writers = "every rank must finish save_rank() before rank 0 commits"
+    return files.summed(path, path.parent / MANIFEST, writers)

@@ -19,8 +19,9 @@ import json
 import os
 from pathlib import Path
 
+from plait.files import check_present
 from plait.sharded.filenames import DCP_METADATA, GENERATION_FILE, MANIFEST, PLAIN
-from plait.sharded.present import check_present, named_files
+from plait.sharded.present import named_files
 from plait.train.outdir import check_resumable
 
 

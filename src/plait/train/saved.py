@@ -26,8 +26,8 @@ from typing import IO, Any
 
 import torch
 
+from plait.files import Stored, sha256, write
 from plait.sharded import mesh_checkpoint, storage
-from plait.sharded.storage import sha256, write
 from plait.train import resumable
 from plait.train.errors import CheckpointError
 from plait.train.outdir import checkpoint_path
@@ -167,7 +167,7 @@ def _read_mesh(folder: Path) -> dict[str, Any]:
     return files.common()
 
 
-def _check_sums(files: storage.CheckedFiles, stored: Iterable[storage.Stored]) -> None:
+def _check_sums(files: storage.CheckedFiles, stored: Iterable[Stored]) -> None:
     """Every file of `stored` against the sha256 its manifest records."""
     for each in stored:
         path = files.file(each)
