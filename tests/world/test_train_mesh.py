@@ -121,6 +121,23 @@ def _norms(comm: Communicator, max_norm: float) -> list[tuple[float, float]]:
     return found
 
 
+def _one_block_a_stage(comm: Communicator) -> list[tuple[float | None, float]]:
+    """gpt-small on dp 2 x pp 2, unsharded then --zero 3: each step's loss (None off the last
+    stage) and gradient norm. A stage holds one block, so ZeRO's only unit there is the root
+    (no repeated blocks), and 1F1B runs the first stage's second forward before its first
+    backward: that backward, inside no_sync, must leave the root gathered for the next."""
+    work = workloads.build("gpt-small", 8, 0, 1, seed=0, data="synthetic")
+    x, y = work.batch(0)
+    found = []
+    for zero in (0, 3):
+        mesh = Mesh(dp=2, pp=2, comm=comm)
+        model = MeshModel(work.model(), mesh, chunks=4, schedule="1f1b", zero=zero)
+        d = mesh.coords["dp"]
+        loss = model.step(x[d * 4 : (d + 1) * 4], y[d * 4 : (d + 1) * 4], work.loss)
+        found.append((None if loss is None else float(loss), float(model.clip(float("inf")))))
+    return found
+
+
 CLIP = 0.05
 # saved at dp 2 x pp 2 with --zero 1 (ZERO[0]) after step 2 of 3, resumed for step 3 at
 # each of these shapes (dp 4: plain DataParallel reads the mesh checkpoint; zero3: ZeRO
@@ -158,6 +175,7 @@ def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
         "norms": _norms(comm, CLIP),
         "zero": [_train(comm, {**GPT, **options}) for _, options in ZERO],
         "sharded_reductions": _sharded_reductions_per_step(comm),
+        "one_block": _one_block_a_stage(comm),
         "resumed": _resumed(comm, tmp),
     }
 
@@ -253,6 +271,18 @@ def test_zero_on_a_mesh_reduces_each_unit_once_per_step(four_ranks: list[dict[st
     for r in four_ranks:
         per_step, units = r["sharded_reductions"]
         assert per_step == [units, units]  # 4 micro-batches, one reduce-scatter of each unit
+
+
+@pytest.mark.timeout(360)
+def test_zero_3_with_one_block_a_stage_trains_like_unsharded(
+    four_ranks: list[dict[str, Any]],
+) -> None:
+    """The root unit stays gathered from one micro-batch's backward to the next (it failed
+    in the second: `setStorage: ... out of bounds for storage of size 0`)."""
+    for r in four_ranks:
+        (loss, norm), (zero_loss, zero_norm) = r["one_block"]
+        assert zero_loss == pytest.approx(loss, rel=1e-6) if loss is not None else zero_loss is None
+        assert zero_norm == pytest.approx(norm, rel=1e-5)
 
 
 @pytest.mark.timeout(360)

@@ -295,7 +295,7 @@ class ShardedDataParallel(nn.Module):
             if sync:
                 self._grads.drain()
                 self._gathers.stale = self.stage < 3
-            self._gathers.free_all()
+            self._gathers.free_all(keep_root=not sync)
             if missing and sync and not self.find_unused_parameters:
                 raise UnusedParametersError(
                     f"{len(missing)} parameter(s) got no gradient on rank {self.comm.rank} in "
