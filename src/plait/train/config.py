@@ -141,6 +141,7 @@ class TrainConfig:
         self._check_elastic()
         self.compute.check(tp=self.mesh.tp, zero=self.zero)
         self.row.check_compute(self.compute)
+        self._check_wire()
         self._check_checkpoints()
         steps = self.steps
         self.checkpoint = self.checkpoint.filled(steps)
@@ -387,6 +388,16 @@ class TrainConfig:
         if self.checkpoint.out is None and not self.checkpoint.resume:
             return
         self.row.check_checkpoints()
+
+    def _check_wire(self) -> None:
+        """--compression/--reduce-dtype need data-parallel ranks that average a gradient
+        (an elastic run may grow to several)."""
+        elastic = self.elastic.elastic and (self.elastic.max_workers or 1) > 1
+        if self.compute.wire != "none" and self.mesh.dp == 1 and not elastic:
+            raise ConfigError(
+                f"{self.compute.wire_option()} changes nothing at dp 1: no data-parallel ranks "
+                "average a gradient; leave it out, or give more --workers (--dp)"
+            )
 
 
 def check_given(options: dict[str, Any]) -> None:
