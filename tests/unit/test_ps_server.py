@@ -95,6 +95,16 @@ def test_ssp_holds_a_pull_beyond_the_bound_until_the_slowest_catches_up() -> Non
     assert _value(replies[1]) == ([-1.5] * 4, 3)
 
 
+def test_ssp_does_not_wait_for_a_worker_that_pushes_no_more() -> None:
+    """Worker 0 out of slices (staying to report) holds no one back: counting its clock,
+    `plait train --ps-mode ssp` hung when a faster worker had claimed every slice left."""
+    server = _server(2, mode="ssp", staleness=0)
+    assert server.handle("w1", _push(1, 2, 1, [1, 1, 1, 1], 0), 0.1) == []  # (0, 1): 1 > 0
+    replies = server.handle("w0", Message("hb", 7, 0, meta={"idle": True}), 0.2)
+    assert _summary(replies) == [("w0", "ok", 7), ("w1", "ok", 2)]
+    assert _value(replies[1]) == ([-0.5] * 4, 1)
+
+
 def test_stale_push_is_dropped_beyond_the_bound() -> None:
     server = _server(2, mode="async", stale_policy="drop", drop_bound=0)
     server.handle("w0", _push(0, 2, 1, [1, 1, 1, 1], 0), 0.1)

@@ -31,6 +31,7 @@ from plait.train.config import TrainConfig
 from plait.train.data.sampler import GlobalBatchSampler
 from plait.train.evaluate import evaluate_alone
 from plait.train.loop import train
+from plait.train.steps.ps import KEY, ParameterServerStep
 from plait.train.trained import load_run
 from support.ps_world import authenticate, run_ps_world
 
@@ -275,6 +276,31 @@ def test_plait_train_ssp_and_async_share_the_slices_out(mode: str, tmp_path: Pat
         evaluate_alone(trained.model, trained.workload, torch.device("cpu")) == data["eval_value"]
     )
     # (a resume's plumbing is sync's, below; the slices it claims: tests/unit/test_train_ps.py)
+
+
+def _late_job(role: ps.Role, options: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """_train_job, worker 0 claiming its first slice only once worker 1 has claimed them all
+    (as when worker 0 is still compiling, --compile)."""
+    original = ParameterServerStep.slices
+
+    def late(step: ParameterServerStep, first: int, steps: int) -> Any:
+        deadline = time.monotonic() + 30
+        while step.rank == 0 and time.monotonic() < deadline:
+            if int(step.store.add(KEY + "claimed", 0)) >= steps * step.world_size:
+                break
+            time.sleep(0.01)
+        return original(step, first, steps)
+
+    with mock.patch.object(ParameterServerStep, "slices", late):
+        return _train_job(role, options)
+
+
+def test_plait_train_ssp_ends_when_worker_0_claims_no_slice() -> None:
+    """Worker 1 claims both slices, the second before its first pull, which tau 0 holds
+    until worker 0's clock moves: worker 0, out of slices, says it pushes no more (it hung)."""
+    options = {"ps_mode": "ssp", "staleness": 0, "steps": 1, "eval_every": 0}
+    (data, _), _ = run_ps_world(2, 1, _late_job, options, env={**CPU, "PLAIT_TIMEOUT": "10"})
+    assert data["applied_gradients"] == 2 and data["worker_steps"] == 0
 
 
 def test_plait_train_priority_and_a_resumed_run_give_fifos_losses(tmp_path: Path) -> None:

@@ -281,6 +281,11 @@ class Client:
             ],
         }
 
+    def idle(self) -> None:
+        """Tell every server this worker pushes no more but stays to pull (ssp: the others'
+        pulls stop waiting for its clock)."""
+        self._submit("hb", lambda s: [], writes=False, meta={"idle": True}).wait()
+
     def close(self) -> None:
         """Say goodbye to every server (after reading the final stats)."""
         if self._final_stats is not None:

@@ -13,11 +13,13 @@ Definitions (one server's view; every server keeps its own):
                 their staleness is 0. This is Zhang et al.'s staleness; the stale policies use
                 it. In ssp it is NOT bounded by tau: with W workers, up to (W-1)(2 tau + 1)
                 other gradients can be applied while one is computed (tau = 0, W = 2: 1).
-  clock staleness  of a gradient: clock(w) - min(clock of live workers) when w's pull that
-                gave the values it was computed from was answered. This is SSP's (Ho et al.
-                2013) quantity, the one the gate bounds: in ssp it is always <= tau.
+  clock staleness  of a gradient: clock(w) - min(clock of live workers but the idle) when
+                w's pull that gave the values it was computed from was answered. This is
+                SSP's (Ho et al. 2013) quantity, the one the gate bounds: in ssp always <= tau.
   live workers  the workers that are neither done (said goodbye) nor dead (silent for
                 worker_timeout_s; a worker never heard from gets a startup grace too).
+  idle          a live worker that said it pushes no more (ssp: worker 0 out of slices,
+                staying to pull and report): the SSP gate does not wait for its clock.
   round c       (sync) the pushes with clock c, averaged into one update; its members are
                 the live workers admitted from round c or before (`first`).
 
@@ -27,8 +29,8 @@ Modes:
           member's). A worker's pull waits until no round holds its gradient.
   async   a push is applied at once (after the stale policy); a pull is answered at once.
   ssp     like async, but the pull of worker w waits until clock(w) - min(clock of live
-          workers) <= tau. tau = 0 is lockstep progress like sync, but each gradient is still
-          applied on its own (not averaged).
+          workers but the idle) <= tau. tau = 0 is lockstep progress like sync, but each
+          gradient is still applied on its own (not averaged).
   warm start (async/ssp): a push with clock <= warm_start_steps joins a sync round and a
           pull at clock <= warm_start_steps uses the sync rule.
 
@@ -136,6 +138,7 @@ class Consistency:
         self.version = {k: 0 for k in keys}
         self.stats = Stats()
         self.pull_gap = [0] * num_workers  # clock staleness of each worker's last pull
+        self.idle: set[int] = set()  # live workers that push no more (`pushes_no_more`)
         # the open sync round: summed gradients, its members and their learning rates
         self.round_sum: dict[int, torch.Tensor] = {}
         self.round_lr: dict[int, float] = {}
@@ -160,6 +163,16 @@ class Consistency:
 
     def live(self) -> list[int]:
         return [w for w in range(self.num_workers) if self.status[w] == LIVE]
+
+    def pushes_no_more(self, worker: int) -> None:
+        """Worker has no slice left to train but stays live (to pull and report): its clock
+        holds no one back any more. (Counting it, a worker more than tau ahead waited for
+        ever: the slices it had claimed were all that were left.)"""
+        self.idle.add(worker)
+
+    def pacing(self) -> list[int]:
+        """The live workers whose clocks the SSP gate bounds the others by: not the idle."""
+        return [w for w in self.live() if w not in self.idle]
 
     def finished(self) -> bool:
         """Every worker is done or dead: the server may exit."""
@@ -279,8 +292,7 @@ class Consistency:
     # -- pulls ----------------------------------------------------------------------------
     def answered(self, worker: int) -> None:
         """Worker's pull was answered: remember its clock staleness for its next gradient."""
-        live = self.live()
-        slowest = min((self.clock[w] for w in live), default=self.clock[worker])
+        slowest = min((self.clock[w] for w in self.pacing()), default=self.clock[worker])
         self.pull_gap[worker] = max(0, self.clock[worker] - slowest)
 
     def pull_ready(self, worker: int) -> bool:
@@ -292,8 +304,7 @@ class Consistency:
         c = self.clock[worker]
         if self.cfg.mode != "ssp" or self.in_sync_phase(c):
             return True
-        live = self.live()
-        slowest = min((self.clock[w] for w in live), default=c)
+        slowest = min((self.clock[w] for w in self.pacing()), default=c)
         return c - slowest <= self.cfg.staleness
 
     def stats_meta(self) -> dict[str, Any]:

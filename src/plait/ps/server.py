@@ -308,6 +308,8 @@ class Server:
         pushing = msg.op in ("push", "push_pull")  # a push's clock counts once it is accepted
         self.cons.heard(w, self.now, 0 if pushing else msg.clock)
         if msg.op == "hb":
+            if msg.meta.get("idle"):  # Client.idle: it pushes no more
+                self.cons.pushes_no_more(w)
             self.send(origin, Message("ok", msg.rid, -1))
         elif msg.op == "stats":
             self.send(origin, Message("ok", msg.rid, -1, meta=self.stats_meta()))

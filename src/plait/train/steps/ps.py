@@ -200,6 +200,9 @@ class ParameterServerStep(Step):
         self.store.add(KEY + "finished", 1)
         if self.rank != 0:
             return
+        if self.ps.mode == "ssp":  # out of slices, it pushes no more: a worker more than tau
+            # ahead must not wait for its clock (the slices left may be all that one's)
+            self.client.idle()
         timeout_s = env.get("PLAIT_TIMEOUT")  # the others are live: as long as a collective
         deadline = time.monotonic() + timeout_s
         while (finished := int(self.store.add(KEY + "finished", 0))) < self.world_size:
