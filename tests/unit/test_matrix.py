@@ -73,3 +73,23 @@ def test_the_matrix_page_and_the_readme_row_are_generated() -> None:
         "README.md's row of the matrix is out of date: replace it with the output of "
         f"`{matrix_page.COMMAND} --readme`"
     )
+
+
+def test_the_benchmark_runs_a_cell_with_its_references_and_says_each_result() -> None:
+    from plait.bench.matrix.config import MatrixBenchConfig
+    from plait.bench.matrix.job import selected
+    from plait.bench.matrix.tables import line, report
+    from plait.bench.matrix.verdicts import trained
+
+    chosen = [c.name for c in selected(MatrixBenchConfig(only="dp2 pp2 + zb-h1 + bf16"))]
+    # with its references (the schedule dropped: the tighter tolerance), each one first
+    assert chosen == ["dp4", "dp2 pp2", "dp2 pp2 + bf16", "dp2 pp2 + zb-h1 + bf16"]
+    by = {c.name: c for c in CELLS}
+    losses = {"dp4": [3.0, 2.5, 2.0]}
+    ok = trained(by["dp4 + zero 1"], [3.0, 2.5, 2.00001], None, losses, 0.5)
+    bad = trained(by["dp4 + zero 2"], None, "RuntimeError: no", losses, 0.5)
+    assert ok["ok"] and not bad["ok"] and losses["dp4 + zero 1"] == [3.0, 2.5, 2.00001]
+    assert line(ok, 1, 2).startswith("[1/2] dp4 + zero 1: trains (ok), 1.00e-05 from dp4")
+    assert "fails (DISAGREES): RuntimeError: no" in line(bad, 2, 2)
+    done = report({"cells": [ok, bad], "wall_s": 1.0}, MatrixBenchConfig())
+    assert done.status == 1

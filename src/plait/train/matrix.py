@@ -265,8 +265,17 @@ REFUSED: list[Refused] = [
 ]  # fmt: skip
 
 # Cells the config accepts but whose run fails today (defects, named): a run that starts to
-# pass fails the test until its line goes.
-BROKEN: dict[str, str] = {}
+# pass fails `plait bench matrix` until its line goes.
+ZERO3_ONE_BLOCK = (
+    "--zero 3 with --pp when a stage holds one block: the unit freed after the first "
+    "micro-batch's backward is not gathered again for the next ('setStorage: ... storage of "
+    "size 0'; gpt, 2 blocks a stage, trains)"
+)
+BROKEN: dict[str, str] = {
+    name: ZERO3_ONE_BLOCK
+    for name in ("dp2 pp2 + zero 3", "dp2 pp2 + zero 3 + bf16", "dp2 pp2 + zero 3 + fp16",
+                 "dp2 pp2 + zero 3 + ac", "dp2 pp2 + gpipe + zero 3")
+}  # fmt: skip
 
 
 def verdict(cell: Cell) -> Refused | None:
@@ -310,6 +319,7 @@ class Tally:
 
     trains: int = 0
     refused: int = 0
+    broken: int = 0  # accepted, but their run fails (BROKEN)
     by_rule: dict[str, int] = field(default_factory=dict)
 
 
@@ -318,7 +328,10 @@ def tally(found: Sequence[Cell] | None = None) -> Tally:
     for c in cells() if found is None else found:
         rule = verdict(c)
         if rule is None:
-            t.trains += 1
+            if c.name in BROKEN:
+                t.broken += 1
+            else:
+                t.trains += 1
         else:
             t.refused += 1
             t.by_rule[rule.name] = t.by_rule.get(rule.name, 0) + 1

@@ -15,6 +15,7 @@ from plait.train import matrix
 from plait.train.matrix import BASES, OPTIONS, PAIRS, REFUSED, Cell
 
 TRAINS = "✓"
+BROKEN = "✗"
 COMMAND = "python -m plait.train.matrix_page"
 
 
@@ -28,7 +29,9 @@ def _mark(cell: Cell | None) -> str:
     if cell is None:
         return ""
     rule = matrix.verdict(cell)
-    return TRAINS if rule is None else f"R{REFUSED.index(rule) + 1}"
+    if rule is None:
+        return BROKEN if cell.name in matrix.BROKEN else TRAINS
+    return f"R{REFUSED.index(rule) + 1}"
 
 
 def _flags(options: dict[str, object]) -> str:
@@ -72,7 +75,8 @@ def markdown() -> str:
         "worker starts with a one-line reason. Every cell trains "
         f"`plait train {run}` (gpt-small: --tp splits a transformer only).",
         "",
-        f"**{len(found)} cells: {t.trains} train, {t.refused} are refused.** The source is "
+        f"**{len(found)} cells: {t.trains} train, {t.refused} are refused, {t.broken} are "
+        "accepted but fail.** The source is "
         "`src/plait/train/matrix.py`; `tests/unit/test_matrix.py` runs the real checks on "
         "every cell and fails where they disagree with it, `tests/world/test_matrix_runs.py` "
         "trains a fixed core set of cells and a sample drawn with a seed it prints "
@@ -98,7 +102,8 @@ def markdown() -> str:
         "## One option",
         "",
         f"{TRAINS}: trains like its reference; R*n*: refused by rule *n* "
-        "([below](#refused-and-why)); empty: not a cell (a schedule without --pp).",
+        f"([below](#refused-and-why)); {BROKEN}: accepted, but its run fails today "
+        "([defects](#accepted-but-failing)); empty: not a cell (a schedule without --pp).",
         "",
         *_grid(found, [(o.name, (o.name,)) for o in OPTIONS.values()]),
         "",
@@ -121,6 +126,13 @@ def markdown() -> str:
             [f"R{i}", r.name + (" (*being built*)" if r.building else ""),
              f"`{r.reason}`", str(t.by_rule.get(r.name, 0))]
             for i, r in enumerate(REFUSED, 1)]),
+        "",
+        "## Accepted, but failing",
+        "",
+        "Defects: cells the checks accept whose run fails today (`BROKEN` in the source; "
+        "`plait bench matrix` fails when one of them starts to train, until its line goes).",
+        "",
+        *_table(["cell", "why"], [[f"`{n}`", why] for n, why in matrix.BROKEN.items()]),
     ]  # fmt: skip
     return "\n".join(out) + "\n"
 
@@ -129,10 +141,12 @@ def readme_row() -> str:
     """The row of README.md's "What works today" table that the matrix makes."""
     t = matrix.tally()
     return (
-        "| What composes | `plait train`'s options together | every strategy x mesh x "
-        "option cell trains with its reference's losses or is refused in one line: "
-        f"{t.trains} cells train, {t.refused} are refused "
-        "([which, and why](docs/matrix.md#refused-and-why)) | [matrix](docs/matrix.md) |"
+        "| What composes | `plait train`'s options together | each strategy x mesh x options "
+        f"cell run: {t.trains} train with their reference cell's losses, {t.refused} are "
+        "refused in one line "
+        "([which, and why](docs/matrix.md#refused-and-why)), "
+        f"{t.broken} fail ([defects](docs/matrix.md#accepted-but-failing)) | "
+        "[matrix](docs/matrix.md) |"
     )
 
 
