@@ -39,6 +39,8 @@ def test_every_cell_is_trained_or_refused_as_the_matrix_says(
 def test_each_rule_refuses_some_cell_and_each_reference_is_a_cell_that_trains() -> None:
     tally = matrix.tally(CELLS)
     unused = [r.name for r in matrix.REFUSED if r.name not in tally.by_rule]
+    # a defect is of cells the checks accept
+    unused += [d.name for d in matrix.DEFECTS if not any(matrix.defect(c) is d for c in CELLS)]
     assert not unused, f"rules that match no cell: {unused}"
     names = {c.name for c in CELLS}
     assert len(names) == len(CELLS)  # no cell twice

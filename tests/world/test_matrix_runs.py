@@ -44,7 +44,7 @@ def _drawn(seed: int) -> list[Cell]:
     every = matrix.cells()
     by = {c.name: c for c in every}
     can = [c for c in every if matrix.verdict(c) is None and not c.ps and not c.slow
-           and c.name not in matrix.BROKEN and c.name not in CORE]  # fmt: skip
+           and matrix.defect(c) is None and c.name not in CORE]  # fmt: skip
     chosen = [by[n] for n in CORE] + random.Random(seed).sample(can, SAMPLE)
     need: set[str] = set()
     for cell in chosen:

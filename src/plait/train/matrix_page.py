@@ -15,7 +15,7 @@ from plait.train import matrix
 from plait.train.matrix import BASES, OPTIONS, PAIRS, REFUSED, Cell
 
 TRAINS = "✓"
-BROKEN = "✗"
+FAILS, IGNORED = "✗", "○"
 COMMAND = "python -m plait.train.matrix_page"
 
 
@@ -30,7 +30,8 @@ def _mark(cell: Cell | None) -> str:
         return ""
     rule = matrix.verdict(cell)
     if rule is None:
-        return BROKEN if cell.name in matrix.BROKEN else TRAINS
+        found = matrix.defect(cell)
+        return TRAINS if found is None else FAILS if found.kind == "fails" else IGNORED
     return f"R{REFUSED.index(rule) + 1}"
 
 
@@ -76,7 +77,7 @@ def markdown() -> str:
         f"`plait train {run}` (gpt-small: --tp splits a transformer only).",
         "",
         f"**{len(found)} cells: {t.trains} train, {t.refused} are refused, {t.broken} are "
-        "accepted but fail.** The source is "
+        "accepted with a defect.** The source is "
         "`src/plait/train/matrix.py`; `tests/unit/test_matrix.py` runs the real checks on "
         "every cell and fails where they disagree with it, `tests/world/test_matrix_runs.py` "
         "trains a fixed core set of cells and a sample drawn with a seed it prints "
@@ -102,8 +103,9 @@ def markdown() -> str:
         "## One option",
         "",
         f"{TRAINS}: trains like its reference; R*n*: refused by rule *n* "
-        f"([below](#refused-and-why)); {BROKEN}: accepted, but its run fails today "
-        "([defects](#accepted-but-failing)); empty: not a cell (a schedule without --pp).",
+        f"([below](#refused-and-why)); {FAILS}: accepted, but its run fails today, "
+        f"{IGNORED}: accepted, but the option changes nothing ([defects](#defects)); empty: "
+        "not a cell (a schedule without --pp).",
         "",
         *_grid(found, [(o.name, (o.name,)) for o in OPTIONS.values()]),
         "",
@@ -127,12 +129,15 @@ def markdown() -> str:
              f"`{r.reason}`", str(t.by_rule.get(r.name, 0))]
             for i, r in enumerate(REFUSED, 1)]),
         "",
-        "## Accepted, but failing",
+        "## Defects",
         "",
-        "Defects: cells the checks accept whose run fails today (`BROKEN` in the source; "
-        "`plait bench matrix` fails when one of them starts to train, until its line goes).",
+        "Cells the checks accept whose run fails, or whose option changes nothing, today "
+        "(`DEFECTS` in the source; `plait bench matrix` fails when one of them is fixed, "
+        "until its line goes).",
         "",
-        *_table(["cell", "why"], [[f"`{n}`", why] for n, why in matrix.BROKEN.items()]),
+        *_table(["defect", "", "cells", "why"], [
+            [d.name, FAILS if d.kind == "fails" else IGNORED,
+             str(sum(matrix.defect(c) is d for c in found)), d.why] for d in matrix.DEFECTS]),
     ]  # fmt: skip
     return "\n".join(out) + "\n"
 
@@ -145,7 +150,7 @@ def readme_row() -> str:
         f"cell run: {t.trains} train with their reference cell's losses, {t.refused} are "
         "refused in one line "
         "([which, and why](docs/matrix.md#refused-and-why)), "
-        f"{t.broken} fail ([defects](docs/matrix.md#accepted-but-failing)) | "
+        f"{t.broken} have a defect ([which](docs/matrix.md#defects)) | "
         "[matrix](docs/matrix.md) |"
     )
 

@@ -46,9 +46,9 @@ def trained(
         problem = matrix.judge(cell, got, reference)
         if ref is not None and reference is None:
             problem = f"its reference {ref.name} did not train"
-    broken = matrix.BROKEN.get(cell.name)
-    if broken is not None:  # a known defect: it must still fail
-        problem = None if got is None else f"listed broken ({broken}) but it trains"
+    broken = matrix.defect(cell)
+    if broken is not None and broken.kind == "fails":  # a known defect: it must still fail
+        problem = None if got is None else f"listed failing ({broken.name}) but it trains"
     found.update(problem=problem, ok=problem is None, wall_s=wall_s)
     return found
 
