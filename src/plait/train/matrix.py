@@ -253,7 +253,7 @@ REFUSED: list[Refused] = [
     Refused("--zero with --compile", lambda c: c.has("zero") and c.has("compile"),
             "--compile with --zero", building=True),
     Refused("--zero with compression", lambda c: c.has("zero") and c.has("wire"),
-            "with --zero", building=True),
+            "is not built yet (ShardedDataParallel gathers and reduces", building=True),
     Refused("--compile with --tp", lambda c: c.tp and c.has("compile"),
             "torch.compile cannot trace the tensor-parallel layers"),
     Refused("compression with --strategy ps", lambda c: c.ps and c.has("wire"),

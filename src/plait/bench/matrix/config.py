@@ -21,9 +21,9 @@ class MatrixBenchConfig:
     expected to be refused by the real checks `plait train` runs before any worker starts,
     with its one-line reason; a cell expected to train for 3 steps (a checkpoint cell
     stopped after step 2, then resumed), in one world or as a `plait train` job (--way),
-    whose losses must stay within
-    the cell's tolerance of its reference cell's (the same cell without one option). A line
-    per cell as it ends; the exit status is 1 when any cell disagrees with the matrix.
+    whose losses must stay within the cell's tolerance of its reference cell's (the same
+    cell without one option); a cell with a known defect as the matrix names it. A line per
+    cell as it ends; the exit status is 1 when any cell disagrees with the matrix.
     """
 
     only: str | None = field(
