@@ -86,9 +86,12 @@ def markdown() -> str:
         "",
         "## Bases",
         "",
-        *_table(["base", "options", "reference", "tolerance"], [
+        *_table(["base", "options", "reference", "tolerance", "losses compared"], [
             [f"`{b.name}`", _flags(b.options), f"`{b.reference}`" if b.reference else "",
-             f"{b.tolerance:g}" if b.reference else ""] for b in BASES.values()]),
+             f"{b.tolerance:g}" if b.reference else "",
+             "step by step" if b.ordered else "the last (worker 0 reports the slices it "
+             "claimed, as they come; at least this tolerance on the base)"]
+            for b in BASES.values()]),
         "",
         "## Options",
         "",

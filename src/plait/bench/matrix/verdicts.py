@@ -42,7 +42,7 @@ def trained(
         losses[cell.name] = got
         reference = losses.get(ref.name) if ref is not None else None
         if reference is not None:
-            found["diff"] = matrix.difference(got, reference)
+            found["diff"] = matrix.difference(got, reference, cell.base.ordered)
         problem = matrix.judge(cell, got, reference)
         if ref is not None and reference is None:
             problem = f"its reference {ref.name} did not train"
