@@ -43,8 +43,9 @@ class Base:
     reference: str | None = None  # the base it must train like (None: a root)
     tolerance: float = 0.0  # its losses' largest difference from the reference's
     # False: its workers claim the steps' slices as they come (--ps-mode async, ssp), so
-    # worker 0 reports a loss for each slice it claimed, of other data from run to run:
-    # runs on it are compared by their last loss, within the base's tolerance at least
+    # worker 0 reports a loss for each slice it claimed (none, if the other was quicker), of
+    # other data from run to run: runs on it are compared by their last loss, within the
+    # base's tolerance at least
     ordered: bool = True
 
 
@@ -320,7 +321,9 @@ def difference(losses: Sequence[float], reference: Sequence[float], ordered: boo
     """The largest absolute difference of two runs' losses, step by step, or of their last
     ones when not `ordered` (inf when a run has another number of steps, or none, or a
     loss that is not finite)."""
-    if not ordered and losses and reference:
+    if not ordered:  # (worker 0 may have claimed no slice: nothing to compare)
+        if not losses or not reference:
+            return 0.0
         losses, reference = losses[-1:], reference[-1:]
     if len(losses) != len(reference) or not all(map(math.isfinite, [*losses, *reference])):
         return math.inf
@@ -331,8 +334,8 @@ def judge(cell: Cell, losses: Sequence[float], reference: Sequence[float] | None
     """What is wrong with a trained cell's losses against its reference's (None: nothing)."""
     steps = RUN["steps"]
     most = steps if cell.base.ordered else steps * cell.base.options["workers"]
-    if not 1 <= len(losses) <= most or (cell.base.ordered and len(losses) != steps):
-        return f"{len(losses)} losses, not {steps if cell.base.ordered else f'1 to {most}'}"
+    if len(losses) > most or (cell.base.ordered and len(losses) != steps):
+        return f"{len(losses)} losses, not {steps if cell.base.ordered else f'0 to {most}'}"
     if not all(map(math.isfinite, losses)):
         return f"a loss that is not finite: {list(losses)}"
     if reference is None:

@@ -90,7 +90,7 @@ def markdown() -> str:
             [f"`{b.name}`", _flags(b.options), f"`{b.reference}`" if b.reference else "",
              f"{b.tolerance:g}" if b.reference else "",
              "step by step" if b.ordered else "the last (worker 0 reports the slices it "
-             "claimed, as they come; at least this tolerance on the base)"]
+             "claimed, as they come, maybe none; at least this tolerance on the base)"]
             for b in BASES.values()]),
         "",
         "## Options",
