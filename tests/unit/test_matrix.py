@@ -61,8 +61,8 @@ def test_a_cell_is_judged_against_its_reference() -> None:
     assert "ignored" in str(matrix.judge(bf16, [3.0, 2.5, 2.0], [3.0, 2.5, 2.0]))
     assert "not finite" in str(matrix.judge(bf16, [3.0, float("nan"), 2.0], None))
     assert "2 losses, not 3" in str(matrix.judge(bf16, [3.0, 2.0], None))
-    unordered = by["ps async + bf16"]  # worker 0 reports the slices it claimed: 1 to 6
-    assert matrix.judge(unordered, [4.0, 3.9, 3.8, 3.7], [4.0, 3.5, 3.4, 3.75]) is None
+    unordered = by["ps async + bf16"]  # compared by the held-out loss at the end
+    assert matrix.judge(unordered, [3.7], [3.75]) is None
     # an exact option is the one dropped, and stays exact beside a lossy one
     ckpt = by["dp4 + bf16 + checkpoint"]
     assert ckpt.reference() == (bf16, 0.0)

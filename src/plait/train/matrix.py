@@ -31,7 +31,8 @@ RUN: dict[str, Any] = {"model": "gpt-small", "data": "synthetic", "steps": 3,
                        "batch_size": 8, "eval_every": 0, "log_every": 3}  # fmt: skip
 STOP_AFTER = 2  # a checkpoint cell: stopped after this step (its checkpoint), then resumed
 MESH = 1e-4  # a mesh or ZeRO against dp alone: the same sums in another order (fp32)
-UNORDERED = 0.3  # async and ssp: the last loss of another slice, another order of updates
+UNORDERED = 0.3  # async and ssp: the held-out loss after the same updates in another order
+EVAL = " (held-out)"  # a cell's name + EVAL: its held-out loss at the end, for an unordered one
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,8 +45,8 @@ class Base:
     tolerance: float = 0.0  # its losses' largest difference from the reference's
     # False: its workers claim the steps' slices as they come (--ps-mode async, ssp), so
     # worker 0 reports a loss for each slice it claimed (none, if the other was quicker), of
-    # other data from run to run: runs on it are compared by their last loss, within the
-    # base's tolerance at least
+    # other data from run to run: runs on it are compared by the held-out loss at the end
+    # (every slice trained; `EVAL`), within the base's tolerance at least
     ordered: bool = True
 
 
@@ -298,6 +299,9 @@ DEFECTS: list[Defect] = [
            "gpt-small cut in 2 stages (one block each; gpt's 2 a stage train) fails in the "
            "second micro-batch's backward: `setStorage: ... out of bounds for storage of "
            "size 0`, a unit's parameters freed and not gathered again", "fails"),
+    Defect("--compile with --ps-mode ssp", lambda c: c.base.name == "ps ssp" and c.has(
+           "compile"), "hangs: no step in 4 minutes, every process idle (async and sync "
+           "train)", "fails"),
     Defect("compression with dp 1", lambda c: _dp1(c) and c.has("wire"),
            "no data-parallel ranks average a gradient, so --reduce-dtype and --compression "
            "change nothing: accepted and ignored (to refuse)", "ignored"),
@@ -317,14 +321,9 @@ def verdict(cell: Cell) -> Refused | None:
 
 
 # ----------------------------------------------------------------- comparing two runs
-def difference(losses: Sequence[float], reference: Sequence[float], ordered: bool = True) -> float:
-    """The largest absolute difference of two runs' losses, step by step, or of their last
-    ones when not `ordered` (inf when a run has another number of steps, or none, or a
-    loss that is not finite)."""
-    if not ordered:  # (worker 0 may have claimed no slice: nothing to compare)
-        if not losses or not reference:
-            return 0.0
-        losses, reference = losses[-1:], reference[-1:]
+def difference(losses: Sequence[float], reference: Sequence[float]) -> float:
+    """The largest absolute difference of two runs' losses, step by step (inf when a run
+    has another number of steps or a loss that is not finite)."""
     if len(losses) != len(reference) or not all(map(math.isfinite, [*losses, *reference])):
         return math.inf
     return max((abs(a - b) for a, b in zip(losses, reference, strict=True)), default=0.0)
@@ -332,16 +331,15 @@ def difference(losses: Sequence[float], reference: Sequence[float], ordered: boo
 
 def judge(cell: Cell, losses: Sequence[float], reference: Sequence[float] | None) -> str | None:
     """What is wrong with a trained cell's losses against its reference's (None: nothing)."""
-    steps = RUN["steps"]
-    most = steps if cell.base.ordered else steps * cell.base.options["workers"]
-    if len(losses) > most or (cell.base.ordered and len(losses) != steps):
-        return f"{len(losses)} losses, not {steps if cell.base.ordered else f'0 to {most}'}"
+    steps = RUN["steps"] if cell.base.ordered else 1  # (unordered: the held-out loss)
+    if len(losses) != steps:
+        return f"{len(losses)} losses, not {steps}"
     if not all(map(math.isfinite, losses)):
         return f"a loss that is not finite: {list(losses)}"
     if reference is None:
         return None
     _, tol = cell.reference()
-    diff = difference(losses, reference, cell.base.ordered)
+    diff = difference(losses, reference)
     if diff > tol:
         return f"losses {diff:.3g} from the reference's > tolerance {tol:g}"
     ref, _ = cell.reference()

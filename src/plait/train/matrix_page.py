@@ -89,8 +89,9 @@ def markdown() -> str:
         *_table(["base", "options", "reference", "tolerance", "losses compared"], [
             [f"`{b.name}`", _flags(b.options), f"`{b.reference}`" if b.reference else "",
              f"{b.tolerance:g}" if b.reference else "",
-             "step by step" if b.ordered else "the last (worker 0 reports the slices it "
-             "claimed, as they come, maybe none; at least this tolerance on the base)"]
+             "step by step" if b.ordered else "the held-out loss at the end (worker 0 "
+             "reports the slices it claimed, as they come; at least this tolerance on the "
+             "base)"]
             for b in BASES.values()]),
         "",
         "## Options",

@@ -33,16 +33,18 @@ def trained(
     losses: dict[str, list[float]],
     wall_s: float,
 ) -> dict[str, Any]:
-    """A cell that ran: `got` its losses (None: it failed, `problem` says how); `losses`
-    the cells' before it by name (the reference's among them; this one's is added)."""
+    """A cell that ran: `got` its losses, or on an unordered base its held-out loss (None:
+    it failed, `problem` says how); `losses` the cells' before it by name (and name +
+    matrix.EVAL: their held-out loss), the reference's among them; this one's is added."""
     found = _result(cell)
     ref, _ = cell.reference()
     found["got"] = "trains" if got is not None else "fails"
-    if got is not None:
-        losses[cell.name] = got
-        reference = losses.get(ref.name) if ref is not None else None
+    if got is not None:  # (an unordered cell's `got`: its held-out loss, as its references')
+        losses[cell.name if cell.base.ordered else cell.name + matrix.EVAL] = got
+        key = None if ref is None else ref.name if cell.base.ordered else ref.name + matrix.EVAL
+        reference = losses.get(key) if key is not None else None
         if reference is not None:
-            found["diff"] = matrix.difference(got, reference, cell.base.ordered)
+            found["diff"] = matrix.difference(got, reference)
         problem = matrix.judge(cell, got, reference)
         if ref is not None and reference is None:
             problem = f"its reference {ref.name} did not train"
