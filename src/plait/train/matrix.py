@@ -1,6 +1,6 @@
 """What composes in `plait train`: the cells of its option matrix and each one's expected
 verdict, one source for the test (tests/unit/test_matrix.py, tests/world/test_matrix_runs.py),
-`plait bench matrix` (every cell run) and docs/matrix.md (`python -m plait.train.matrix`).
+`plait bench matrix` (every cell run) and docs/matrix.md (train/matrix_page.py).
 
 A cell is a base (a strategy and a mesh shape: `BASES`) with up to two options on top
 (`OPTIONS`; two only for the axis pairs of `PAIRS`, where the options act on the same
@@ -10,7 +10,8 @@ stable part of the one-line reason TrainConfig gives: the first rule of `REFUSED
 matches it. The rules were read off the real checks (train/config.py and the strategies'
 rows) by running them on every cell, and the test runs them again: a cell that starts to
 train, or to be refused, fails it until its rule here changes. Each rule is one line, so a
-combination built is one line deleted.
+combination built is one line deleted. A cell the checks accept but whose run fails, or
+whose option changes nothing, is a defect, named by a rule of `DEFECTS` the same way.
 
 The model is the smallest built-in GPT (gpt-small: 2 blocks, 4 heads) on synthetic text
 (--tp splits a transformer only), 3 steps of a global batch of 8: AdamW's state acts from the
