@@ -61,6 +61,11 @@ def test_a_cell_is_judged_against_its_reference() -> None:
     assert "ignored" in str(matrix.judge(bf16, [3.0, 2.5, 2.0], [3.0, 2.5, 2.0]))
     assert "not finite" in str(matrix.judge(bf16, [3.0, float("nan"), 2.0], None))
     assert "2 losses, not 3" in str(matrix.judge(bf16, [3.0, 2.0], None))
+    # an option listed ignored (compression with dp 1) changes nothing; another one does
+    run, moved = [3.0, 2.5, 2.0], [3.0, 2.5001, 2.0]
+    assert matrix.judge(by["pp2 tp2 + powersgd"], run, run) is None
+    assert "listed ignored" in str(matrix.judge(by["pp2 tp2 + powersgd"], moved, run))
+    assert matrix.judge(by["pp2 tp2 + bf16 + powersgd"], moved, run) is None  # bf16 dropped
     unordered = by["ps async + bf16"]  # compared by the held-out loss at the end
     assert matrix.judge(unordered, [3.7], [3.75]) is None
     # an exact option is the one dropped, and stays exact beside a lossy one
