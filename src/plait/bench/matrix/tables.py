@@ -8,7 +8,7 @@ from typing import Any
 from plait.bench.matrix.config import MatrixBenchConfig
 from plait.bench.render import Line, Report, Table, ungrouped
 
-HEAD = ["base", "cells", "train", "refused", "disagree", "wall (s)"]
+HEAD = ["base", "cells", "train", "refused", "defects", "disagree", "wall (s)"]
 
 
 def line(result: dict[str, Any], i: int, n: int) -> str:
@@ -28,10 +28,10 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in cells:
         base = r["cell"].split(" + ")[0]
         row = rows.setdefault(base, {"base": base, "cells": 0, "trains": 0, "refused": 0,
-                                     "disagree": 0, "wall_s": 0.0})  # fmt: skip
+                                     "defects": 0, "disagree": 0, "wall_s": 0.0})  # fmt: skip
         row["cells"] += 1
         if r["ok"]:
-            row[r["expected"]] += 1
+            row["defects" if r.get("defect") else r["expected"]] += 1
         else:
             row["disagree"] += 1
         row["wall_s"] += r["wall_s"]
@@ -41,7 +41,8 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def report(doc: dict[str, Any], config: MatrixBenchConfig) -> Report:
     rows = summarize(doc["cells"])
     cells = [[r["base"], str(r["cells"]), str(r["trains"]), str(r["refused"]),
-              str(r["disagree"]), f"{r['wall_s']:.0f}"] for r in rows]  # fmt: skip
+              str(r["defects"]), str(r["disagree"]), f"{r['wall_s']:.0f}"]
+             for r in rows]  # fmt: skip
     table = Table("plait train's option matrix, per base (train/matrix.py)", HEAD,
                   ungrouped(cells), left="base")  # fmt: skip
     bad = [r for r in doc["cells"] if not r["ok"]]
@@ -52,9 +53,9 @@ def report(doc: dict[str, Any], config: MatrixBenchConfig) -> Report:
                            ["cell", "expected", "got", "why"], ungrouped(rows_bad),
                            left="cell"))  # fmt: skip
     n = len(doc["cells"])
-    trains = sum(r["ok"] and r["expected"] == "trains" for r in doc["cells"])
-    refused = sum(r["ok"] and r["expected"] == "refused" for r in doc["cells"])
-    parts.append(Line(f"{n} cells in {doc['wall_s']:.0f} s: {trains} train like their "
-                      f"references, {refused} refused with their reason, {len(bad)} "
-                      "disagree with the matrix", markup=False))  # fmt: skip
+    t = {k: sum(r[k] for r in rows) for k in ("trains", "refused", "defects")}
+    parts.append(Line(f"{n} cells in {doc['wall_s']:.0f} s: {t['trains']} train like their "
+                      f"references, {t['refused']} refused with their reason, {t['defects']} "
+                      f"fail or ignore an option as their defect says, {len(bad)} disagree "
+                      "with the matrix", markup=False))  # fmt: skip
     return Report(parts, markdown=[table], status=1 if bad else 0)

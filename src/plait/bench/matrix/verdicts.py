@@ -58,6 +58,7 @@ def trained(
 def _result(cell: Cell) -> dict[str, Any]:
     rule = matrix.verdict(cell)
     ref, tol = cell.reference()
+    known = matrix.defect(cell)
     return {"cell": cell.name, "expected": "trains" if rule is None else "refused",
-            "reference": ref.name if ref else None, "tolerance": tol, "diff": None,
-            "problem": None}  # fmt: skip
+            "defect": known.name if known else None, "reference": ref.name if ref else None,
+            "tolerance": tol, "diff": None, "problem": None}  # fmt: skip
