@@ -116,11 +116,11 @@ def in_world(
         where = folder / f"world{before + len(results)}"
         where.mkdir(parents=True)
         (where / "losses.json").write_text(json.dumps(losses))
-        env = {**workers.ON_CPU, "PLAIT_MATRIX_DIR": str(where), "PLAIT_TIMEOUT": WORLD_TIMEOUT,
-               "PLAIT_MATRIX_FIRST": str(before + len(results) + 1),
-               "PLAIT_MATRIX_TOTAL": str(total)}  # fmt: skip
-        code = workers.with_env(env)(workers.command("matrix", config, where / "unused",
-                                     *(c.name for c in cells)), WORLD)  # fmt: skip
+        env = {**workers.ON_CPU, "PLAIT_TIMEOUT": WORLD_TIMEOUT}
+        first = str(before + len(results) + 1)  # the number of its first line
+        cmd = workers.command("matrix", config, where / "unused", str(where), first,
+                              str(total), *(c.name for c in cells))  # fmt: skip
+        code = workers.with_env(env)(cmd, WORLD)
         written = where / ranks.RESULTS
         lines = written.read_text().splitlines() if written.exists() else []
         for text in lines:

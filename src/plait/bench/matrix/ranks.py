@@ -11,7 +11,6 @@ which cell and why in a file, and the parent starts a new world for the cells af
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -61,21 +60,21 @@ def train_cells(
     return found
 
 
-def run(config: MatrixBenchConfig, *names: str) -> None:
-    """One rank: train the cells named, in order; rank 0 prints and writes each result."""
+def run(config: MatrixBenchConfig, where: str, first: str, total: str, *names: str) -> None:
+    """One rank: train the cells named, in order, in folder `where`; rank 0 prints each
+    result's line (numbered from `first` of `total`) and writes it to RESULTS there."""
     from plait.bench.matrix.tables import line
 
     comm = init()
     by_name = {c.name: c for c in matrix.cells()}
-    folder = Path(os.environ["PLAIT_MATRIX_DIR"])
-    first, total = int(os.environ["PLAIT_MATRIX_FIRST"]), int(os.environ["PLAIT_MATRIX_TOTAL"])
+    folder = Path(where)
     losses = json.loads((folder / "losses.json").read_text())
     done: list[str] = []
 
     def show(result: dict[str, Any]) -> None:
         done.append(result["cell"])
         if comm.rank == 0:
-            print(line(result, first + len(done) - 1, total), flush=True)
+            print(line(result, int(first) + len(done) - 1, int(total)), flush=True)
             with open(folder / RESULTS, "a") as f:
                 f.write(json.dumps({**result, "losses": losses.get(result["cell"])}) + "\n")
 
