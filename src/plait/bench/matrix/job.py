@@ -133,8 +133,8 @@ def in_world(
         if code == 0 or not cells:
             break
         said = {p.read_text().split("\n", 1)[1].strip() for p in where.glob("failed-rank*.txt")}
-        first = {w for w in said if not w.startswith("PeerFailureError")}  # not its peers'
-        why = " | ".join(sorted(first or said))
+        own = {w for w in said if not w.startswith("PeerFailureError")}  # not its peers'
+        why = " | ".join(sorted(own or said))
         results.append(trained(cells[0], None, why or f"the world exited {code}", losses, 0.0))
         print(tables.line(results[-1], before + len(results), total), flush=True)
         cells = cells[1:]
