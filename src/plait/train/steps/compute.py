@@ -25,6 +25,7 @@ from torch import nn
 from plait import trace
 from plait.activations import blocks_worth_checkpointing, checkpoint_blocks
 from plait.comm.communicator import Communicator
+from plait.sharded import ShardedDataParallel
 from plait.train import compile, memory, precision
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
@@ -75,8 +76,19 @@ class Compute:
 
     def wrap(self, module: nn.Module) -> nn.Module:
         """`module` as this rank runs it: compiled (--compile), under autocast in the run's
-        precision (--precision); `module` itself, its names and state_dict, unchanged."""
-        if self.options.compile:
+        precision (--precision); `module` itself, its names and state_dict, unchanged.
+
+        A ShardedDataParallel (--zero) is compiled inside: each unit's forward on its own,
+        or the model's when it is all one root unit. Its hooks gather a unit's parameters
+        before the unit runs and reduce-scatter its gradients after, collectives no graph
+        may hold; torchtitan compiles each block under FSDP2 for the same reason. What
+        belongs to no unit (a transformer's embeddings and head) runs eager then.
+        """
+        if self.options.compile and isinstance(module, ShardedDataParallel):
+            units = [flat.module for flat in module.units if flat.module is not None]
+            for part in units or [module.module]:
+                compile_forward(part)
+        elif self.options.compile:
             module = Compiled(module)
         if self.dtype is not None:
             module = precision.Autocast(module, self.device.type, self.dtype)
@@ -175,11 +187,28 @@ class Compiled(nn.Module):
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = module
-        self.compiled = torch.compile(module.forward)  # a function: not a submodule
+        self.compiled = CompiledForward(module.forward)  # a function: not a submodule
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+
+class CompiledForward:
+    """A module's bound `forward`, compiled by torch.compile, run with identity
+    saved-tensor hooks in place of the caller's (see `Compiled`)."""
+
+    def __init__(self, forward: Any) -> None:
+        self.compiled = torch.compile(forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autograd.graph.saved_tensors_hooks(_same, _same):
             return self.compiled(*args, **kwargs)
+
+
+def compile_forward(module: nn.Module) -> None:
+    """Compile `module`'s forward in place (its hooks stay outside the graph); once."""
+    if not isinstance(module.forward, CompiledForward):
+        module.forward = CompiledForward(module.forward)  # type: ignore[method-assign]
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:
