@@ -3,10 +3,11 @@
 The backbone check: with a fixed seed, a model laid on a dp x pp x tp mesh of 4 ranks takes
 the same steps as one process on the same global batch (printed side by side), for the
 three shapes the issue names, and with the stage's model states sharded over dp (--zero)
-the same steps as without. Also the structure of its communication (one gradient
-reduction per step, not per micro-batch) and the mesh-wide gradient clipping. The --json
-figures through the real command are in tests/e2e/test_train_mesh_command.py, the
-configuration errors in tests/unit/test_train_mesh_options.py.
+the same steps as without, under every schedule (zb-h1 with its blocks checkpointed too).
+Also the structure of its communication (one gradient reduction per step, not per micro-
+batch) and the mesh-wide gradient clipping. The --json figures through the real command are
+in tests/e2e/test_train_mesh_command.py, the configuration errors in
+tests/unit/test_train_mesh_options.py.
 
 One world of 4 ranks runs every in-process check once (`battery`); rank 0 first trains
 alone, on a one-rank communicator, for the single-process reference.
@@ -83,6 +84,9 @@ ZERO = [  # (index into SHAPES of the same mesh without sharding, the sharded ru
     (0, {**SHAPES[0], "zero": 3}),
     (1, {**SHAPES[1], "zero": 2}),
     (1, {**SHAPES[1], "zero": 3}),
+    (3, {**SHAPES[3], "zero": 3}),  # interleaved: every backward in no_sync, then one pass
+    # zb-h1: B holds the reduction for W; the checkpointed blocks recompute the same numbers
+    (4, {**SHAPES[4], "zero": 3, "activation_checkpointing": True}),
 ]
 
 
