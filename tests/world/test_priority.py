@@ -158,7 +158,7 @@ def _counting_scheduled_steps(run: Any) -> tuple[Any, int]:
 
 
 # fp16 whose first steps overflow (skipped, the scale halved) until the scale has come down
-FP16 = {"precision": "fp16", "loss_scale": 2.0**24}
+FP16 = {"precision": "fp16", "loss_scale": 2.0**20}
 
 
 def equal_battery(comm: Communicator) -> dict[str, Any]:

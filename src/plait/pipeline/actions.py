@@ -30,7 +30,7 @@ from plait.comm.core.request import Request
 from plait.pipeline.p2p import recv_tensor, send_tensor
 from plait.pipeline.route import Route
 from plait.pipeline.schedule import Action
-from plait.pipeline.split import Cutter, Piece, Pieces, input_grad, leaf, weight_grad
+from plait.pipeline.split import Cutter, Piece, Pieces, close, input_grad, leaf, weight_grad
 from plait.pipeline.stats import PipeStats, Saved
 from plait.trace.recorder import Recorder
 
@@ -148,6 +148,7 @@ class StageActions:
         elif self._cutter is not None:  # split backward: cut at the layers, kept for B and W
             with stats.counting(), self._cutter.recording() as pieces:
                 y = self._call(x, act.part)
+                close(pieces, y)
                 if nxt is None and run.t_mbs is not None:
                     self._loss(act.mb, leaf(y), run, pieces)
             run.pieces[key] = pieces

@@ -83,8 +83,10 @@ class MeshModel:
                 self.module, stage=zero, comm=mesh.dp, compression=compression
             )
             self.pipe.stage = self.sharded
-        if compute is not None:  # compiled: one graph per stage (activations leave between)
-            self.pipe.stage = compute.wrap(self.pipe.stage)
+        if compute is not None:  # compiled: one graph per stage (activations leave between);
+            # zb-h1 cuts the stage at its layers with hooks: one graph per layer there
+            cut = [m for part in self.pipe.part_layers for m in part] if self.pipe.split else None
+            self.pipe.stage = compute.wrap(self.pipe.stage, cut)
         if mesh.dp.size > 1 and not zero:
             self.dp = DataParallel(self.pipe.stage, comm=mesh.dp, compression=compression)
             self.pipe.stage = self.dp

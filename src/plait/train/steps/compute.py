@@ -74,20 +74,25 @@ class Compute:
             raise ConfigError(f"--activation-checkpointing: {e}") from None
         self.blocks = checkpoint_blocks(model)
 
-    def wrap(self, module: nn.Module) -> nn.Module:
+    def wrap(self, module: nn.Module, layers: list[nn.Module] | None = None) -> nn.Module:
         """`module` as this rank runs it: compiled (--compile), under autocast in the run's
         precision (--precision); `module` itself, its names and state_dict, unchanged.
 
-        A ShardedDataParallel (--zero) is compiled inside: each unit's forward on its own,
-        or the model's when it is all one root unit. Its hooks gather a unit's parameters
-        before the unit runs and reduce-scatter its gradients after, collectives no graph
-        may hold; torchtitan compiles each block under FSDP2 for the same reason. What
-        belongs to no unit (a transformer's embeddings and head) runs eager then.
+        Compiled in pieces where hooks must stay outside every graph, each piece's forward
+        on its own (torchtitan compiles each block under FSDP2 for the same reason):
+        - a ShardedDataParallel (--zero): each unit (the model whole when it is one root
+          unit). Its hooks gather a unit's parameters before it runs and reduce-scatter its
+          gradients after, collectives no graph may hold; what belongs to no unit (a
+          transformer's embeddings and head) runs eager;
+        - `layers`: a zb-h1 stage's, whose hooks cut the graph at each layer (split.py).
         """
-        if self.options.compile and isinstance(module, ShardedDataParallel):
+        pieces = layers
+        if isinstance(module, ShardedDataParallel):
             units = [flat.module for flat in module.units if flat.module is not None]
-            for part in units or [module.module]:
-                compile_forward(part)
+            pieces = units or [module.module]
+        if self.options.compile and pieces is not None:
+            for piece in pieces:
+                compile_forward(piece)
         elif self.options.compile:
             module = Compiled(module)
         if self.dtype is not None:
