@@ -91,8 +91,8 @@ class Compute:
             units = [flat.module for flat in module.units if flat.module is not None]
             pieces = units or [module.module]
         if self.options.compile and pieces is not None:
-            for piece in pieces:
-                compile_forward(piece)
+            for piece in pieces:  # (a zb-h1 layer's backward runs twice: B keeps its graph)
+                compile_forward(piece, retain_graph=layers is not None)
         elif self.options.compile:
             module = Compiled(module)
         if self.dtype is not None:
@@ -200,9 +200,17 @@ class Compiled(nn.Module):
 
 class CompiledForward:
     """A module's bound `forward`, compiled by torch.compile, run with identity
-    saved-tensor hooks in place of the caller's (see `Compiled`)."""
+    saved-tensor hooks in place of the caller's (see `Compiled`).
 
-    def __init__(self, forward: Any) -> None:
+    `retain_graph`: its backward may run twice (zb-h1's B keeps the graph for W). AOTAutograd
+    then must not donate the saved tensors' buffers to the backward, which it does by
+    default and which raises on a retained graph. The setting is the process's, read when
+    a backward is compiled (lazily, at its first run): turned off for good here, which
+    costs the other graphs only that reuse of memory."""
+
+    def __init__(self, forward: Any, retain_graph: bool = False) -> None:
+        if retain_graph:
+            torch._functorch.config.donated_buffer = False
         self.compiled = torch.compile(forward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -210,10 +218,10 @@ class CompiledForward:
             return self.compiled(*args, **kwargs)
 
 
-def compile_forward(module: nn.Module) -> None:
+def compile_forward(module: nn.Module, retain_graph: bool = False) -> None:
     """Compile `module`'s forward in place (its hooks stay outside the graph); once."""
     if not isinstance(module.forward, CompiledForward):
-        module.forward = CompiledForward(module.forward)  # type: ignore[method-assign]
+        module.forward = CompiledForward(module.forward, retain_graph)
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:
