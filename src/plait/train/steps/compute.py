@@ -210,7 +210,9 @@ class CompiledForward:
 
     def __init__(self, forward: Any, retain_graph: bool = False) -> None:
         if retain_graph:
-            torch._functorch.config.donated_buffer = False
+            import torch._functorch.config as aot_config  # (not loaded by `import torch`)
+
+            aot_config.donated_buffer = False
         self.compiled = torch.compile(forward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
