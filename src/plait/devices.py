@@ -21,7 +21,7 @@ from plait import env
 from plait.errors import ConfigError
 
 #: What PLAIT_DEVICE and `--device` accept.
-CHOICES = ("auto", "cpu", "cuda")
+CHOICES = env.REGISTRY["PLAIT_DEVICE"].choices  # auto, cpu, cuda: one table (env.py)
 
 _job_device = torch.device("cpu")
 _local_ranks = 1

@@ -1,7 +1,11 @@
 """Every environment variable plait reads: its name, type, default and meaning, in one table.
 
 Code asks `env.get("PLAIT_TIMEOUT")` and receives the parsed value (or the default); a bad
-value is a `ValueError` naming the variable, what it needs and what it holds. Values are
+value is a `ValueError` naming the variable, what it needs and what it holds. What each
+variable accepts is declared in its row (its kind, and its choices, its least value or the
+form of its text), and `check()` tries every row at once: each plait command that starts
+workers (train, run, infer, bench) calls it first, so a bad value is one line and exit
+status 2 there rather than a traceback in every worker. Values are
 read when asked for, not cached at import, so a launcher or a test can set them for the
 process (or its children) before the code that reads them runs. `docs/environment.md` is
 generated from this table (`python -m plait.env > docs/environment.md`), and a test keeps
@@ -16,21 +20,56 @@ nothing but the standard library.
 from __future__ import annotations
 
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Var:
-    """One environment variable: `kind` parses its text; `default` is used when unset or empty."""
+    """One environment variable: `kind` parses its text; `default` is used when unset or
+    empty; `choices`, `low` and `form` say what it accepts besides its kind."""
 
     name: str
     kind: str  # "seconds", "int", "number", "flag", "text", "path"
     default: Any
     meaning: str
     group: str  # where it belongs in the docs: "communication", "launch", "test hooks", ...
+    choices: tuple[str, ...] = ()  # a text's accepted values
+    low: int | None = None  # an int's least value
+    form: tuple[str, str] | None = None  # a text's (regular expression, as people write it)
+
+    def accepts(self) -> str:
+        """What the variable accepts, as the docs' table and the errors say it."""
+        if self.choices:
+            return " or ".join(", ".join(self.choices).rsplit(", ", 1))
+        if self.form is not None:
+            return self.form[1]
+        if self.kind == "seconds":
+            return "seconds > 0"
+        if self.kind == "flag":
+            return "0 or 1"
+        if self.low is not None:
+            return f"an integer >= {self.low}"
+        return self.kind
+
+    def parse(self, raw: str) -> Any:
+        """The value of text `raw` (set and not empty).
+
+        Raises:
+            ValueError: naming the variable, what it accepts and what it holds.
+        """
+        value = _PARSE[self.kind](self.name, raw)
+        bad = (
+            (self.choices and value not in self.choices)
+            or (self.low is not None and value < self.low)
+            or (self.form is not None and re.fullmatch(self.form[0], raw) is None)
+        )
+        if bad:
+            raise ValueError(f"{self.name} must be {self.accepts()}; got {raw!r}")
+        return value
 
 
 def _seconds(name: str, raw: str) -> float:
@@ -85,20 +124,20 @@ VARIABLES: tuple[Var, ...] = (
     Var("PLAIT_ELASTIC_MAX", "int", None,
         "N: an elastic job admits joiners only while it has fewer than N members (the others "
         "wait registered until there is room); plait train --max-workers sets it",
-        "communication"),
+        "communication", low=1),
     Var("PLAIT_CHECK", "flag", True,
         "check that every rank called the same collective with matching arguments (set it "
         "alike on every rank; 0 saves one small message round per call)", "communication"),
     Var("PLAIT_DEVICE", "text", "auto",
         "the device of a job's ranks: auto (cuda:LOCAL_RANK where a GPU is visible, else cpu), "
-        "cpu or cuda; `plait train --device` sets it", "devices"),
+        "cpu or cuda; `plait train --device` sets it", "devices", choices=("auto", "cpu", "cuda")),
     Var("PLAIT_SHARE_GPU", "flag", False,
         "let several local ranks share a GPU when a host has more ranks than GPUs (rank i uses "
         "cuda:i mod GPUs); without it that is an error", "devices"),
     Var("PLAIT_CUDA_TRANSPORT", "text", "auto",
         "how CUDA tensors travel: auto (NCCL where usable, else staged), nccl, or staged "
         "(through pinned host memory over plait's engine and gloo; benchmarks compare them)",
-        "devices"),
+        "devices", choices=("auto", "nccl", "staged")),
     Var("PLAIT_SHM", "flag", True,
         "use shared memory between ranks of one host (collectives and large messages)",
         "communication"),
@@ -127,7 +166,7 @@ VARIABLES: tuple[Var, ...] = (
         "to this Chrome trace JSON file at plait.shutdown()", "tracing"),
     # launch
     Var("PLAIT_SERVERS", "int", None,
-        "how many of a job's ranks (the last ones) are parameter servers", "launch"),
+        "how many of a job's ranks (the last ones) are parameter servers", "launch", low=0),
     Var("PLAIT_NETNS_BURST", "text", "64kb",
         "scripts/netns.sh (simulated hosts): the token-bucket burst of each rate-limited "
         "link; raise it for rates far above 1gbit (read by the shell script, not by Python)",
@@ -142,19 +181,21 @@ VARIABLES: tuple[Var, ...] = (
     # test hooks
     Var("PLAIT_TRAIN_NAN_AT", "text", None,
         "STEP[:RANK]: make that rank's loss NaN at STEP (every rank's without RANK)",
-        "test hooks"),
+        "test hooks", form=(r"\d+(:\d+)?", "STEP or STEP:RANK")),
     Var("PLAIT_TRAIN_STRAGGLER", "text", None,
         "RANK:FACTOR: make one rank FACTOR times slower at every step; transient:FACTOR: "
-        "a rank drawn per step from the run's seed and the step", "test hooks"),
+        "a rank drawn per step from the run's seed and the step", "test hooks",
+        form=(r"(\d+|transient)(:[0-9.eE+]*)?", "RANK:FACTOR or transient:FACTOR")),
     Var("PLAIT_TRAIN_KILL_AT", "text", None,
         "RANK:N: that worker kills itself (SIGKILL): a parameter-server worker after its "
         "N-th push; under --elastic, the rank the launcher started as RANK (a parameter-"
-        "server worker: worker RANK), as its backward of step N begins", "test hooks"),
+        "server worker: worker RANK), as its backward of step N begins", "test hooks",
+        form=(r"\d+:\d+", "RANK:N")),
     Var("PLAIT_TRAIN_JOIN_AT", "int", None,
         "K: under --elastic, the workers wait at step K's commit until a process asks to "
         "join, and the commits before it do not ask (a join falls at a known step); with "
         "--strategy ps they wait at the start of step K until the servers have admitted a "
-        "joiner, which (given K too) asks only then: its first step is K + 1", "test hooks"),
+        "joiner, which (given K too) asks only then: its first step is K + 1", "test hooks", low=1),
     Var("PLAIT_TRAIN_SAMPLE_LOG", "text", None,
         "FILE: under --elastic, rank 0 appends a line per committed step to FILE: the step, "
         "then its sample ids (the last line of a step counts: a step is redone after a "
@@ -166,18 +207,20 @@ VARIABLES: tuple[Var, ...] = (
     Var("PLAIT_TEST_LINK", "text", None,
         "group or staged: run plait's algorithms on CPU tensors over the links CUDA tensors "
         "use (point-to-point on the gloo group, or staged copies over the engine), so CPU "
-        "tests check them; read when a communicator is made", "test hooks"),
+        "tests check them; read when a communicator is made", "test hooks",
+        choices=("group", "staged")),
     Var("PLAIT_TRAIN_STOP_AFTER", "int", None,
-        "end `plait train` after step K as if it were killed there", "test hooks"),
+        "end `plait train` after step K as if it were killed there", "test hooks", low=1),
     Var("PLAIT_TEST_MESH_DELAY", "text", None,
         "RANK:SECONDS: that rank waits before joining the engine's mesh, so the others' "
-        "listeners stay open (tests of strangers at the door)", "test hooks"),
+        "listeners stay open (tests of strangers at the door)", "test hooks",
+        form=(r"\d+:[0-9.]+", "RANK:SECONDS")),
     Var("PLAIT_DISCOVERY_PERIOD", "seconds", 1.0,
         "seconds from the end of one run of `plait run --host-discovery-script` to the next "
         "(Horovod's period is 1 s)", "test hooks"),
     Var("PLAIT_INFER_DIE", "text", None,
         "RANK:BATCHES: a `plait infer` worker kills itself (SIGKILL) after that many batches, "
-        "in the job's first attempt only", "test hooks"),
+        "in the job's first attempt only", "test hooks", form=(r"\d+:\d+", "RANK:BATCHES")),
 )  # fmt: skip
 
 REGISTRY: dict[str, Var] = {v.name: v for v in VARIABLES}
@@ -194,7 +237,17 @@ def get(name: str) -> Any:
     raw = os.environ.get(name, "")
     if raw == "":
         return var.default
-    return _PARSE[var.kind](name, raw)
+    return var.parse(raw)
+
+
+def check(environ: Mapping[str, str] | None = None) -> None:
+    """Raise ValueError for the first variable of the registry set to a value it does not
+    accept (`environ`: os.environ), naming it, what it accepts and what it holds."""
+    environ = os.environ if environ is None else environ
+    for var in VARIABLES:
+        raw = environ.get(var.name, "")
+        if raw != "":
+            var.parse(raw)
 
 
 def markdown() -> str:
@@ -204,7 +257,10 @@ def markdown() -> str:
         "",
         "Generated from `src/plait/env.py` (`python -m plait.env > docs/environment.md`); "
         "edit the table there.",
-        "Unset or empty means the default.",
+        "Unset or empty means the default. `plait train`, `plait run`, `plait infer` and "
+        "`plait bench` check every variable before any worker starts: a value outside its "
+        "column is one line and exit status 2 "
+        "(`plait train: error: PLAIT_TIMEOUT must be a number of seconds; got 'abc'`).",
     ]
     groups = list(dict.fromkeys(v.group for v in VARIABLES))
     for group in groups:
@@ -213,7 +269,7 @@ def markdown() -> str:
         for v in VARIABLES:
             if v.group == group:
                 shown = "unset" if v.default is None else _shown(v)
-                lines.append(f"| `{v.name}` | {v.kind} | {shown} | {v.meaning} |")
+                lines.append(f"| `{v.name}` | {v.accepts()} | {shown} | {v.meaning} |")
     return "\n".join(lines) + "\n"
 
 

@@ -47,7 +47,7 @@ def test_device_cuda_without_a_gpu_is_one_line_and_exit_2() -> None:
     assert "--device cpu" in lines[0] and "Traceback" not in res.stderr
     assert res.stdout == ""  # no worker was started
     bad = _plait("train", env={"PLAIT_DEVICE": "gpu"})
-    assert bad.returncode == 2 and "PLAIT_DEVICE 'gpu'" in bad.stderr
+    assert bad.returncode == 2 and "PLAIT_DEVICE must be auto, cpu or cuda; got 'gpu'" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 

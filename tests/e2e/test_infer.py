@@ -219,12 +219,12 @@ def test_data_files(runs: dict[str, Path], tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"data": "missing.pt"}, "expected val, train or a file; there is no such file"),
+        ({"data": "missing.pt"}, "train (its training samples) or a file; there is no such file"),
         ({"data": "TEXT"}, "a model that is not a language model reads a .pt file"),
         ({"data": "BAD.pt"}, "expected a tensor of inputs or a dict with 'inputs'"),
         ({"workers": 3, "pp": 2}, "workers 3 % (pp 2 * tp 1) = 1 != 0"),
         ({"quantize": "int8", "tp": 2, "workers": 2}, "the int8 layers are not tensor-parallel"),
-        ({"batch_size": 0}, "batch_size 0 < 1"),
+        ({"batch_size": 0}, "--batch-size 0 < 1"),
         ({"quantize": "int8", "device": "cuda"}, "torch's dynamic int8 layers run on the CPU"),
     ],
 )

@@ -155,6 +155,8 @@ def test_signal_to_launcher_leaves_no_process(tmp_path: Path, sig: int, code: in
             launcher.kill()
     assert launcher.returncode == code
     assert f"got {signal.Signals(sig).name}" in err
+    if sig == signal.SIGINT:  # Ctrl-C: one line, not every rank's KeyboardInterrupt traceback
+        assert err.strip() == f"plait run: got SIGINT; stopped all {n} rank(s)", err
     deadline = time.monotonic() + 5  # orphaned grandchildren are reaped by init, not us
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -26,14 +26,14 @@ importlib.util.find_spec = lambda name, *a: None if name == "sklearn" else _real
 @pytest.mark.parametrize(
     ("args", "prelude", "expect"),
     [
-        (("--batch-size", "30"), "", "batch_size 30 % workers 4 = 2 != 0"),
+        (("--batch-size", "30"), "", "--batch-size 30 % --workers 4 = 2 != 0"),
         (("--model", "resnet"), "", "invalid choice: 'resnet'"),
         (("--data", "mnist"), "", "invalid choice: 'mnist'"),
-        (("--model", "gpt", "--data", "digits"), "", "use data code or synthetic"),
+        (("--model", "gpt", "--data", "digits"), "", "use --data code or synthetic"),
         (("--steps", "many"), "", "invalid int value: 'many'"),
         ((), HIDE_SKLEARN, "pip install 'plait[digits]'"),
         (("--out", "/proc/plait-cannot-write"), "", "cannot write checkpoints to"),
-        (("--resume",), "", "resume needs out"),
+        (("--resume",), "", "--resume needs --out DIR"),
         (("--json", "/nonexistent-dir/f.json"), "", "cannot write --json"),
     ],
     ids=["batch", "model", "data", "mismatch", "int", "extra", "out", "resume", "json"],

@@ -31,6 +31,8 @@ def observed(shared_runs: SharedRuns) -> Path:
 def test_profile_writes_a_chrome_trace_per_rank(observed: Path) -> None:
     files = sorted(p.name for p in (observed / "prof").iterdir())
     assert files == ["rank0.json", "rank1.json"]
+    printed = (observed / "stdout.txt").read_text()  # one line says where they went
+    assert f"plait train: --profile wrote 2 Chrome traces to {observed / 'prof'}/" in printed
     for name in files:
         trace = json.loads((observed / "prof" / name).read_text())
         names = {e.get("name", "") for e in trace["traceEvents"]}
@@ -58,6 +60,8 @@ def test_tensorboard_scalars(observed: Path) -> None:
     assert [e.step for e in events.Scalars("train/samples_per_s")] == [2, 4, 6, 8]
     assert [e.step for e in events.Scalars("eval/held-out accuracy")] == [4, 8]
     assert len(list((observed / "tb").iterdir())) == 1  # rank 0 alone writes
+    printed = (observed / "stdout.txt").read_text()
+    assert f"plait train: --tensorboard wrote its scalars to {observed / 'tb'} " in printed
 
 
 @pytest.mark.timeout(180)

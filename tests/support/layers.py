@@ -65,7 +65,7 @@ LAYERS: list[set[str]] = [
     {"comm.transport", "comm.bootstrap"},  # the engine, shared memory; the job's start-up
     {"comm.core"},  # the vocabulary: Request, Channel, Link, Topology, ops, dtypes
     {"trace"},
-    {"devices", "options", "lazy", "sizes"},
+    {"devices", "options", "lazy", "sizes", "files"},
     {"env"},
     {"errors"},
 ]

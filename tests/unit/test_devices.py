@@ -141,7 +141,7 @@ def test_the_device_option_defaults_to_plait_device(monkeypatch: pytest.MonkeyPa
     assert TrainConfig().device.name == "cpu"
     assert TrainConfig.from_options({"device": "cuda"}).device.name == "cuda"  # given wins
     monkeypatch.setenv("PLAIT_DEVICE", "gpu")
-    with pytest.raises(ConfigError, match="PLAIT_DEVICE 'gpu' is not one of auto, cpu, cuda"):
+    with pytest.raises(ConfigError, match="PLAIT_DEVICE must be auto, cpu or cuda; got 'gpu'"):
         TrainConfig()
     with pytest.raises(ConfigError, match="device 'tpu' is not one of"):
         DeviceConfig(name="tpu")

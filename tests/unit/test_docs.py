@@ -166,7 +166,9 @@ def check(argv: list[str], fragment: bool = False) -> None:
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             try:
-                plait_parser().parse_args(path + words)
+                args = plait_parser().parse_args(path + words)
+                if path == ["run"] and args.script is None and not fragment:
+                    raise AssertionError("plait run needs the program to run (SCRIPT)")
             except SystemExit as e:
                 message = err.getvalue().strip()
                 if e.code != 0 and not (fragment and any(f in message for f in FRAGMENT_ERRORS)):

@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 from plait.launch.failure import RULE, RankFacts, explain
+from plait.launch.output import without_interrupts
 from plait.train.outdir import resume_hint
 
 KILL, TERM = -signal.SIGKILL, -signal.SIGTERM
@@ -136,3 +137,15 @@ def test_resume_hint(tmp_path: Path) -> None:
     assert resume_hint(out, False, ["train", "--resume", "--out", out]).count("--resume") == 1
     assert "no checkpoint" in resume_hint(out, True, ["train"])  # --zero reads a manifest
     assert "same command with --resume" in resume_hint(out, False, None)
+
+
+def test_ctrl_c_tracebacks_are_left_out_and_other_lines_kept() -> None:
+    tb = ["Traceback (most recent call last):\n", '  File "x.py", line 1\n', "    f()\n"]
+    during = "During handling of the above exception, another exception occurred:\n"
+    chained = [*tb, "ValueError: 3\n", "\n", during, "\n"]
+    torch_style = [f"[rank0]: {line}" for line in (*tb, "KeyboardInterrupt\n")]
+    lines = ["saved\n", *chained, *tb, "KeyboardInterrupt\n", "bye\n", *torch_style,
+             "Exception ignored in: <function f>\n", *tb, "KeyboardInterrupt: \n"]  # fmt: skip
+    mixed = [tb[0], "Fatal Python error: init_import_site: Failed to import the site module\n",
+             tb[0], tb[1], "KeyboardInterrupt\n", tb[2], "KeyboardInterrupt\n"]  # fmt: skip
+    assert without_interrupts(lines + mixed) == ["saved\n", "ValueError: 3\n", "bye\n"]

@@ -223,6 +223,6 @@ def test_a_run_resumes_only_with_its_optimizer() -> None:
     """Another optimizer's state would not fit (LAMB's moments are no SGD momentum)."""
     saved = {"options": TrainConfig.from_options({"optimizer": "lamb"}).options()}
     check_matches(saved, TrainConfig.from_options({"optimizer": "lamb"}).options(), "runs/a")
-    with pytest.raises(CheckpointError, match="with optimizer 'lamb', this run has optimizer "
+    with pytest.raises(CheckpointError, match="with --optimizer 'lamb', this run has --optimizer "
                        "'sgd'"):  # fmt: skip
         check_matches(saved, TrainConfig().options(), "runs/a")

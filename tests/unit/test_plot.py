@@ -117,6 +117,15 @@ def _write(folder: Path, name: str, data: object) -> str:
 
 
 @needs_mpl
+def test_legends_name_the_model_where_the_runs_differ() -> None:
+    from plait.plots.curves import labels
+
+    same = [("a.json", _run("allreduce", 4)), ("b.json", _run("ps", 2))]
+    assert labels(same) == ["allreduce, 4 workers", "ps, 2 workers"]  # the title names mlp
+    other = [("a.json", _run("allreduce", 4)), ("b.json", {**_run("allreduce", 4), "model": "cnn"})]
+    assert labels(other) == ["mlp: allreduce, 4 workers", "cnn: allreduce, 4 workers"]
+
+
 def test_every_figure_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     files = [
         _write(tmp_path, "allreduce.json", _run("allreduce", 4)),

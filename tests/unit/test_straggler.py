@@ -33,9 +33,9 @@ def test_bad_values_name_both_forms(monkeypatch: pytest.MonkeyPatch, text: str) 
     monkeypatch.setenv("PLAIT_TRAIN_STRAGGLER", text)
     with pytest.raises(ValueError) as err:
         Straggler.from_env()
-    message = str(err.value)
-    assert f"PLAIT_TRAIN_STRAGGLER={text!r}" in message
-    assert "expected RANK:FACTOR" in message and "or transient:FACTOR" in message
+    message = str(err.value)  # the registry's form (env.py) or, past it, the hook's own
+    assert "PLAIT_TRAIN_STRAGGLER" in message and repr(text) in message
+    assert "RANK:FACTOR" in message and "or transient:FACTOR" in message
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 7])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from plait.train import checkpoint
+from plait.train import checkpoint, saved
 from plait.train.errors import CheckpointError
 
 
@@ -20,7 +20,8 @@ def test_save_and_load(tmp_path: Path) -> None:
     checkpoint.save(tmp_path, _state(3))
     got = checkpoint.load(tmp_path)
     assert got["step"] == 3 and torch.equal(got["model"]["w"], torch.full((3,), 3.0))
-    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temporary left
+    # no temporary left; the sidecar holds its size and sha256
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "checkpoint.pt.sum"]
 
 
 def test_crash_mid_write_keeps_the_previous_checkpoint(
@@ -38,7 +39,8 @@ def test_crash_mid_write_keeps_the_previous_checkpoint(
         checkpoint.save(tmp_path, _state(2))
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
     assert checkpoint.load(tmp_path)["step"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "checkpoint.pt.sum"]
+    saved.check_plain(tmp_path / "checkpoint.pt")  # the sidecar says a save was under way
 
 
 def test_a_killed_writer_leaves_only_a_temporary(tmp_path: Path) -> None:
@@ -61,19 +63,41 @@ def test_disk_errors_become_checkpoint_errors(
         checkpoint.save(tmp_path, _state(2))
     monkeypatch.undo()
     assert checkpoint.load(tmp_path)["step"] == 1
-    assert len(list(tmp_path.iterdir())) == 1
+    assert len(list(tmp_path.iterdir())) == 2  # the checkpoint and its sidecar
+    saved.check_plain(tmp_path / "checkpoint.pt")
 
 
 def test_load_errors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
         checkpoint.load(tmp_path)
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="cannot read"):
+    with pytest.raises(CheckpointError, match=r"checkpoint\.pt is not a checkpoint torch\.save"):
         checkpoint.load(tmp_path)
+
+
+def test_a_damaged_checkpoint_is_named_with_the_reason(tmp_path: Path) -> None:
+    where = checkpoint.save(tmp_path, _state(3))
+    whole = where.read_bytes()
+    where.write_bytes(whole[:1000])
+    with pytest.raises(CheckpointError, match=f"has 1000 bytes; .* says {len(whole)}: the file "
+                       "is truncated"):  # fmt: skip
+        saved.check_plain(where)
+    where.write_bytes(whole[:-1] + bytes([whole[-1] ^ 1]))  # one bit flipped
+    with pytest.raises(CheckpointError, match="is corrupt: its sha256 is"):
+        saved.check_plain(where)
+    saved.sum_path(where).unlink()  # a checkpoint written before the sidecars existed
+    where.write_bytes(whole)
+    saved.check_plain(where)
+    for data, why in ((b"", "is empty"), (whole[:1000], "is truncated or damaged")):
+        where.write_bytes(data)
+        with pytest.raises(CheckpointError, match=f"checkpoint.pt {why}"):
+            saved.check_plain(where)
+        with pytest.raises(CheckpointError, match=f"checkpoint.pt {why}"):
+            checkpoint.load(tmp_path)  # a worker's load says why too
 
 
 def test_resume_needs_the_same_data_stream() -> None:
     saved = {"options": {"model": "mlp", "data": "digits", "batch_size": 64, "seed": 0}}
     checkpoint.check_matches(saved, {**saved["options"], "workers": 2}, "d")
-    with pytest.raises(CheckpointError, match="batch_size 64, this run has batch_size 32"):
+    with pytest.raises(CheckpointError, match="--batch-size 64, this run has --batch-size 32"):
         checkpoint.check_matches(saved, {**saved["options"], "batch_size": 32}, "d")

@@ -53,20 +53,20 @@ def test_config_survives_a_json_round_trip() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"batch_size": 30, "workers": 4}, "batch_size 30 % workers 4 = 2 != 0"),
-        ({"batch_size": 2, "workers": 4}, "batch_size 2 % workers 4 = 2 != 0"),
+        ({"batch_size": 30, "workers": 4}, "--batch-size 30 % --workers 4 = 2 != 0"),
+        ({"batch_size": 2, "workers": 4}, "--batch-size 2 % --workers 4 = 2 != 0"),
         ({"model": "resnet"}, "model 'resnet' is not one of mlp, cnn, gpt"),
         ({"data": "imagenet"}, "data 'imagenet' is not one of digits, code, synthetic"),
-        ({"model": "gpt", "data": "digits"}, "use data code or synthetic"),
-        ({"model": "mlp", "data": "code"}, "use data digits or synthetic"),
+        ({"model": "gpt", "data": "digits"}, "use --data code or synthetic"),
+        ({"model": "mlp", "data": "code"}, "use --data digits or synthetic"),
         ({"workers": 0}, "workers 0 < 1"),
         ({"steps": 0}, "steps 0 < 1"),
         ({"lr": 0.0}, "lr 0.0 is not > 0"),
         ({"lr": float("nan")}, "lr nan is not > 0"),
-        ({"steps": 10, "warmup_steps": 11}, "warmup_steps 11 > steps 10"),
-        ({"resume": True}, "resume needs out"),
+        ({"steps": 10, "warmup_steps": 11}, "--warmup-steps 11 > --steps 10"),
+        ({"resume": True}, "--resume needs --out DIR"),
         ({"strategy": "ps-async"}, "strategy 'ps-async' is not one of allreduce, ps"),
-        ({"lr_scaling": "sqrt"}, "lr_scaling 'sqrt' is not one of none, linear"),
+        ({"lr_scaling": "cubic"}, "--lr-scaling 'cubic' is not one of none, linear, sqrt"),
         ({"workload": "pkg.mod:make", "model": "cnn"}, "--model chooses a built-in workload"),
         ({"workload": "pkg.mod"}, "workload 'pkg.mod' is not MODULE:FUNCTION"),
     ],
@@ -82,10 +82,10 @@ def test_bad_options_show_the_failing_check(options: dict[str, object], message:
     [
         # a default value given in vain is refused as any other (the config alone cannot tell)
         ({"strategy": "ps", "ps_mode": "sync", "staleness": 4},
-         "--staleness applies to --ps-mode async or ssp, not ps_mode sync"),
+         "--staleness applies to --ps-mode async or ssp, not --ps-mode sync"),
         ({"strategy": "ps", "stale_policy": "drop", "warm_start_steps": 2},
          "--stale-policy, --warm-start-steps apply to --ps-mode async or ssp"),
-        ({"ps_mode": "sync"}, "--ps-mode applies to --strategy ps only, not strategy allreduce"),
+        ({"ps_mode": "sync"}, "--ps-mode applies to --strategy ps only, not --strategy allreduce"),
         ({"servers": 2, "staleness": 3}, "--servers, --staleness apply to --strategy ps only"),
     ],
 )  # fmt: skip
@@ -104,6 +104,36 @@ def test_linear_scaling_uses_the_base_batch() -> None:
     # Goyal et al.: the warm-up starts from the unscaled rate
     w = _config(batch_size=4 * base, lr=0.1, lr_scaling="linear", warmup_steps=4, steps=40)
     assert w.lr_at(1) == pytest.approx(0.1 + (0.4 - 0.1) / 4)
+
+
+def test_sqrt_scaling_is_the_layerwise_optimizers_default() -> None:
+    base = RECIPES["mlp"].base_batch
+    for name, scaling in (("sgd", "none"), ("adamw", "none"), ("lars", "sqrt"), ("lamb", "sqrt")):
+        c = _config(optimizer=name, batch_size=4 * base, lr=0.1)
+        assert c.optim.lr_scaling == scaling
+        assert c.peak_lr == pytest.approx(0.2 if scaling == "sqrt" else 0.1)
+    # at the base batch sqrt is the unscaled run, its warm-up from 0 included
+    at_base = [_config(optimizer="lamb", lr_scaling=s, warmup_steps=4, steps=40) for s in
+               ("none", "sqrt")]  # fmt: skip
+    assert [c.lr_at(k) for k in (1, 5, 40) for c in at_base[:1]] == [
+        c.lr_at(k) for k in (1, 5, 40) for c in at_base[1:]
+    ]
+    assert _config(optimizer="sgd", lr_scaling="sqrt", batch_size=base // 4).peak_lr == (
+        pytest.approx(RECIPES["mlp"].rates["sgd"].lr / 2)
+    )
+
+
+def test_linear_scaling_of_lars_and_lamb_past_4x_is_warned_of() -> None:
+    base = RECIPES["mlp"].base_batch
+    c = _config(optimizer="lamb", batch_size=8 * base, lr=0.01, lr_scaling="linear")
+    warning = c.rate_warning()
+    assert warning is not None
+    assert "peak lr of 0.08 (0.01 x 512/64)" in warning and "sqrt" in warning
+    assert "gives 0.0283" in warning
+    at_4x = _config(optimizer="lamb", batch_size=4 * base, lr_scaling="linear")
+    assert at_4x.rate_warning() is None
+    assert _config(optimizer="lamb", batch_size=8 * base).rate_warning() is None  # sqrt
+    assert _config(batch_size=8 * base, lr_scaling="linear").rate_warning() is None  # sgd
 
 
 def test_a_custom_workload_takes_the_generic_defaults() -> None:

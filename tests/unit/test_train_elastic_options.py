@@ -39,9 +39,9 @@ def test_the_bounds_default_to_one_and_the_starting_workers() -> None:
         ({"model": "gpt", "tp": 2}, "pipelines and tensor parallelism are not elastic yet"),
         ({"zero": 2, "optimizer": "lars"}, "--elastic --zero 2 does not run with --optimizer lars"),
         ({"priority": True}, "--elastic does not run with --priority yet"),
-        ({"workers": 4, "min_workers": 5}, "min_workers 5 > workers 4"),
-        ({"workers": 4, "max_workers": 3}, "max_workers 3 < workers 4: the run starts with 4"),
-        ({"min_workers": 0}, "min_workers 0 < 1"),
+        ({"workers": 4, "min_workers": 5}, "--min-workers 5 > --workers 4"),
+        ({"workers": 4, "max_workers": 3}, "--max-workers 3 < --workers 4: the run starts with 4"),
+        ({"min_workers": 0}, "--min-workers 0 < 1"),
         ({"batch_size": 8, "workers": 4, "max_workers": 16}, "global batch 8 < 16 workers"),
     ],
 )

@@ -64,8 +64,8 @@ def test_profile_windows(spec: str, window: tuple[int, int]) -> None:
         ({"profile": "4:2"}, "last step 2 < first step 4"),
         ({"profile": "0:2"}, "first step 0 < 1"),
         ({"profile": "0"}, "a count of 0 steps < 1"),
-        ({"profile": "6:9"}, "ends at step 9 > steps 8"),
-        ({"profile": "8"}, "ends at step 9 > steps 8"),
+        ({"profile": "6:9"}, "ends at step 9 > --steps 8"),
+        ({"profile": "8"}, "ends at step 9 > --steps 8"),
         ({"profile_dir": "elsewhere"}, "applies to --profile only"),
     ],
 )

@@ -4,15 +4,16 @@ the roles under a launcher (whole jobs are in tests/e2e/test_train_ps_command.py
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from plait.options import from_args
 from plait.ps.config import PSConfig
-from plait.train import job
+from plait.train import job, outdir
 from plait.train.config import TrainConfig
-from plait.train.errors import ConfigError
+from plait.train.errors import CheckpointError, ConfigError
 
 
 def _config(**options: Any) -> TrainConfig:
@@ -37,17 +38,17 @@ def test_ps_defaults_and_allreduce_leaves_them_unset() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"servers": 2}, "--servers applies to --strategy ps only, not strategy allreduce"),
+        ({"servers": 2}, "--servers applies to --strategy ps only, not --strategy allreduce"),
         ({"ps_mode": "async", "staleness": 3}, "--ps-mode, --staleness apply to --strategy ps"),
         ({"strategy": "ps", "servers": 0}, "servers 0 < 1"),
         ({"strategy": "ps", "ps_mode": "ssp", "staleness": -1}, "staleness (tau) must be >= 0"),
-        ({"strategy": "ps", "staleness": 2}, "staleness 2 applies to --ps-mode ssp"),
+        ({"strategy": "ps", "staleness": 2}, "--staleness 2 applies to --ps-mode ssp"),
         ({"strategy": "ps", "ps_mode": "bsp"}, "mode must be one of sync, async, ssp; got 'bsp'"),
         ({"strategy": "ps", "ps_mode": "ssp", "stale_policy": "x"}, "one of accept, drop"),
         ({"strategy": "ps", "stale_policy": "drop"}, "apply to --ps-mode async or ssp"),
         ({"strategy": "ps", "ps_mode": "async", "warm_start_steps": -1}, "warm_start_steps"),
-        ({"strategy": "ps", "out": "/tmp/x"}, "not supported with --strategy ps yet"),
-        ({"worker_timeout": 3.0}, "--worker-timeout applies to --strategy ps only, not strat"),
+        ({"strategy": "ps", "elastic": True, "out": "/x"}, "--strategy ps does not write chec"),
+        ({"worker_timeout": 3.0}, "--worker-timeout applies to --strategy ps only, not --strat"),
         ({"strategy": "ps", "worker_timeout": 0.0}, "worker_timeout_s must be a finite number"),
         ({"strategy": "ps", "ps_mode": "async", "worker_timeout": -1.0}, "> 0; got -1.0"),
         ({"strategy": "ps", "worker_timeout": float("nan")}, "> 0; got nan"),
@@ -105,3 +106,43 @@ def test_under_a_launcher_the_last_ranks_serve(monkeypatch: pytest.MonkeyPatch) 
     assert (c.workers, c.servers) == (2, 3)
     with pytest.raises(ConfigError, match="pass --servers S"):
         job.configure({"strategy": "ps", "data": "synthetic"})
+
+
+def test_resume_looks_for_the_parameter_servers_manifest(tmp_path: Path) -> None:
+    """--resume under --strategy ps wants ps-checkpoint.json before any worker starts; a run
+    that failed after one was written is told the command that resumes it."""
+    with pytest.raises(CheckpointError, match=r"ps-checkpoint\.json does not exist"):
+        job.configure({"strategy": "ps", "out": str(tmp_path), "resume": True})
+    manifest = {"files": [{"name": "s.pt", "bytes": 3}], "common": {"name": "c.pt", "bytes": 0}}
+    (tmp_path / "ps-checkpoint.json").write_text(json.dumps(manifest))
+    (tmp_path / "c.pt").write_bytes(b"")
+    (tmp_path / "s.pt").write_bytes(b"12")  # the files' sizes too, before any worker starts
+    with pytest.raises(CheckpointError, match=r"s\.pt has 2 bytes; .* says 3: the file is trunc"):
+        job.configure({"strategy": "ps", "out": str(tmp_path), "resume": True})
+    (tmp_path / "s.pt").write_bytes(b"123")
+    config = job.configure({"strategy": "ps", "out": str(tmp_path), "resume": True})
+    assert config.row.checkpoints and config.checkpoint.resume
+    hint = outdir.resume_hint(str(tmp_path), True, ["train", "--out", str(tmp_path)],
+                              manifest="ps-checkpoint.json")  # fmt: skip
+    assert hint.endswith(f"plait train --out {tmp_path} --resume")
+
+
+class _Counter:
+    """The store's counter of claimed slices (`add` returns the new value)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def add(self, key: str, amount: int) -> int:
+        self.value += amount
+        return self.value
+
+
+def test_a_resumed_async_run_claims_the_slices_after_its_step() -> None:
+    """Resumed after step 3 of 5 with 2 workers, async and ssp claim steps 4 and 5's four
+    slices, in order (sync trains every step after it: every_step)."""
+    from plait.train.steps.ps import ParameterServerStep
+
+    step = object.__new__(ParameterServerStep)  # the claims need its store and mode only
+    step.ps, step.store, step.world_size = PSConfig(mode="async"), _Counter(), 2
+    assert list(step.slices(3, 5)) == [(4, 0), (4, 1), (5, 0), (5, 1)]

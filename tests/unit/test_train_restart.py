@@ -35,6 +35,11 @@ def test_sharded_runs_look_for_the_manifest(tmp_path: Path) -> None:
     assert "resume" not in resume_after_restart({"out": str(tmp_path), "zero": 2}, _env(1))
     (tmp_path / MANIFEST).write_text("{}")
     assert resume_after_restart({"out": str(tmp_path), "zero": 2}, _env(1))["resume"]
+    assert resume_after_restart({"out": str(tmp_path), "tp": 2}, _env(1))["resume"]  # a mesh's
+    ps = {"out": str(tmp_path), "strategy": "ps"}  # the parameter servers' manifest
+    assert "resume" not in resume_after_restart(ps, _env(1))
+    (tmp_path / "ps-checkpoint.json").write_text("{}")
+    assert resume_after_restart(ps, _env(1))["resume"]
 
 
 @pytest.mark.parametrize(

@@ -129,17 +129,17 @@ def test_bad_distillation_options_say_what_was_expected(world: Any, tmp_path: Pa
     with pytest.raises(ConfigError, match="--distill-weight applies to distillation: give "
                        "--teacher DIR"):  # fmt: skip
         job.configure({"distill_weight": 0.3})
-    with pytest.raises(ConfigError, match=r"distill_weight 0\.3 apply to distillation"):
+    with pytest.raises(ConfigError, match=r"--distill-weight 0\.3 apply to distillation"):
         TrainConfig(distill=DistillConfig(distill_weight=0.3))
-    with pytest.raises(ConfigError, match="distill_temperature 0 is not > 0"):
+    with pytest.raises(ConfigError, match="--distill-temperature 0 is not > 0"):
         DistillConfig(teacher="x", distill_temperature=0.0)
-    with pytest.raises(ConfigError, match=r"distill_weight 1.5 is not in \[0, 1\]"):
+    with pytest.raises(ConfigError, match=r"--distill-weight 1.5 is not in \[0, 1\]"):
         DistillConfig(teacher="x", distill_weight=1.5)
     with pytest.raises(CheckpointError, match=r"holds no trained run: expected checkpoint\.pt"):
         job.configure({"teacher": str(tmp_path), "workers": 1})
     cpu = torch.device("cpu")
     digits = TrainConfig.from_options({"model": "mlp", "data": "digits", "teacher": str(teacher)})
-    with pytest.raises(ConfigError, match="trained on data synthetic, the student on data "
+    with pytest.raises(ConfigError, match="trained on --data synthetic, the student on --data "
                        "digits"):  # fmt: skip
         distill.load(digits, workloads.resolve(digits), cpu)
     text = TrainConfig.from_options({"model": "gpt-small", "data": "synthetic",
@@ -154,7 +154,7 @@ def test_bad_distillation_options_say_what_was_expected(world: Any, tmp_path: Pa
     with pytest.raises(ConfigError, match=r"shape \(2, 10\), the student \(five\) \(2, 5\)"):
         distill.load(given, five, cpu)
     assert "teacher" in checkpoint.MUST_MATCH
-    with pytest.raises(CheckpointError, match=r"teacher 'a'.*this run has teacher None"):
+    with pytest.raises(CheckpointError, match=r"--teacher 'a'.*this run has --teacher None"):
         checkpoint.check_matches({"options": {"teacher": "a"}}, {"teacher": None}, "d")
 
 

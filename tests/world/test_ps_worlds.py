@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -28,7 +29,9 @@ from plait.ps.config import store_server_key
 from plait.ps.wire import Message, decode, encode
 from plait.train.config import TrainConfig
 from plait.train.data.sampler import GlobalBatchSampler
+from plait.train.evaluate import evaluate_alone
 from plait.train.loop import train
+from plait.train.trained import load_run
 from support.ps_world import authenticate, run_ps_world
 
 pytestmark = pytest.mark.timeout(120)
@@ -235,21 +238,25 @@ def test_bad_messages_get_error_replies_and_the_server_keeps_serving() -> None:
 CPU = {"PLAIT_DEVICE": "cpu"}  # as `plait train` gives its workers here (a GPU machine too)
 
 
-def _train_job(role: ps.Role, options: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """This worker's figures of a `plait train --strategy ps` run, and how many of its
-    updates went through Client.push_pull_async (--priority's: the proof it was on)."""
+def _train_job(
+    role: ps.Role, options: dict[str, Any], stop_after: int | None = None
+) -> tuple[dict[str, Any], int]:
+    """This worker's figures of a `plait train --strategy ps` run (`stop_after`: as if
+    interrupted after that step), and how many of its updates went through
+    Client.push_pull_async (--priority's: the proof it was on)."""
     config = TrainConfig.from_options({**options, "strategy": "ps", "workers": role.num_workers,
                                        "servers": role.num_servers})  # fmt: skip
     original = Client.push_pull_async
     with mock.patch.object(Client, "push_pull_async", autospec=True, side_effect=original) as m:
-        return train(config, role).figures(), m.call_count
+        return train(config, role, stop_after=stop_after).figures(), m.call_count
 
 
 @pytest.mark.parametrize("mode", ["ssp", "async"])
-def test_plait_train_ssp_and_async_share_the_slices_out(mode: str) -> None:
-    (data, _), _ = run_ps_world(
-        2, 1, _train_job, {"ps_mode": mode, "steps": 20, "eval_every": 0}, env=CPU
-    )
+def test_plait_train_ssp_and_async_share_the_slices_out(mode: str, tmp_path: Path) -> None:
+    # async: with --out (checkpoints at steps 10 and 20)
+    out = {"out": str(tmp_path / "run"), "checkpoint_every": 10} if mode == "async" else {}
+    options = {"ps_mode": mode, "steps": 20, "eval_every": 0, **out}
+    (data, _), _ = run_ps_world(2, 1, _train_job, options, env=CPU)
     assert (data["strategy"], data["ps_mode"], data["servers"]) == ("ps", mode, 1)
     assert (data["world_size"], data["steps"], data["global_batch"]) == (2, 20, 64)
     assert 0.5 < data["eval_value"] <= 1.0 and data["samples_per_s"] > 0
@@ -259,17 +266,34 @@ def test_plait_train_ssp_and_async_share_the_slices_out(mode: str) -> None:
     assert data["mean_staleness"] <= data["max_staleness"]
     if mode == "ssp":
         assert data["max_staleness"] <= 2 * 4 + 1  # tau 4, at most one update per worker
+        return
+    # the checkpoint is whole and consistent: its consolidated model is the one worker 0
+    # evaluated after the last pull (every slice applied), on every held-out sample alike
+    trained = load_run(out["out"])
+    assert trained.step == 20 and trained.evals == data["evals"]
+    assert (
+        evaluate_alone(trained.model, trained.workload, torch.device("cpu")) == data["eval_value"]
+    )
+    # (a resume's plumbing is sync's, below; the slices it claims: tests/unit/test_train_ps.py)
 
 
-def test_plait_train_priority_gives_fifos_losses() -> None:
-    options = {"steps": 8, "eval_every": 0}
-    # P3's small slices; FIFO's 4 MiB slices: results do not depend on the cut either. The
-    # two worlds run at once: nothing they compute depends on timing
+def test_plait_train_priority_and_a_resumed_run_give_fifos_losses(tmp_path: Path) -> None:
+    """--priority (P3's small slices), and a FIFO run (4 MiB slices) stopped after step 4 at
+    one server, as if interrupted, then resumed at two: the same losses and held-out metric,
+    bit for bit. The first two run at once (nothing they compute depends on timing); the
+    values depend neither on the cut nor on the interruption."""
+    options, out = {"steps": 8, "eval_every": 0}, str(tmp_path / "run")
+    fifo = {**options, "out": out, "checkpoint_every": 4}
     with ThreadPoolExecutor(2, thread_name_prefix="ps-world") as pool:
-        started = [pool.submit(run_ps_world, 2, 1, _train_job, o, env=CPU)
-                   for o in ({**options, "priority": True, "slice_mb": 0.01}, options)]  # fmt: skip
-    prio, fifo = (future.result() for future in started)
-    (got, _), (want, _) = prio[0], fifo[0]
-    assert [n for _, n in prio] == [8, 7] and [n for _, n in fifo] == [0, 0]  # priority on
-    assert (got["losses"], got["eval_value"]) == (want["losses"], want["eval_value"])
+        started = [pool.submit(run_ps_world, 2, 1, _train_job, o, stop, env=CPU)
+                   for o, stop in (({**options, "priority": True, "slice_mb": 0.01}, None),
+                                   (fifo, 4))]  # fmt: skip
+    prio, stopped = (future.result() for future in started)
+    (got, _), (first, _) = prio[0], stopped[0]
+    assert [n for _, n in prio] == [8, 7] and [n for _, n in stopped] == [0, 0]  # priority on
     assert got["applied_gradients"] == 16 and got["dead_workers"] == []
+    assert first["stopped_at"] == 4 and first["losses"] == got["losses"][:4]
+    resumed = run_ps_world(2, 2, _train_job, {**fifo, "resume": True}, env=CPU)
+    (want, _), _ = resumed
+    assert (got["losses"], got["eval_value"]) == (want["losses"], want["eval_value"])
+    assert want["updates_per_server"] == [4, 4]  # steps 5 to 8 only

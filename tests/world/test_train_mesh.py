@@ -3,7 +3,9 @@
 The backbone check: with a fixed seed, a model laid on a dp x pp x tp mesh of 4 ranks takes
 the same steps as one process on the same global batch (printed side by side), for the
 three shapes the issue names, and with the stage's model states sharded over dp (--zero)
-the same steps as without. Also the structure of its communication (one gradient
+the same steps as without, under every schedule (zb-h1 with its blocks checkpointed too). A
+checkpoint saved on a mesh resumes with the uninterrupted run's losses: exactly at its shape,
+within float rounding at others. Also the structure of its communication (one gradient
 reduction per step, not per micro-batch) and the mesh-wide gradient clipping. The --json
 figures through the real command are in tests/e2e/test_train_mesh_command.py, the
 configuration errors in tests/unit/test_train_mesh_options.py.
@@ -14,6 +16,8 @@ alone, on a one-rank communicator, for the single-process reference.
 
 from __future__ import annotations
 
+import functools
+import shutil
 from typing import Any
 
 import pytest
@@ -22,6 +26,7 @@ import torch
 from plait import Communicator
 from plait.comm.mesh import Mesh
 from plait.pipeline import build, simulate
+from plait.sharded import mesh_checkpoint
 from plait.train import workloads
 from plait.train.config import TrainConfig
 from plait.train.loop import train
@@ -43,9 +48,9 @@ SHAPES = [
 ]
 
 
-def _train(comm: Communicator, options: dict[str, Any]) -> Any:
+def _train(comm: Communicator, options: dict[str, Any], stop_after: int | None = None) -> Any:
     config = TrainConfig.from_options({**options, "workers": comm.size})
-    return train(config, comm).figures()
+    return train(config, comm, stop_after=stop_after).figures()
 
 
 def _calls_per_step(zero: int, method: str, comm: Communicator) -> tuple[list[int], Any]:
@@ -83,6 +88,9 @@ ZERO = [  # (index into SHAPES of the same mesh without sharding, the sharded ru
     (0, {**SHAPES[0], "zero": 3}),
     (1, {**SHAPES[1], "zero": 2}),
     (1, {**SHAPES[1], "zero": 3}),
+    (3, {**SHAPES[3], "zero": 3}),  # interleaved: every backward in no_sync, then one pass
+    # zb-h1: B holds the reduction for W; the checkpointed blocks recompute the same numbers
+    (4, {**SHAPES[4], "zero": 3, "activation_checkpointing": True}),
 ]
 
 
@@ -118,9 +126,33 @@ def _norms(comm: Communicator, max_norm: float) -> list[tuple[float, float]]:
 
 
 CLIP = 0.05
+# saved at dp 2 x pp 2 with --zero 1 (ZERO[0]) after step 2 of 3, resumed for step 3 at
+# each of these shapes (dp 4: plain DataParallel reads the mesh checkpoint; zero3: ZeRO
+# over 4 ranks without a mesh)
+RESUMES = {"same": ZERO[0][1], "dp4": {}, "pp2tp2": {"pp": 2, "tp": 2, "chunks": 2},
+           "zero3": {"zero": 3}}  # fmt: skip
 
 
-def battery(comm: Communicator) -> dict[str, Any]:
+def _resumed(comm: Communicator, tmp: str) -> dict[str, Any]:
+    """Each resumed run's figures; and the whole model as the pp 2 x tp 2 run and the dp 4
+    run saved it at their end (a mesh checkpoint consolidated, and a plain checkpoint.pt)."""
+    _train(comm, {**GPT, **ZERO[0][1], "out": f"{tmp}/run", "checkpoint_every": 2}, stop_after=2)
+    comm.barrier()
+    if comm.rank == 0:
+        for name in RESUMES:
+            shutil.copytree(f"{tmp}/run", f"{tmp}/{name}")
+    comm.barrier()
+    found: dict[str, Any] = {
+        name: _train(comm, {**GPT, **shape, "out": f"{tmp}/{name}", "resume": True})
+        for name, shape in RESUMES.items()
+    }
+    if comm.rank == 0:
+        plain = torch.load(f"{tmp}/dp4/checkpoint.pt", weights_only=True)["model"]
+        found["weights"] = (mesh_checkpoint.consolidate(f"{tmp}/pp2tp2"), plain)
+    return found
+
+
+def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
     few_held_out_windows()  # support/held_out.py: the evaluation at each run's end
     alone = comm.split(ranks=[0])  # the others wait for rank 0 in their next collective
     return {
@@ -130,12 +162,14 @@ def battery(comm: Communicator) -> dict[str, Any]:
         "norms": _norms(comm, CLIP),
         "zero": [_train(comm, {**GPT, **options}) for _, options in ZERO],
         "sharded_reductions": _sharded_reductions_per_step(comm),
+        "resumed": _resumed(comm, tmp),
     }
 
 
 @pytest.fixture(scope="module")
-def four_ranks() -> list[dict[str, Any]]:
-    return run_world(4, battery, timeout=300, env=ENV)
+def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("mesh")
+    return run_world(4, battery, str(tmp), timeout=300, env=ENV)
 
 
 @pytest.mark.timeout(360)
@@ -180,6 +214,16 @@ def test_gradients_are_reduced_once_per_step_not_per_micro_batch(
         assert per_step == [buckets, buckets]  # 4 micro-batches, one reduction of each bucket
 
 
+@functools.cache
+def _one_processs_norm() -> float:
+    """The gradient norm of one process's step on the batch (computed once for every mesh)."""
+    work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
+    model = work.model()
+    x, y = work.batch(0)
+    work.loss(model(x), y).backward()
+    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+
+
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize("index", range(len(SHAPES) + len(ZERO)))
 def test_each_mesh_has_one_processs_gradient_norm_and_clips_it(
@@ -188,11 +232,7 @@ def test_each_mesh_has_one_processs_gradient_norm_and_clips_it(
     """The gradient norm across the mesh (stages' and tp slices' gradients, or with --zero
     the shards') is one process's on the same batch: the dp average and the micro-batches'
     sum have the right scale. Clipping then brings it to CLIP."""
-    work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
-    model = work.model()
-    x, y = work.batch(0)
-    work.loss(model(x), y).backward()
-    expected = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+    expected = _one_processs_norm()
     for r in four_ranks:
         before, after = r["norms"][index]
         assert before == pytest.approx(expected, rel=1e-5)
@@ -223,3 +263,35 @@ def test_zero_on_a_mesh_reduces_each_unit_once_per_step(four_ranks: list[dict[st
     for r in four_ranks:
         per_step, units = r["sharded_reductions"]
         assert per_step == [units, units]  # 4 micro-batches, one reduce-scatter of each unit
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("name", list(RESUMES))
+def test_a_mesh_checkpoint_resumes_at_its_shape_and_at_others(
+    four_ranks: list[dict[str, Any]], name: str
+) -> None:
+    """Saved at dp 2 x pp 2 (--zero 1) after step 2, resumed for step 3: the uninterrupted
+    run's losses, bit for bit at the same shape, within float rounding at dp 4 (plain
+    DataParallel), at pp 2 x tp 2 and under ZeRO-3 over 4 ranks."""
+    want = four_ranks[0]["zero"][0]["losses"]
+    got = four_ranks[0]["resumed"][name]
+    print(f"{name}\n  uninterrupted: {want}\n  resumed:       {got['losses']}")
+    assert got["world_size"] == 4 and len(got["losses"]) == 3
+    if name == "same":
+        assert got["losses"] == want
+    else:
+        torch.testing.assert_close(got["losses"], want, rtol=1e-5, atol=1e-6)
+    for r in four_ranks[1:]:
+        assert r["resumed"][name]["losses"] == got["losses"]
+
+
+@pytest.mark.timeout(360)
+def test_a_mesh_checkpoint_consolidates_to_the_whole_model(
+    four_ranks: list[dict[str, Any]],
+) -> None:
+    """The pp 2 x tp 2 run's last checkpoint, consolidated: the whole model, as the dp 4 run
+    (the same steps) saved it in its plain checkpoint.pt, within float rounding."""
+    mesh, plain = four_ranks[0]["resumed"]["weights"]
+    assert list(mesh) == list(plain)
+    for n, t in plain.items():
+        torch.testing.assert_close(mesh[n], t, rtol=1e-4, atol=1e-5, msg=n)

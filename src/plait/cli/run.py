@@ -58,17 +58,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_options(p, RunConfig)
     # the two positionals are fields kept off the derived options (a list takes the rest)
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(RunConfig)}
-    p.add_argument("script", metavar="SCRIPT", help=helps["script"])
+    # optional to argparse, so that a missing program is our message, not "SCRIPT, ARGS"
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help=helps["script"])
     p.add_argument(
         "script_args", nargs=argparse.REMAINDER, metavar="ARGS", help=helps["script_args"]
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, parser=p)
 
 
 def run(args: argparse.Namespace) -> int:
     """Launch the job and return its exit status (2 on bad input)."""
     from plait.launch import job
 
+    if args.script is None:
+        args.parser.error(
+            "what program should every rank run? give a script and its arguments, "
+            "`plait run -n 2 train.py --epochs 3`, or a module with -m, `plait run -n 2 -m "
+            "plait train`"
+        )
     try:
         config = RunConfig(
             **given(args, RunConfig), script=args.script, script_args=args.script_args

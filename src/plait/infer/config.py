@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from plait import env
 from plait.errors import ConfigError
-from plait.options import option
+from plait.options import flag, option
 
 QUANTIZE = ("none", "int8")
-DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
+DEVICES = env.REGISTRY["PLAIT_DEVICE"].choices  # auto, cpu, cuda: one table (env.py)
 PRECISIONS = ("fp32", "bf16")
 SPLITS = ("val", "train")  # --data naming one of the run's own splits
 
@@ -32,9 +33,10 @@ class InferConfig:
     data: str = field(
         default="val",
         metadata=option(
-            "the inputs: val or train (the run's own data, labels included), a .pt file "
-            "(a tensor of inputs, or a dict with 'inputs' and optional 'targets'), or for a "
-            "language model any other file, read as bytes in windows of its context",
+            "the inputs: val (the held-out samples of the run's own data, labels included; "
+            "its data's name, e.g. digits, means the same), train (its training samples), a "
+            ".pt file (a tensor of inputs, or a dict with 'inputs' and optional 'targets'), "
+            "or for a language model any other file, read as bytes in windows of its context",
             metavar="DATA",
         ),
     )
@@ -107,13 +109,13 @@ class InferConfig:
         for name in ("workers", "batch_size", "pp", "tp", "chunks", "limit", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"{name} {value} < 1")
+                raise ConfigError(f"{flag(name)} {value} < 1")
         if self.retry < 0:
-            raise ConfigError(f"retry {self.retry} < 0")
+            raise ConfigError(f"--retry {self.retry} < 0")
         per_group = self.pp * self.tp
         if self.workers % per_group:
             raise ConfigError(
-                f"workers {self.workers} % (pp {self.pp} * tp {self.tp}) = "
+                f"--workers {self.workers} % (pp {self.pp} * tp {self.tp}) = "
                 f"{self.workers % per_group} != 0: each shard of the inputs runs on pp * tp "
                 f"workers; try --workers {per_group * max(1, self.workers // per_group)}"
             )

@@ -1,7 +1,8 @@
 """What `plait infer --data` reads: the inputs to predict, with their labels when known.
 
 - `val`, `train`: the run's own data, split as it trained on it (`Dataset.val_batch` /
-  `train_batch`), labels included, so the held-out metric can be measured again;
+  `train_batch`), labels included, so the held-out metric can be measured again; the
+  data's own name (`digits` for a run trained with `--data digits`) is `val`;
 - FILE.pt: `torch.load(weights_only=True)` of a tensor (inputs only: sample i is x[i]) or
   of a dict {"inputs": x, "targets": y} (targets optional);
 - any other FILE, for a language model: its bytes, read as non-overlapping windows of the
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from plait.errors import ConfigError
+from plait.train.data import TASKS
 from plait.train.data.base import LanguageModelling
 from plait.train.workload import Workload
 
@@ -56,13 +58,18 @@ def open_inputs(data: str, work: Workload, limit: int | None = None) -> Inputs:
 
 def _open(data: str, work: Workload) -> Inputs:
     d = work.data
-    if data == "val":
+    path = Path(data)
+    if data in ("val", d.name) and not (data == d.name and path.is_file()):
         return Inputs(f"{d.name} (held-out)", d.num_val, d.val_batch)
     if data == "train":
         return Inputs(f"{d.name} (train)", d.num_train, d.train_batch)
-    path = Path(data)
     if not path.is_file():
-        raise ConfigError(f"--data {data!r}: expected val, train or a file; there is no such file")
+        other = f" (the run trained on {d.name}, not {data})" if data in TASKS else ""
+        raise ConfigError(
+            f"--data {data!r}: expected val or {d.name} (the held-out samples of the run's "
+            f"data, {d.name}), train (its training samples) or a file; there is no such "
+            f"file{other}"
+        )
     if path.suffix == ".pt":
         return _tensors(path)
     if isinstance(d, LanguageModelling):

@@ -33,6 +33,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from plait.launch import crowding
 from plait.launch.elastic import Driver, ElasticOptions
 from plait.launch.env import join_env, rank_env, with_secret
 from plait.launch.failure import RankFacts, describe_exit, exit_status, explain
@@ -151,6 +152,9 @@ def launch(
     env = with_secret(env, nnodes)  # one secret for every rank; never printed
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
+    crowded = crowding.warning(nproc + servers, crowding.cores())
+    if crowded is not None:
+        write_line(err, f"plait run: warning: {crowded}\n")
     port = free_port(master_addr) if master_port is None else master_port
     driver = None if min_alive is None else Driver(elastic or ElasticOptions(), min_alive, err)
     starter = _Starter(cmd, master_addr, port, out, err, die_with_parent())
@@ -200,6 +204,10 @@ def launch(
                     f"stopping the other {len(stopped)} rank(s)\n",
                 )
         finally:
+            if sigs.first == signal.SIGINT:  # Ctrl-C: not a traceback per rank (output.py)
+                for rk in ranks:
+                    rk.out.hold()
+                    rk.err.hold()
             stop_all(ranks, sigs, grace_s)
             if driver is not None:
                 driver.close()
@@ -208,6 +216,8 @@ def launch(
         for rk in ranks:
             rk.out.join(_PUMP_JOIN_S)
             rk.err.join(_PUMP_JOIN_S)
+            rk.out.release()
+            rk.err.release()
             if statuses is not None and rk.proc.returncode is not None:
                 statuses[rk.rank] = rk.proc.returncode
     recap = driver.recap() if driver is not None else None

@@ -18,13 +18,17 @@ Run = tuple[str, dict[str, Any]]  # (the file's name, its JSON)
 
 
 def labels(runs: list[Run]) -> list[str]:
-    """A legend label per run: its strategy and workers; the file name where two would
-    read alike (two allreduce runs with other options)."""
+    """A legend label per run: its strategy and workers, after its model where the runs'
+    models differ (else the title names it); the file name where two would read alike
+    (two allreduce runs with other options)."""
     base = []
+    models = _same(runs, "model") is None
     for _, d in runs:
         text = f"{d.get('strategy', '?')}, {d.get('world_size', '?')} workers"
         if d.get("ps_mode"):
             text = f"ps {d['ps_mode']}, {d.get('world_size', '?')} workers"
+        if models:
+            text = f"{d.get('model') or d.get('workload') or '?'}: {text}"
         base.append(text)
     seen = Counter(base)
     return [f"{b} ({name})" if seen[b] > 1 else b for b, (name, _) in zip(base, runs, strict=True)]

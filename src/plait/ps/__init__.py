@@ -9,7 +9,8 @@
 
 Files: config (PSConfig), wire (message format), sharding (the plan), optim (slice
 optimizers), consistency (clocks, gates, staleness), server (the state machine: a message
-in, replies out), loop (its ZeroMQ socket), checkpoint (shard files), transport + request +
+in, replies out), loop (its ZeroMQ socket), checkpoint (shard files), run_checkpoint (a
+training run's checkpoint of the whole job), transport + request +
 client (worker side), roles (init), __main__ (`python -m plait.ps`: restart a killed server).
 """
 

@@ -13,6 +13,7 @@ containers, never arbitrary pickled objects.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from dataclasses import dataclass, field, fields
@@ -46,18 +47,29 @@ def save(directory: str, server: int, shard: Shard) -> str:
     state = {f.name: getattr(shard, f.name) for f in fields(Shard)}
     os.makedirs(directory, exist_ok=True)
     path = shard_path(directory, server)
+    write_atomic(path, state)
+    return path
+
+
+def write_atomic(path: str, state: Any) -> None:
+    """torch.save `state` to `path` atomically: a temporary file beside it, fsync'ed, then
+    renamed over it (and the directory fsync'ed, so the rename survives a power cut)."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(directory, os.O_RDONLY)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    return path
 
 
 def load(directory: str, server: int) -> Shard | None:

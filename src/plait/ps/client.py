@@ -243,6 +243,18 @@ class Client:
 
         return wait_for_keys
 
+    def save(self, generation: int, step: int) -> None:
+        """Worker 0: have every server write its part of generation `generation` of the
+        job's checkpoint (PSConfig.run_dir; run_checkpoint.py) after step `step`, once the
+        last pull is written (in sync mode every server then holds that step's values, and
+        no later ones: this worker has not pushed again); wait until each has.
+
+        Raises:
+            PSError: a server could not write its file (the reason names it).
+        """
+        meta = {"generation": generation, "step": step}
+        self._submit("save", lambda s: [], writes=False, meta=meta).wait()
+
     def stats(self) -> dict[str, Any]:
         """Staleness and failure counts over all servers (every worker's gradients)."""
         if self._final_stats is not None:
@@ -291,6 +303,7 @@ class Client:
         writes: bool,
         lr: float | None = None,
         with_versions: bool = False,
+        meta: dict[str, Any] | None = None,
     ) -> ServerRequest:
         # a pull still being written finishes first: its values are what this request's
         # gradients were computed from, and two pulls must not write in turn
@@ -308,8 +321,9 @@ class Client:
                 versions=[self.versions[k] for k in keys] if with_versions else [],
                 lr=lr,
                 clock=self.clock,
+                meta=dict(meta or {}),
             )
-            if op in ("stats", "bye", "hb"):
+            if op in ("stats", "bye", "hb", "save"):
                 msg.keys = []
             # P3's priority: the consumption index of the first key it carries (keys are
             # numbered in registration order); all equal without priority: FIFO

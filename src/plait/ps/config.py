@@ -71,6 +71,11 @@ class PSConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # write the shard every K updates (0: never, but at exit)
     resume: bool = False  # restore each server's shard from checkpoint_dir
+    # a whole job's checkpoints (run_checkpoint.py; plait train --strategy ps --out DIR):
+    # worker 0's Client.save has each server write its keys to run_dir, and with resume_run
+    # the servers start from the checkpoint committed there instead of worker 0's values
+    run_dir: str | None = None
+    resume_run: bool = False
     worker_timeout_s: float = field(  # a worker silent this long is dead
         default=10.0,
         metadata=option(
@@ -121,6 +126,8 @@ class PSConfig:
             raise ValueError(f"betas must be in [0, 1); got {self.betas}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0; got {self.checkpoint_every}")
+        if self.resume_run and not self.run_dir:
+            raise ValueError("resume_run=True needs run_dir; got run_dir=None")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise ValueError(
                 f"checkpoint_every={self.checkpoint_every}, resume={self.resume} "

@@ -370,6 +370,12 @@ class Consistency:
         self.closed_clock = max(clocks, default=0)
         self.planned = self.members(self.closed_clock + 1)
 
+    def start_at(self, clock: int) -> None:
+        """A job resumed after step `clock` (run_checkpoint.py): every worker's clock and the
+        last closed round are `clock`; the workers count their pushes on from there."""
+        self.clock = [clock] * self.num_workers
+        self.closed_clock = clock
+
     def grow(self, count: int) -> None:
         """Room for worker ids below `count` (ids not joined are ABSENT)."""
         more = count - self.num_workers

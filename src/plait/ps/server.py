@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from plait.ps import checkpoint
+from plait.errors import CheckpointError
+from plait.ps import checkpoint, run_checkpoint
 from plait.ps.config import PSConfig
 from plait.ps.consistency import DEAD, MAX_WORKERS, Consistency
 from plait.ps.errors import PSError
@@ -150,6 +151,31 @@ class Server:
             lost_updates=self.lost_updates,
         )
         checkpoint.save(self.cfg.checkpoint_dir, self.index, shard)
+
+    def save_run(self, msg: Message) -> None:
+        """Worker 0's `save`: write this server's keys to the job's checkpoint (cfg.run_dir;
+        run_checkpoint.py); a refusal or a failed write is the request's error reply."""
+        assert self.cfg is not None and self.cons is not None
+        try:
+            run_checkpoint.save_keys(self.cfg.run_dir, msg.worker, msg.meta, self.index,
+                                     self.num_servers, self.values, self.opt, self.cons,
+                                     self.updates)  # fmt: skip
+        except (ValueError, CheckpointError) as e:
+            raise BadRequest(str(e)) from None
+
+    def restore_run(self) -> None:
+        """Start from the job's checkpoint in cfg.run_dir (worker 0 checked it whole), every
+        worker's clock at its step; all or nothing (a failure leaves this server waiting
+        for an init, which worker 0, failed, does not send)."""
+        assert self.cfg is not None and self.cons is not None and self.cfg.run_dir
+        try:
+            m, self.values = run_checkpoint.restore_keys(self.cfg.run_dir, self.keys, self.opt,
+                                                         self.cons)  # fmt: skip
+        except CheckpointError as e:
+            self.cfg = self.cons = None
+            raise BadRequest(f"cannot resume: {e}") from None
+        self.log(f"resumed {len(self.keys)} keys from {m.path} (step {m.step}, saved by "
+                 f"{m.servers} servers)")  # fmt: skip
 
     def finished(self) -> bool:
         """Every worker said goodbye or died, and no push waits: the server may stop."""
@@ -288,6 +314,9 @@ class Server:
         elif msg.op == "bye":
             self.cons.goodbye(w)
             self.send(origin, Message("ok", msg.rid, -1))
+        elif msg.op == "save":
+            self.save_run(msg)
+            self.send(origin, Message("ok", msg.rid, -1))
         elif msg.op == "pull":
             self.check_keys(msg, with_tensors=False)
             self.pending[(w, msg.rid)] = (origin, list(msg.keys) or sorted(self.keys))
@@ -321,7 +350,9 @@ class Server:
             for w, when in {**self.early, 0: self.now}.items():
                 self.cons.heard(w, when, 0)
             self.early.clear()
-            if not (cfg.resume and self.restore(fresh_workers=True)):
+            if cfg.resume_run:
+                self.restore_run()
+            elif not (cfg.resume and self.restore(fresh_workers=True)):
                 self.check_keys(msg, with_tensors=True)
                 self.values = {k: t.clone() for k, t in zip(msg.keys, msg.tensors, strict=True)}
         self.send(origin, Message("ok", msg.rid, -1))

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import torch
 
 from plait.errors import CheckpointError
+from plait.files import write
 from plait.sharded import filenames, storage
 from plait.sharded.filenames import MANIFEST
 from plait.sharded.layout import Layout
@@ -143,14 +144,14 @@ def commit(directory: str | os.PathLike[str], world: int, layout: Layout) -> Pat
         "ranks": [vars(s) for s in ranks], "common": vars(common),
     }  # fmt: skip
     path = folder / MANIFEST
-    storage.write(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    write(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     storage.prune(folder, generation, keep={*names, common.name})
     return path
 
 
 def write_state_dict(state: Mapping[str, Any], path: str | os.PathLike[str]) -> int:
     """torch.save `state` to `path` atomically; return the bytes written."""
-    return storage.write(Path(path), lambda f: torch.save(dict(state), f))[0]
+    return write(Path(path), lambda f: torch.save(dict(state), f))[0]
 
 
 # ------------------------------------------------------------------------------ loading

@@ -33,7 +33,7 @@ a collective of the members) and is wrapped in the sync, with the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -94,7 +94,7 @@ class ElasticShards:
         self._at = (comm.rank, comm.size)
         if comm.size == 1:
             return
-        flats = _flat_tensors(self._own)
+        flats = [t for _, _, t in _packed(self._own)]
         nbytes = sum(t.numel() * t.element_size() for t in flats)
         if self._mine is None or self._mine.numel() != nbytes:
             self._mine = torch.empty(nbytes, dtype=torch.uint8)
@@ -197,24 +197,23 @@ class ElasticShards:
         for q, (holder, replica) in enumerate(holders):
             part = full[q * old : (q + 1) * old]
             if comm.rank == holder:
-                part.copy_(self._held(u, key, replica, old))
+                part.copy_(self._held(u, key, replica))
             comm.broadcast_(part, holder)
         return full
 
-    def _held(self, u: int, key: str, replica: bool, old: int) -> torch.Tensor:
+    def _held(self, u: int, key: str, replica: bool) -> torch.Tensor:
         """This rank's committed tensor `key` of unit u, or its predecessor's (`replica`)."""
         assert self._own is not None
         if not replica:
             own = self._own[u]
             return own["shard"] if key == "shard" else own["optim"][key]
         assert self._replica is not None
-        at = 0  # the replica is packed as _flat_tensors(self._own) orders them
-        for v, own in enumerate(self._own):
-            for name, t in [("shard", own["shard"]), *_flat_items(own["optim"], _shard_len(own))]:
-                n = t.numel() * t.element_size()
-                if (v, name) == (u, key):
-                    return self._replica[at : at + n].view(t.dtype)
-                at += n
+        at = 0  # the predecessor packed its commit in _packed's order, as this rank did
+        for v, name, t in _packed(self._own):
+            n = t.numel() * t.element_size()
+            if (v, name) == (u, key):
+                return self._replica[at : at + n].view(t.dtype)
+            at += n
         raise KeyError(f"unit {u} holds no {key!r}")
 
 
@@ -228,13 +227,13 @@ def _flat_items(optim: dict[str, Any], size: int) -> list[tuple[str, torch.Tenso
     return [(k, v) for k, v in optim.items() if isinstance(v, torch.Tensor) and v.shape == (size,)]
 
 
-def _flat_tensors(own: list[dict[str, Any]]) -> list[torch.Tensor]:
-    """Every (S,) tensor of a commit, in the order the replica packs them."""
-    out = []
-    for unit in own:
-        out.append(unit["shard"])
-        out.extend(t for _, t in _flat_items(unit["optim"], _shard_len(unit)))
-    return out
+def _packed(own: list[dict[str, Any]]) -> Iterator[tuple[int, str, torch.Tensor]]:
+    """(unit, name, tensor) of every (S,) tensor of a commit, in the order the replica packs
+    them: each unit's shard, then its optimizer state's (S,) tensors."""
+    for u, unit in enumerate(own):
+        yield u, "shard", unit["shard"]
+        for name, t in _flat_items(unit["optim"], _shard_len(unit)):
+            yield u, name, t
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -15,9 +15,18 @@ MANIFEST = "checkpoint.json"  # a sharded checkpoint's, written last: what commi
 GENERATION_FILE = re.compile(r"^\.?checkpoint\.g(\d+)\.")
 
 
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's directory: its global layout
+
+
 def rank_file(generation: int, rank: int, world: int) -> str:
     return f"checkpoint.g{generation}.rank{rank}-of-{world}.pt"
 
 
 def common_file(generation: int) -> str:
     return f"checkpoint.g{generation}.common.pt"
+
+
+def mesh_file(generation: int, coords: tuple[int, int, int], shape: tuple[int, int, int]) -> str:
+    """A mesh rank's file: its (dp, pp, tp) coordinates of the (dp, pp, tp) mesh shape."""
+    (d, p, t), (dd, pp, tt) = coords, shape
+    return f"checkpoint.g{generation}.dp{d}-pp{p}-tp{t}-of-{dd}x{pp}x{tt}.pt"

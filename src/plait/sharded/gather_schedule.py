@@ -89,13 +89,16 @@ class GatherSchedule:
         if self.stage == 3 and u != self.root and u not in self._requests:
             self.units[u].free()
 
-    def free_all(self) -> None:
-        """Wait for every gather in flight; stage 3: free every unit, the root's too."""
+    def free_all(self, keep_root: bool = False) -> None:
+        """Wait for every gather in flight; stage 3: free every unit, the root's too unless
+        `keep_root` (a backward inside no_sync: more of the step's backward may follow,
+        and nothing gathers the root for backward, as a zero-bubble W needs it)."""
         for u in list(self._requests):
             self.ensure(u)
         if self.stage == 3:
-            for flat in self.units:
-                flat.free()
+            for u, flat in enumerate(self.units):
+                if not (keep_root and u == self.root):
+                    flat.free()
 
     def catch_up(self) -> None:
         """Stages 1-2: bring every unit up to date after a step (before reading `full`)."""

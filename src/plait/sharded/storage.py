@@ -8,32 +8,23 @@ described in checkpoint.py, which is all that uses this module.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import torch
 
+from plait import files
 from plait.errors import CheckpointError
+from plait.files import Stored, check_present, sha256
 from plait.sharded.filenames import GENERATION_FILE, MANIFEST, PLAIN
 from plait.sharded.layout import Layout
 
 FORMAT = 1
-CHUNK = 1 << 22  # bytes hashed at a time: the whole file never sits in memory
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One file of a checkpoint as the manifest records it."""
-
-    name: str
-    bytes: int
-    sha256: str
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -58,28 +49,50 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         CheckpointError: there is none (the message says what is there instead), or the
             manifest cannot be read.
     """
+    return parse_manifest(directory, _sharded)
+
+
+def parse_manifest(directory: str | os.PathLike[str], parse: Callable[[Path, Any], T]) -> T:
+    """`parse(path, data)` of the manifest in `directory` (its JSON), a broken one's error
+    (a missing key, a bad value) as a CheckpointError naming it.
+
+    Raises:
+        CheckpointError: there is no manifest (the message says what is there instead), or
+            it cannot be read or parsed.
+    """
     folder = Path(directory)
     path = folder / MANIFEST
     if not path.is_file():
         raise CheckpointError(why_none(folder))
     try:
-        data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
-            raise CheckpointError(
-                f"{path} has format {data.get('format')!r}; this plait reads format {FORMAT}"
-            )
-        m = Manifest(
-            path=path, generation=int(data["generation"]), world=int(data["world"]),
-            layout=Layout.from_json(data["layout"]),
-            ranks=tuple(Stored(**s) for s in data["ranks"]), common=Stored(**data["common"]),
-        )  # fmt: skip
-        if m.world < 1 or len(m.ranks) != m.world:
-            raise ValueError(f"it names {len(m.ranks)} rank files for world size {m.world}")
-        return m
+        return parse(path, json.loads(path.read_text()))
+    except CheckpointError:
+        raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(
             f"cannot read the checkpoint manifest {path}: {type(e).__name__}: {e}"
         ) from e
+
+
+def _sharded(path: Path, data: Any) -> Manifest:
+    if data.get("kind") == "mesh":  # mesh_checkpoint.py's: the same commit marker
+        raise CheckpointError(
+            f"{path} is a mesh checkpoint (a run with --pp/--tp), not a sharded one: "
+            "plait.sharded.mesh_checkpoint reads it (`plait train --resume` does, at any "
+            f"shape); `plait checkpoint consolidate {path.parent}` writes its weights whole"
+        )
+    if data.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} has format {data.get('format')!r}; this plait reads format {FORMAT}"
+        )
+    m = Manifest(
+        path=path, generation=int(data["generation"]), world=int(data["world"]),
+        layout=Layout.from_json(data["layout"]),
+        ranks=tuple(Stored(**s) for s in data["ranks"]), common=Stored(**data["common"]),
+    )  # fmt: skip
+    if m.world < 1 or len(m.ranks) != m.world:
+        raise ValueError(f"it names {len(m.ranks)} rank files for world size {m.world}")
+    return m
 
 
 def why_none(folder: Path) -> str:
@@ -103,26 +116,41 @@ def why_none(folder: Path) -> str:
     return f"no sharded checkpoint in {folder}: {folder / MANIFEST} does not exist"
 
 
-class SavedFiles:
-    """The saved files of one checkpoint: all checked present at their size up front (every
-    rank checks all, so all ranks fail alike), each read (sha256, mmap) on first use."""
+class CheckedFiles:
+    """The files a manifest names: all checked present at their size up front (every rank
+    checks all, so all ranks fail alike), each checked against its sha256 when read.
+
+    Shared by the sharded checkpoints (SavedFiles) and the mesh's (mesh_checkpoint.py)."""
+
+    def __init__(self, manifest: Path, stored: Iterable[Stored], verify: bool) -> None:
+        self.manifest, self.verify = manifest, verify
+        check_present(manifest, ((s.name, s.bytes) for s in stored))
+
+    def file(self, stored: Stored) -> Path:
+        return self.manifest.parent / stored.name
+
+    def read(self, stored: Stored, mmap: bool = True) -> Any:
+        """torch.load the file (memory-mapped: only the pages used are read), after checking
+        its sha256 (`verify`)."""
+        path = self.file(stored)
+        if self.verify and (digest := sha256(path)) != stored.sha256:
+            raise CheckpointError(
+                f"{path} is corrupt: its sha256 is {digest[:16]}..., {self.manifest} says "
+                f"{stored.sha256[:16]}... (the file changed after it was written)"
+            )
+        try:
+            return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"cannot read {path}: {e}") from e
+
+
+class SavedFiles(CheckedFiles):
+    """The saved files of one sharded checkpoint, each read on first use."""
 
     def __init__(self, m: Manifest, verify: bool) -> None:
-        self.m, self.verify = m, verify
+        super().__init__(m.path, (*m.ranks, m.common), verify)
+        self.m = m
         self.open: dict[int, list[dict[str, Any]]] = {}
-        for stored in (*m.ranks, m.common):
-            path = m.file(stored)
-            if not path.is_file():
-                raise CheckpointError(
-                    f"checkpoint {m.path} names {path}, which is missing: the checkpoint is "
-                    "incomplete (a file was deleted, or not copied with the others)"
-                )
-            have = path.stat().st_size
-            if have != stored.bytes:
-                raise CheckpointError(
-                    f"{path} has {have} bytes; {m.path} says {stored.bytes}: the file is "
-                    f"{'truncated' if have < stored.bytes else 'not the one written'}"
-                )
 
     def shard(self, q: int, u: int) -> torch.Tensor:
         """Old rank q's (S,) shard of unit u."""
@@ -144,7 +172,7 @@ class SavedFiles:
 
     def common(self) -> dict[str, Any]:
         """What rank 0 saved as `common` (read whole, not mapped: it is small)."""
-        state = self._read(self.m.common, mmap=False)
+        state = self.read(self.m.common, mmap=False)
         if not isinstance(state, dict):
             raise CheckpointError(f"{self.m.file(self.m.common)} holds no dict")
         return state
@@ -158,7 +186,7 @@ class SavedFiles:
 
     def _units(self, q: int) -> list[dict[str, Any]]:
         if q not in self.open:
-            state = self._read(self.m.ranks[q])
+            state = self.read(self.m.ranks[q])
             expect = {"format": FORMAT, "generation": self.m.generation, "rank": q,
                       "world": self.m.world}  # fmt: skip
             if not isinstance(state, dict):
@@ -169,18 +197,6 @@ class SavedFiles:
                 self._corrupt(q, f"it holds {got}; expected {expect} and {want} units")
             self.open[q] = units
         return self.open[q]
-
-    def _read(self, stored: Stored, mmap: bool = True) -> Any:
-        path = self.m.file(stored)
-        if self.verify and (digest := sha256(path)) != stored.sha256:
-            raise CheckpointError(
-                f"{path} is corrupt: its sha256 is {digest[:16]}..., {self.m.path} says "
-                f"{stored.sha256[:16]}... (the file changed after it was written)"
-            )
-        try:
-            return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
-        except Exception as e:
-            raise CheckpointError(f"cannot read {path}: {e}") from e
 
     def _corrupt(self, q: int, why: str) -> NoReturn:
         path = self.m.file(self.m.ranks[q])
@@ -229,76 +245,12 @@ def prune(folder: Path, generation: int, keep: set[str]) -> None:
                 p.unlink()
 
 
-class _Hashing:
-    """A binary file that counts and hashes what is written through it (torch.save writes)."""
-
-    def __init__(self, f: IO[bytes]) -> None:
-        self.f, self.size, self.sha256 = f, 0, hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self.sha256.update(data)
-        self.size += memoryview(data).nbytes
-        return self.f.write(data)
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
-def write(path: Path, fill: Callable[[Any], object]) -> tuple[int, str]:
-    """Write `path` atomically: `fill(f)` writes to a temporary file in the same directory,
-    which is fsync'ed and renamed over `path`. Returns (bytes written, their sha256)."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise CheckpointError(f"cannot write {path}: {e}") from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            out = _Hashing(f)
-            fill(out)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise CheckpointError(f"writing {path} failed: {e}") from e
-        raise
-    with contextlib.suppress(OSError):  # the rename itself survives a power cut
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return out.size, out.sha256.hexdigest()
-
-
 def write_summed(path: Path, state: Any) -> None:
     """torch.save `state` to `path`, then its size and sha256 to the sidecar `path`.sum."""
-    size, digest = write(path, lambda f: torch.save(state, f))
-    record = json.dumps({"bytes": size, "sha256": digest}).encode()
-    write(path.with_name(path.name + ".sum"), lambda f: f.write(record))
+    files.write_summed(path, lambda f: torch.save(state, f))
 
 
 def summed(path: Path) -> Stored:
     """The record of a file `write_summed` wrote, checked against the file's size."""
-    try:
-        record = json.loads(path.with_name(path.name + ".sum").read_text())
-        stored = Stored(path.name, int(record["bytes"]), str(record["sha256"]))
-        size = path.stat().st_size
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(
-            f"cannot commit {path.parent / MANIFEST}: {path} or its .sum is missing or "
-            f"unreadable ({e}); every rank must finish save_rank() before rank 0 commits"
-        ) from e
-    if size != stored.bytes:
-        raise CheckpointError(f"cannot commit: {path} has {size} bytes, {stored.bytes} written")
-    return stored
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    writers = "every rank must finish save_rank() before rank 0 commits"
+    return files.summed(path, path.parent / MANIFEST, writers)

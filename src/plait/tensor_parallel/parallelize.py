@@ -23,6 +23,56 @@ def _linears(module: nn.Module, names: tuple[str, ...]) -> bool:
     return all(isinstance(getattr(module, n, None), nn.Linear) for n in names)
 
 
+def _kind(module: nn.Module) -> str | None:
+    """ "attention", "mlp" or None: what `module` is to the split, by its structure."""
+    if _linears(module, ("q", "k", "v", "out")) and isinstance(
+        getattr(module, "head_dim", None), int
+    ):
+        return "attention"
+    return "mlp" if _linears(module, ("fc", "proj")) else None
+
+
+def _uneven(where: str, kind: str, module: nn.Module, size: int) -> str | None:
+    """Why `module` does not split over `size` tp ranks; None when it does."""
+    if kind == "attention":
+        q = module.q
+        assert isinstance(q, nn.Linear)
+        heads = q.out_features // int(module.head_dim)  # type: ignore[arg-type]
+        if heads % size:
+            return (
+                f"{where}: n_head {heads} % tp {size} = {heads % size} != 0: every "
+                "tp rank must hold whole attention heads"
+            )
+        return None
+    fc = module.fc
+    assert isinstance(fc, nn.Linear)
+    hidden = fc.out_features
+    if hidden % size:
+        return f"{where}: hidden size {hidden} % tp {size} = {hidden % size} != 0"
+    return None
+
+
+def check(model: nn.Module, size: int) -> None:
+    """Raise ValueError unless `model` splits over `size` tp ranks (what `parallelize`
+    checks, without a communicator: before any rank starts)."""
+    found = 0
+    for name, module in model.named_modules():
+        kind = _kind(module)
+        if kind is not None:
+            found += 1
+            why = _uneven(name or "the model", kind, module, size)
+            if why:
+                raise ValueError(why)
+    if not found:
+        raise ValueError(_NOTHING.format(type(model).__name__))
+
+
+_NOTHING = (
+    "parallelize found no attention (nn.Linear q, k, v, out and head_dim) and no MLP "
+    "(nn.Linear fc, proj) in {}"
+)
+
+
 def parallelize(model: nn.Module, mesh: Mesh | Communicator) -> nn.Module:
     """Replace `model`'s attention and MLP projections by tp-sharded ones, in place.
 
@@ -38,38 +88,14 @@ def parallelize(model: nn.Module, mesh: Mesh | Communicator) -> nn.Module:
             message names the module and the sizes), or nothing in the model matched.
     """
     tp = mesh.tp if isinstance(mesh, Mesh) else mesh
-    found = 0
-    for name, module in list(model.named_modules()):
-        where = name or "the model"
-        if _linears(module, ("q", "k", "v", "out")) and isinstance(
-            getattr(module, "head_dim", None), int
-        ):
-            q = module.q
-            assert isinstance(q, nn.Linear)
-            heads = q.out_features // int(module.head_dim)
-            if heads % tp.size:
-                raise ValueError(
-                    f"{where}: n_head {heads} % tp {tp.size} = {heads % tp.size} != 0: every "
-                    "tp rank must hold whole attention heads"
-                )
+    check(model, tp.size)
+    for module in list(model.modules()):
+        kind = _kind(module)
+        if kind == "attention":
             for proj in ("q", "k", "v"):
                 setattr(module, proj, ColumnParallelLinear.from_linear(getattr(module, proj), tp))
-            module.out = RowParallelLinear.from_linear(module.out, tp)
-            found += 1
-        elif _linears(module, ("fc", "proj")):
-            fc = module.fc
-            assert isinstance(fc, nn.Linear)
-            if fc.out_features % tp.size:
-                raise ValueError(
-                    f"{where}: hidden size {fc.out_features} % tp {tp.size} = "
-                    f"{fc.out_features % tp.size} != 0"
-                )
-            module.fc = ColumnParallelLinear.from_linear(fc, tp)
-            module.proj = RowParallelLinear.from_linear(module.proj, tp)
-            found += 1
-    if not found:
-        raise ValueError(
-            "parallelize found no attention (nn.Linear q, k, v, out and head_dim) and no MLP "
-            f"(nn.Linear fc, proj) in {type(model).__name__}"
-        )
+            module.out = RowParallelLinear.from_linear(module.out, tp)  # type: ignore[arg-type]
+        elif kind == "mlp":
+            module.fc = ColumnParallelLinear.from_linear(module.fc, tp)  # type: ignore[arg-type]
+            module.proj = RowParallelLinear.from_linear(module.proj, tp)  # type: ignore[arg-type]
     return model

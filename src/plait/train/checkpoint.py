@@ -9,7 +9,8 @@ between runs: the data stream depends on the global batch, not on how it is spli
 
 Atomic: the bytes go to a temporary file in the same directory, are fsync'ed, and then
 os.replace() puts the file in place (a rename, atomic on POSIX). A crash at any moment
-leaves either the previous checkpoint or the new one, never a torn file.
+leaves either the previous checkpoint or the new one, never a torn file. Beside it,
+checkpoint.pt.sum records its size and sha256 (saved.py), checked before any worker reads it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 import torch
 
-from plait.sharded.storage import write
+from plait.options import flag
+from plait.train import saved
 from plait.train.errors import CheckpointError
 from plait.train.outdir import check_resumable, check_writable
 from plait.train.outdir import checkpoint_path as path
@@ -49,7 +51,7 @@ def save(out: str | os.PathLike[str], state: dict[str, Any]) -> Path:
         CheckpointError: the write failed; the previous checkpoint is untouched.
     """
     final = path(out)
-    write(final, lambda f: torch.save({"format": FORMAT, **state}, f))
+    saved.save(final, lambda f: torch.save({"format": FORMAT, **state}, f))  # and its .sum
     return final
 
 
@@ -63,8 +65,9 @@ def load(out: str | os.PathLike[str]) -> dict[str, Any]:
     where = path(out)
     try:
         state: dict[str, Any] = torch.load(where, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"cannot read the checkpoint {where}: {e}") from e
+    except Exception as e:  # say why by its structure: torch's own reason may be empty
+        why = saved.why_unreadable(where)
+        raise CheckpointError(f"{where} {why}" if why else f"cannot read {where}: {e}") from e
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{where} has format {state.get('format')}; expected {FORMAT}")
     return state
@@ -72,13 +75,13 @@ def load(out: str | os.PathLike[str]) -> dict[str, Any]:
 
 def check_matches(state: dict[str, Any], options: dict[str, Any], where: str) -> None:
     """Raise CheckpointError if the checkpoint was written with other MUST_MATCH options."""
-    saved = state["options"]
+    theirs = state["options"]
     for key in MUST_MATCH:
-        if key not in saved:  # written before the option existed (optimizer): its default
+        if key not in theirs:  # written before the option existed (optimizer): its default
             continue
-        if saved.get(key) != options.get(key):
+        if theirs.get(key) != options.get(key):
             raise CheckpointError(
-                f"the checkpoint in {where} was written by a run with {key} {saved.get(key)!r}, "
-                f"this run has {key} {options.get(key)!r}; resuming needs the same "
-                f"{', '.join(MUST_MATCH)}"
+                f"the checkpoint in {where} was written by a run with {flag(key)} "
+                f"{theirs.get(key)!r}, this run has {flag(key)} {options.get(key)!r}; resuming "
+                f"needs the same {', '.join(map(flag, MUST_MATCH))}"
             )

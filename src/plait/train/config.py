@@ -20,9 +20,8 @@ from typing import Any
 
 from plait.options import build, flatten, group, load, option
 from plait.ps.config import PSConfig
-from plait.train import parts_ps, strategies
+from plait.train import lr_schedule, parts_ps, strategies
 from plait.train.errors import ConfigError
-from plait.train.lr_schedule import lr_at
 from plait.train.parts import (
     DeviceConfig,
     MeshConfig,
@@ -202,21 +201,26 @@ class TrainConfig:
 
     @property
     def peak_lr(self) -> float:
-        """The learning rate after warm-up: lr, times batch_size / base_batch if scaled."""
-        lr = self.optim.lr
-        assert lr is not None, "filled in on creation"
-        if self.optim.lr_scaling == "linear":
-            return lr * self.batch_size / self.recipe.base_batch
-        return lr
+        """The learning rate after warm-up: lr, scaled to the batch by --lr-scaling."""
+        lr, rule = self.optim.lr, self.optim.lr_scaling
+        assert lr is not None and rule is not None, "filled in on creation"
+        return lr_schedule.scaled(rule, lr, self.batch_size, self.recipe.base_batch)
 
     def lr_at(self, step: int) -> float:
         """The learning rate of step `step` (1-based): warm-up, then the decay."""
         o = self.optim
-        assert o.lr is not None and o.warmup_steps is not None, "filled in on creation"
-        # Goyal et al.: with linear scaling, warm up from the unscaled lr to the scaled one
-        start = o.lr if o.lr_scaling == "linear" else 0.0
-        return lr_at(step, peak=self.peak_lr, steps=self.steps, warmup_steps=o.warmup_steps,
-                     start=start, decay=o.lr_decay)  # fmt: skip
+        assert o.lr is not None and o.warmup_steps is not None and o.lr_scaling is not None
+        start = lr_schedule.warmup_start(o.lr_scaling, o.lr)
+        return lr_schedule.lr_at(step, peak=self.peak_lr, steps=self.steps,
+                                 warmup_steps=o.warmup_steps, start=start,
+                                 decay=o.lr_decay)  # fmt: skip
+
+    def rate_warning(self) -> str | None:
+        """A line for the user when the scaled rate is one known to break runs (lr_schedule)."""
+        o = self.optim
+        assert o.lr is not None and o.lr_scaling is not None, "filled in on creation"
+        return lr_schedule.rate_warning(self.optimizer, o.lr_scaling, o.lr, self.batch_size,
+                                        self.recipe.base_batch)  # fmt: skip
 
     @property
     def row(self) -> Strategy:
@@ -235,7 +239,7 @@ class TrainConfig:
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
                 raise ConfigError(
-                    f"{', '.join(given)} {verb} to --strategy ps only, not strategy "
+                    f"{', '.join(given)} {verb} to --strategy ps only, not --strategy "
                     f"{self.strategy}; add --strategy ps"
                 )
             return
@@ -251,37 +255,27 @@ class TrainConfig:
         """The global batch splits evenly over the replicas, at least a sample per chunk."""
         batch, dp, chunks = self.batch_size, self.mesh.dp, self.mesh.chunks
         assert dp is not None and chunks is not None
-        split = "workers" if dp == self.workers else "dp"
+        split = "--workers" if dp == self.workers else "--dp"
         if batch % dp != 0:
             raise ConfigError(
-                f"batch_size {batch} % {split} {dp} = {batch % dp} != 0: the global batch is "
+                f"--batch-size {batch} % {split} {dp} = {batch % dp} != 0: the global batch is "
                 "split evenly over the "
-                f"{'workers' if split == 'workers' else 'data-parallel replicas'}"
+                f"{'workers' if split == '--workers' else 'data-parallel replicas'}"
             )
         if batch // dp < chunks:
             raise ConfigError(
-                f"batch_size {batch} / dp {dp} = {batch // dp} samples per replica < chunks "
+                f"--batch-size {batch} / dp {dp} = {batch // dp} samples per replica < --chunks "
                 f"{chunks}: every micro-batch needs a sample"
             )
 
     def _check_mesh(self) -> None:
-        """--pp/--tp: the strategy's mesh Step; interleaved and zb-h1 only with what they were
-        tested with (tests/world/test_train_mesh.py); --tp only on a model it can split."""
+        """--pp/--tp: the strategy's mesh Step, a schedule it has (every schedule runs with
+        --zero, --compile and --activation-checkpointing); --tp only on a model it can
+        split."""
         if not self.mesh.on_mesh:
             return
         self.row.check_mesh()
         self.mesh.check_schedule()
-        schedule = self.mesh.schedule
-        if schedule in ("interleaved", "zb-h1"):
-            compute = self.compute
-            given = [flag for flag, on in (("--zero", self.zero), ("--compile", compute.compile),
-                     ("--activation-checkpointing", schedule == "zb-h1"
-                      and compute.activation_checkpointing)) if on]  # fmt: skip
-            if given:
-                raise ConfigError(
-                    f"--schedule {schedule} does not run with {' or '.join(given)} yet (not "
-                    "built and tested together); use --schedule 1f1b with them"
-                )
         model = self.workload.model
         if self.mesh.tp > 1 and model not in (None, *TRANSFORMERS):
             raise ConfigError(
@@ -292,13 +286,13 @@ class TrainConfig:
     def _check_zero(self) -> None:
         """--zero shards over the ranks of --strategy allreduce (over the dp axis on a mesh)."""
         if self.zero not in (0, 1, 2, 3):
-            raise ConfigError(f"zero {self.zero!r} is not one of 0, 1, 2, 3")
+            raise ConfigError(f"--zero {self.zero!r} is not one of 0, 1, 2, 3")
         if self.zero:
             self.row.check_zero(self.zero)
 
     def _check_priority(self) -> None:
         if not self.slice_mb > 0:
-            raise ConfigError(f"slice_mb {self.slice_mb:g} is not > 0")
+            raise ConfigError(f"--slice-mb {self.slice_mb:g} is not > 0")
         if self.slice_mb != 1.0 and not self.priority:
             raise ConfigError(f"--slice-mb {self.slice_mb:g} applies to --priority only")
         if not self.priority:
@@ -310,19 +304,22 @@ class TrainConfig:
                     "hook; not with --compile yet"
                 )
             return
+        if self.zero:
+            raise ConfigError(
+                f"--priority does not run with --zero {self.zero} yet: its slices and per-layer "
+                "steps are DataParallel's allreduce and whole parameters, not ZeRO's "
+                "reduce-scatters and shards (whose gathers already overlap the next forward)"
+            )
         where = [f"--strategy {self.strategy}"] if self.strategy != "allreduce" else []
-        where += [f"--zero {self.zero}"] if self.zero else []
         where += ["--pp/--tp"] if self.mesh.on_mesh else []
-        if self.compute.precision == "fp16":
-            where.append("--precision fp16")
         if self.optim.optimizer in ("lars", "lamb"):  # (a step of some layers: untested)
             where.append(f"--optimizer {self.optim.optimizer}")
         if self.compute.wire != "none":  # --compression, or --reduce-dtype its older name
             where.append(f"--compression {self.compute.wire}")
         if where:
             raise ConfigError(
-                f"--priority schedules DataParallel's reduction (--strategy allreduce, fp32 "
-                f"or bf16); not with {', '.join(where)} yet"
+                f"--priority schedules DataParallel's reduction (--strategy allreduce); not "
+                f"with {', '.join(where)} yet"
             )
 
     def _check_elastic(self) -> None:
@@ -372,13 +369,16 @@ class TrainConfig:
                 "--elastic with --strategy ps does not run with --trace yet: the trace's "
                 "merge waits for the starting workers' events and knows no joiner"
             )
+        if self.checkpoint.out is not None:
+            raise ConfigError(
+                "--elastic with --strategy ps does not write checkpoints (--out) yet: the "
+                "worker that reports, and would commit them, changes as workers leave"
+            )
         self.ps = replace(self.ps, elastic_workers=True)
 
     def _check_checkpoints(self) -> None:
         if self.checkpoint.out is None and not self.checkpoint.resume:
             return
-        if self.mesh.on_mesh:
-            raise ConfigError("checkpoints (--out, --resume) are not supported with --pp/--tp yet")
         self.row.check_checkpoints()
 
 
@@ -393,5 +393,6 @@ def check_given(options: dict[str, Any]) -> None:
         ConfigError: naming exactly the flags given in vain.
     """
     DistillConfig.check_given(options)
+    MeshConfig.check_given(options)
     ElasticConfig.check_given(options)
     parts_ps.check_given(options)

@@ -114,7 +114,7 @@ def load(config: TrainConfig, work: Workload, device: torch.device) -> Distiller
     if d.teacher is None:
         return None
     trained = load_run(d.teacher)
-    _check_data(trained.options, config, d.teacher)
+    check_data(trained.options, config, d.teacher)
     x, _ = work.data.train_batch(torch.arange(min(2, work.data.num_train)))
     with torch.no_grad():
         mine = work.build_model(config.workload.seed)(x).shape
@@ -136,13 +136,14 @@ def load(config: TrainConfig, work: Workload, device: torch.device) -> Distiller
     metric = trained.workload.metric
     figures = {"dir": d.teacher, "model": trained.name, "parameters": trained.parameters,
                "metric": trained.metric, "metric_name": metric.name,
-               "metric_unit": metric.unit}  # fmt: skip
+               "metric_unit": metric.unit,
+               "token": getattr(trained.workload.data, "token", None)}  # fmt: skip
     for p in trained.model.parameters():
         p.requires_grad_(False)  # the teacher only infers: no gradient reaches it
     return Distiller(trained.model.to(device), d.distill_temperature, d.distill_weight, figures)
 
 
-def _check_data(teacher: dict[str, Any], config: TrainConfig, where: str) -> None:
+def check_data(teacher: dict[str, Any], config: TrainConfig, where: str) -> None:
     """Raise ConfigError unless the teacher trained on the student's data (a --workload
     student: the same --workload)."""
     w = config.workload
@@ -164,8 +165,8 @@ def _check_data(teacher: dict[str, Any], config: TrainConfig, where: str) -> Non
 
 
 def _source(workload: str | None, data: str | None) -> str:
-    """What a run trained on, as its options name it: "--workload M:F" or "data NAME"."""
-    return f"--workload {workload}" if workload else f"data {data}"
+    """What a run trained on, as its options name it: "--workload M:F" or "--data NAME"."""
+    return f"--workload {workload}" if workload else f"--data {data}"
 
 
 def describe(distiller: Distiller) -> dict[str, Any]:

@@ -36,8 +36,10 @@ from typing import Any, TextIO, cast
 
 from plait import env
 from plait.errors import EXIT_BAD_INPUT
+from plait.ps import run_files
+from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import MANIFEST
-from plait.train import board, compile, device, outdir
+from plait.train import board, compile, device, outdir, resumable
 from plait.train import data as datasets
 from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
@@ -60,6 +62,10 @@ def configure(options: dict[str, Any]) -> TrainConfig:
         CheckpointError: --out or --json is not writable, or --resume finds no checkpoint.
     """
     options = dict(options)
+    try:  # every PLAIT_* variable, as the command line does (cli/main.py): train() too
+        env.check()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     check_given(options)
     if under_launcher():
         world = int(os.environ["WORLD_SIZE"])
@@ -74,7 +80,7 @@ def configure(options: dict[str, Any]) -> TrainConfig:
             return _launched(_check(TrainConfig.from_options({"workers": 1, **given})))
         if options.get("workers", world) != world:
             raise ConfigError(
-                f"workers {options['workers']} != WORLD_SIZE {world}: under torchrun or "
+                f"--workers {options['workers']} != WORLD_SIZE {world}: under torchrun or "
                 "plait run the launcher decides the number of workers; leave out --workers"
             )
         options["workers"] = world
@@ -127,8 +133,11 @@ def resume_after_restart(options: dict[str, Any], environ: Mapping[str, str]) ->
     out = options.get("out")
     if restarts < 1 or out is None or options.get("resume"):
         return options
-    sharded = int(options.get("zero") or 0) > 0
+    on_mesh = int(options.get("pp") or 1) > 1 or int(options.get("tp") or 1) > 1
+    sharded = int(options.get("zero") or 0) > 0 or on_mesh  # (a mesh's has a manifest too)
     where = Path(out) / MANIFEST if sharded else outdir.checkpoint_path(out)
+    if options.get("strategy") == "ps":  # the parameter servers' own manifest
+        where = Path(out) / PS_MANIFEST
     found = where.is_file()
     if environ.get("RANK") == "0":
         what = f"resuming from {where}" if found else f"no checkpoint in {out} yet: starting over"
@@ -153,11 +162,11 @@ def _configure_ps_rank(options: dict[str, Any], world: int) -> TrainConfig:
             "ranks are servers: pass --servers S (or set PLAIT_SERVERS=S on every rank)"
         )
     if env_servers is not None and env_servers != servers:
-        raise ConfigError(f"servers {servers} != PLAIT_SERVERS {env_servers}")
+        raise ConfigError(f"--servers {servers} != PLAIT_SERVERS {env_servers}")
     workers = world - servers
     if options.get("workers", workers) != workers:
         raise ConfigError(
-            f"workers {options['workers']} != WORLD_SIZE {world} - servers {servers}: under "
+            f"--workers {options['workers']} != WORLD_SIZE {world} - servers {servers}: under "
             "torchrun or plait run the launcher decides the number of workers; leave out "
             "--workers"
         )
@@ -183,11 +192,16 @@ def _check(config: TrainConfig) -> TrainConfig:
         _check_workload(config)
     out = config.checkpoint.out
     if out is not None:
-        if config.checkpoint.resume:
-            outdir.check_resumable(out, sharded=config.zero > 0)
+        if config.checkpoint.resume and config.strategy == "ps":
+            run_files.check_present(out)  # the servers' manifest and files
+        elif config.checkpoint.resume:
+            resumable.check(out, config.mesh.on_mesh, config.zero)
+            _check_resume(config, out)
         outdir.check_writable(out)
     if config.distill.teacher is not None:
-        _check_teacher(config.distill.teacher)
+        _check_teacher(config)
+    if config.mesh.on_mesh and config.workload.path is None and not config.workload.given:
+        _check_built_in(config)
     if config.log.json is not None:
         outdir.check_file_writable(config.log.json)
     if config.log.tensorboard is not None:
@@ -199,15 +213,128 @@ def _check(config: TrainConfig) -> TrainConfig:
     return config
 
 
-def _check_teacher(teacher: str) -> None:
-    """--teacher DIR holds a trained run's checkpoint (plain or sharded); its data and
-    outputs are checked where it is loaded (distill.load, in every worker)."""
+def written(config: TrainConfig, since: float) -> list[str]:
+    """The lines that say where --profile and --tensorboard wrote (files newer than
+    `since`, a time.time(), count: an older one is another run's)."""
+    lines = []
+    log = config.log
+    if log.profile is not None:
+        new = [p for p in Path(log.profile_dir).glob("rank*.json") if p.stat().st_mtime >= since]
+        lines.append(
+            f"plait train: --profile wrote {_count(len(new), 'Chrome trace')} to "
+            f"{log.profile_dir}/rank<R>.json (open them in Perfetto, ui.perfetto.dev)"
+        )
+    if log.tensorboard is not None:
+        lines.append(
+            f"plait train: --tensorboard wrote its scalars to {log.tensorboard} (see them: "
+            f"tensorboard --logdir {log.tensorboard})"
+        )
+    return lines
+
+
+def _count(n: int, noun: str) -> str:
+    """ "1 worker", "4 workers"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+class Finished(Exception):
+    """--resume of a run whose checkpoint is at its last step already: nothing to train."""
+
+
+def _check_resume(config: TrainConfig, out: str) -> None:
+    """--resume: the checkpoint whole (every file at its size and sha256: saved.py), written
+    with the options a resume needs the same (checkpoint.MUST_MATCH), and not at its end.
+
+    Raises:
+        CheckpointError: a damaged checkpoint (the file named), or other options.
+        Finished: the checkpoint is at step --steps or later.
+    """
+    from plait.train import checkpoint, saved
+
+    if resumable.kind_of(out) == "dcp":  # weights only: checked where they are read
+        return
+    state = saved.read(out)
+    checkpoint.check_matches(state, config.options(), out)
+    step = int(state["step"])
+    if step >= config.steps:
+        raise Finished(
+            f"the run in {out} has done step {step} of --steps {config.steps} already: there "
+            f"is nothing to train. To train it further, resume with a larger --steps (e.g. "
+            f"--steps {2 * config.steps}; the learning-rate schedule then spans the new count)"
+        )
+
+
+def _check_teacher(config: TrainConfig) -> None:
+    """--teacher DIR holds a whole trained run's checkpoint (plain or sharded) of the
+    student's task and data (distill.check_data); the outputs' shape is checked where it
+    is loaded (distill.load, in every worker)."""
+    teacher = config.distill.teacher
+    assert teacher is not None
     where = outdir.checkpoint_path(teacher)
     if not where.is_file() and not (where.parent / MANIFEST).is_file():
         raise CheckpointError(
             f"--teacher {teacher!r} holds no trained run: expected {where.name} or "
             f"{MANIFEST} there (the directory `plait train --out DIR` wrote)"
         )
+    from plait.train import distill, saved
+
+    distill.check_data(saved.read(teacher)["options"], config, teacher)
+
+
+def _check_built_in(config: TrainConfig) -> None:
+    """--pp/--tp on a built-in model: built here, so that a mesh it does not fit is one
+    line before any worker starts (a --workload's model: _check_workload)."""
+    from plait.train import workloads
+
+    assert config.workload.model is not None
+    work = workloads.builtin(config.workload.model, config.workload.data)
+    _check_fits(config, work.build_model(config.workload.seed))
+
+
+def _check_fits(config: TrainConfig, model: Any) -> None:
+    """The model cuts into --pp (times --virtual) stages and splits over --tp ranks."""
+    from plait.tensor_parallel.parallelize import check
+    from plait.train.workload import stages
+
+    mesh = config.mesh
+    assert mesh.virtual is not None
+    parts = mesh.pp * mesh.virtual
+    virtual = f" x --virtual {mesh.virtual}" if mesh.virtual > 1 else ""
+    if mesh.pp > 1 and len(layers := stages(model)) < parts:
+        raise ConfigError(
+            f"--pp {mesh.pp}{virtual}: the model has {len(layers)} layers to cut into "
+            f"{parts} stages; use --pp {len(layers) // mesh.virtual or 1} or fewer"
+        )
+    if mesh.pp > 1 and (idle := _without_parameters(layers, mesh.pp, mesh.virtual)):
+        rank, names = idle
+        raise ConfigError(
+            f"--pp {mesh.pp}{virtual} ({mesh.schedule}): pipeline rank {rank} would hold only "
+            f"layers without parameters ({', '.join(names)}), which leaves its optimizer "
+            "nothing to train; use fewer stages or --schedule 1f1b"
+        )
+    if mesh.tp > 1:
+        try:
+            check(model, mesh.tp)
+        except ValueError as e:
+            raise ConfigError(f"--tp {mesh.tp}: {e}") from None
+
+
+def _without_parameters(layers: list[Any], pp: int, virtual: int) -> tuple[int, list[str]] | None:
+    """(a pipeline rank, the layers it holds) when that rank's stages hold no trainable
+    parameter, cut as the Pipeline cuts (split_sizes; part j of rank r is virtual stage
+    j * pp + r: pipeline/route.py); None when every rank holds some."""
+    from plait.pipeline.balance import split_sizes
+    from plait.pipeline.route import Route
+
+    sizes, route = split_sizes(len(layers), pp * virtual), Route(pp, virtual)
+    for rank in range(pp):
+        held = []
+        for part in range(virtual):
+            v = route.virtual(rank, part)
+            held += layers[sum(sizes[:v]) : sum(sizes[: v + 1])]
+        if not any(p.requires_grad for layer in held for p in layer.parameters()):
+            return rank, [type(layer).__name__ for layer in held]
+    return None
 
 
 def _check_folder(folder: str, what: str) -> None:
@@ -223,14 +350,12 @@ def _check_workload(config: TrainConfig) -> None:
     """--workload: resolve it and build its model here, so that a wrong path, a builder
     that returns no nn.Module, too little data or a model a pipeline cannot cut is one
     line before any worker starts (this imports torch and the user's module)."""
-    from plait.train.workload import load, stages
+    from plait.train.workload import load
 
     assert config.workload.path is not None
     work = load(config.workload.path)
     work.check_data(config.batch_size)
-    model = work.build_model(config.workload.seed)
-    if config.mesh.pp > 1:
-        stages(model)
+    _check_fits(config, work.build_model(config.workload.seed))
 
 
 def run(
@@ -251,6 +376,13 @@ def run(
     except (ConfigError, MissingExtraError, CheckpointError) as e:
         print(f"plait train: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Finished as e:  # not an error: the run is done
+        if os.environ.get("RANK", "0") == "0":
+            print(f"plait train: {e}", file=out)
+        return 0
+    warning = config.rate_warning()  # a scaled rate known to break runs: said, not refused
+    if warning is not None and os.environ.get("RANK", "0") == "0":
+        print(f"plait train: warning: {warning}", file=sys.stderr)
     if under_launcher():
         from plait.train import worker
 
@@ -263,11 +395,11 @@ def run(
     renderer: progress.Renderer = progress.Bar() if out.isatty() else progress.Text(out)
     servers = config.servers or 0
     mode = config.ps.mode if config.ps is not None else None
-    also = f" and {servers} parameter servers ({mode})" if servers else ""
+    also = f" and {_count(servers, 'parameter server')} ({mode})" if servers else ""
     elastic = config.elastic
     if elastic.elastic:
         also += f" (elastic: the run goes on while at least {elastic.min_workers} live)"
-    renderer.text(f"plait train: starting {config.workers} workers{also}")
+    renderer.text(f"plait train: starting {_count(config.workers, 'worker')}{also}")
     children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0),
                     PLAIT_DEVICE=str(config.device.name))  # fmt: skip
     if elastic.elastic and elastic.max_workers is not None:  # joiners admitted up to it
@@ -304,8 +436,13 @@ def run(
         out.flush()
         print(f"plait train: error: {stream.error['message']}", file=sys.stderr)
         return int(stream.error["code"])
+    if code == 0:
+        for line in written(config, t0):
+            renderer.text(line)
     if code != 0 and config.checkpoint.out is not None:  # a crash or a stop: it can go on
         out.flush()
-        hint = outdir.resume_hint(config.checkpoint.out, config.zero > 0, argv)
+        ps = {"manifest": PS_MANIFEST} if config.strategy == "ps" else {}  # the servers'
+        manifest = config.zero > 0 or config.mesh.on_mesh or bool(ps)  # (mesh ones too)
+        hint = outdir.resume_hint(config.checkpoint.out, manifest, argv, **ps)
         print(hint, file=sys.stderr)
     return code

@@ -35,14 +35,17 @@ def check_writable(out: str | os.PathLike[str]) -> None:
         raise CheckpointError(f"cannot write checkpoints to {str(out)!r}: {reason}") from None
 
 
-def check_resumable(out: str | os.PathLike[str], sharded: bool = False) -> None:
-    """Raise CheckpointError unless `out` holds a checkpoint (`sharded`: its manifest)."""
-    where = Path(out) / MANIFEST if sharded else checkpoint_path(out)
+def check_resumable(
+    out: str | os.PathLike[str], sharded: bool = False, *, manifest: str = MANIFEST
+) -> None:
+    """Raise CheckpointError unless `out` holds a checkpoint (`sharded`: its manifest, by
+    the name `manifest`: a parameter-server run's is plait/ps/run_files.py's)."""
+    where = Path(out) / manifest if sharded else checkpoint_path(out)
     if where.is_file():
         return
     other = checkpoint_path(out) if sharded else Path(out) / MANIFEST
     hint = ""
-    if other.is_file():
+    if other.is_file() and manifest == MANIFEST:
         hint = (f"; {other.name} there is a plain checkpoint (a run without --zero): resume "
                 "it without --zero" if sharded else
                 f"; {other.name} there is a sharded checkpoint (a run with --zero): resume it "
@@ -64,17 +67,20 @@ def check_file_writable(target: str | os.PathLike[str], what: str = "--json") ->
 RESUME_FLAG = "--resume"  # CheckpointConfig.resume's option; it needs --out DIR, as given
 
 
-def resume_hint(out: str, sharded: bool, argv: Sequence[str] | None) -> str:
+def resume_hint(
+    out: str, sharded: bool, argv: Sequence[str] | None, *, manifest: str = MANIFEST
+) -> str:
     """What to tell the user after a run with --out `out` failed: the command that resumes it.
 
     Args:
         out: the run's --out directory.
         sharded: the run writes sharded checkpoints (--zero): its manifest is what resumes.
+        manifest: that manifest's name (a parameter-server run's differs).
         argv: the user's command line after the program name (`train --out x ...`), or
             None when the run was not started from the command line.
     """
     try:
-        check_resumable(out, sharded=sharded)
+        check_resumable(out, sharded=sharded, manifest=manifest)
     except CheckpointError:
         return f"plait train: no checkpoint was written to {out} yet: there is nothing to resume"
     if argv is None:

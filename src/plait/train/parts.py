@@ -13,14 +13,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from plait import env
-from plait.options import option
+from plait.options import flag, option
 from plait.pipeline.schedule import SCHEDULES, VIRTUAL
 from plait.train import data as datasets
 from plait.train.errors import ConfigError
 from plait.train.recipes import (
     CUSTOM,
+    LR_SCALING,
     MODEL_TASK,
     MODELS,
     OPTIMIZERS,
@@ -31,22 +33,23 @@ from plait.train.recipes import (
 )
 
 PIPELINE_SCHEDULES = tuple(SCHEDULES)  # the ones the runtime runs (plait.pipeline.schedule)
-LR_SCALINGS = ("none", "linear")
+MESH_ONLY = {"schedule": "1f1b", "chunks": 1}  # MeshConfig's options a mesh takes: defaults
+LR_SCALINGS = ("none", "linear", "sqrt")
 LR_DECAYS = ("cosine", "none")
-DEVICES = ("auto", "cpu", "cuda")  # plait.devices.CHOICES (not imported: it needs torch)
+DEVICES = env.REGISTRY["PLAIT_DEVICE"].choices  # auto, cpu, cuda: one table (env.py)
 IMPORT_PATH = re.compile(r"^[^:]+:[A-Za-z_][\w.]*$")  # module.path:function or file.py:function
 
 
 def at_least(name: str, value: int, low: int) -> None:
-    """Raise ConfigError("name value < low") unless value >= low."""
+    """Raise ConfigError("--name value < low") unless value >= low (`name`: the option's)."""
     if value < low:
-        raise ConfigError(f"{name} {value} < {low}")
+        raise ConfigError(f"{flag(name)} {value} < {low}")
 
 
 def one_of(name: str, value: str, accepted: tuple[str, ...]) -> None:
-    """Raise ConfigError unless `value` is one of `accepted`."""
+    """Raise ConfigError unless `value` is one of `accepted` (`name`: the option's)."""
     if value not in accepted:
-        raise ConfigError(f"{name} {value!r} is not one of {', '.join(accepted)}")
+        raise ConfigError(f"{flag(name)} {value!r} is not one of {', '.join(accepted)}")
 
 
 @dataclass(kw_only=True)
@@ -84,7 +87,7 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         if self.given and self.path is not None:
             raise ConfigError(
-                f"workload {self.path!r} and a Workload object passed to train(): give one"
+                f"--workload {self.path!r} and a Workload object passed to train(): give one"
             )
         if self.path is not None or self.given:
             named = [f"--{n}" for n in ("model", "data") if getattr(self, n) is not None]
@@ -96,7 +99,7 @@ class WorkloadConfig:
                 )
             if self.path is not None and not IMPORT_PATH.match(self.path):
                 raise ConfigError(
-                    f"workload {self.path!r} is not MODULE:FUNCTION (e.g. mypkg.mymod:make) "
+                    f"--workload {self.path!r} is not MODULE:FUNCTION (e.g. mypkg.mymod:make) "
                     "or FILE.py:FUNCTION"
                 )
             return
@@ -108,8 +111,8 @@ class WorkloadConfig:
         if task not in datasets.TASKS[str(self.data)]:
             fits = [d for d, tasks in datasets.TASKS.items() if task in tasks]
             raise ConfigError(
-                f"model {self.model} does {TASK_NAMES[task]}, which data {self.data} does not "
-                f"provide; use data {' or '.join(fits)}"
+                f"--model {self.model} does {TASK_NAMES[task]}, which --data {self.data} does "
+                f"not provide; use --data {' or '.join(fits)}"
             )
 
     @property
@@ -145,16 +148,18 @@ class OptimConfig:
     lr: float | None = field(
         default=None,
         metadata=option(
-            "peak learning rate (at the model's base batch with --lr-scaling linear)",
+            "peak learning rate (at the model's base batch with --lr-scaling linear or sqrt)",
             default_text=per_model("lr") + "; each optimizer has its own (recipes.py)",
         ),
     )
-    lr_scaling: str = field(
-        default="none",
+    lr_scaling: str | None = field(
+        default=None,
         metadata=option(
             "linear: scale lr by batch_size / the model's base batch "
-            f"({per_model('base_batch')}), Goyal et al. 2017",
+            f"({per_model('base_batch')}), Goyal et al. 2017; sqrt: by its square root, "
+            "You et al. 2020 (LAMB)",
             choices=LR_SCALINGS,
+            default_text=", ".join(f"{o} {s}" for o, s in LR_SCALING.items()),
         ),
     )
     warmup_steps: int | None = field(
@@ -174,18 +179,19 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.optimizer is not None:
             one_of("optimizer", self.optimizer, OPTIMIZERS)
-        one_of("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        if self.lr_scaling is not None:
+            one_of("lr_scaling", self.lr_scaling, LR_SCALINGS)
         one_of("lr_decay", self.lr_decay, LR_DECAYS)
         for name in ("steps", "batch_size"):
             value = getattr(self, name)
             if value is not None:
                 at_least(name, value, 1)
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError(f"lr {self.lr} is not > 0")
+            raise ConfigError(f"--lr {self.lr} is not > 0")
         if self.warmup_steps is not None:
             at_least("warmup_steps", self.warmup_steps, 0)
             if self.steps is not None and self.warmup_steps > self.steps:
-                raise ConfigError(f"warmup_steps {self.warmup_steps} > steps {self.steps}")
+                raise ConfigError(f"--warmup-steps {self.warmup_steps} > --steps {self.steps}")
 
     def filled(self, r: Recipe) -> OptimConfig:
         """These options with the recipe's defaults where None (the learning rate: the
@@ -201,6 +207,7 @@ class OptimConfig:
             batch_size=r.batch_size if self.batch_size is None else self.batch_size,
             optimizer=optimizer,
             lr=r.rates[optimizer].lr if self.lr is None else self.lr,
+            lr_scaling=LR_SCALING[optimizer] if self.lr_scaling is None else self.lr_scaling,
             warmup_steps=warmup,
         )
 
@@ -255,6 +262,11 @@ class MeshConfig:
         if self.dp is not None:
             at_least("dp", self.dp, 1)
         one_of("schedule", self.schedule, PIPELINE_SCHEDULES)
+        if not self.on_mesh:  # plain data parallelism runs no pipeline: they would be ignored
+            given = [f"{flag(n)} {v}" for n, v in (("schedule", self.schedule),
+                     ("chunks", self.chunks)) if v not in (MESH_ONLY[n], None)]  # fmt: skip
+            if given:
+                raise _without_mesh(given)
         if self.virtual is None:
             self.virtual = 2 if self.schedule in VIRTUAL else 1
         at_least("virtual", self.virtual, 1)
@@ -271,6 +283,20 @@ class MeshConfig:
     def on_mesh(self) -> bool:
         """Whether the run needs a mesh (pipeline or tensor parallelism), not plain dp."""
         return self.pp > 1 or self.tp > 1
+
+    @staticmethod
+    def check_given(options: dict[str, Any]) -> None:
+        """Refuse --schedule and --chunks without --pp or --tp, by what the user gave (see
+        config.check_given): `--schedule 1f1b` too.
+
+        Raises:
+            ConfigError: naming the flags given in vain.
+        """
+        if options.get("pp", 1) > 1 or options.get("tp", 1) > 1:
+            return
+        given = [f"{flag(n)} {options[n]}" for n in MESH_ONLY if options.get(n) is not None]
+        if given:
+            raise _without_mesh(given)
 
     def check_schedule(self) -> None:
         """interleaved's shape on a mesh: two stages or more, micro-batches in groups of
@@ -294,15 +320,24 @@ class MeshConfig:
         if dp is None:
             if workers % (pp * tp):
                 raise ConfigError(
-                    f"workers {workers} % (pp({pp}) * tp({tp})) = {workers % (pp * tp)} != 0: "
+                    f"--workers {workers} % (pp({pp}) * tp({tp})) = {workers % (pp * tp)} != 0: "
                     "the workers are laid on a dp x pp x tp grid"
                 )
             dp = workers // (pp * tp)
         if dp * pp * tp != workers:
             raise ConfigError(
-                f"dp({dp}) * pp({pp}) * tp({tp}) = {dp * pp * tp} != workers {workers}"
+                f"dp({dp}) * pp({pp}) * tp({tp}) = {dp * pp * tp} != --workers {workers}"
             )
         return replace(self, dp=dp)
+
+
+def _without_mesh(given: list[str]) -> ConfigError:
+    verb = "applies" if len(given) == 1 else "apply"
+    return ConfigError(
+        f"{' and '.join(given)} {verb} to a pipeline (--pp 2 or more) or tensor parallelism "
+        "(--tp); without either, every worker trains the whole model on its whole share of "
+        "the batch: add --pp N, or leave them out"
+    )
 
 
 @dataclass(kw_only=True)
@@ -335,7 +370,8 @@ class DeviceConfig:
         """With the device PLAIT_DEVICE names (auto when unset) where none was given."""
         if self.name is not None:
             return self
-        named = env.get("PLAIT_DEVICE")
-        if named not in DEVICES:
-            raise ConfigError(f"PLAIT_DEVICE {named!r} is not one of {', '.join(DEVICES)}")
+        try:  # its choices are the registry's (env.py), as DEVICES
+            named = env.get("PLAIT_DEVICE")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         return replace(self, name=named)

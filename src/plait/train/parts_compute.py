@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.data_parallel import spec
-from plait.options import option
+from plait.options import flag, option
 from plait.train.errors import ConfigError
 
 # --precision and --reduce-dtype names -> torch dtype names (precision.py makes the dtypes)
@@ -81,20 +81,20 @@ class ComputeConfig:
         for name in ("precision", "reduce_dtype"):
             value = getattr(self, name)
             if value not in PRECISIONS:
-                raise ConfigError(f"{name} {value!r} is not one of {', '.join(PRECISIONS)}")
+                raise ConfigError(f"{flag(name)} {value!r} is not one of {', '.join(PRECISIONS)}")
         spec.parse(self.compression)  # the message says what was expected and given
         if self.reduce_dtype != "fp32" and self.compression not in ("none", self.reduce_dtype):
             raise ConfigError(
-                f"reduce_dtype {self.reduce_dtype} and compression {self.compression} both "
+                f"--reduce-dtype {self.reduce_dtype} and --compression {self.compression} both "
                 f"say how gradients cross the wire (--reduce-dtype {self.reduce_dtype} is "
                 f"--compression {self.reduce_dtype}): give one"
             )
         if not (math.isfinite(self.loss_scale) and self.loss_scale > 0):
-            raise ConfigError(f"loss_scale {self.loss_scale:g} is not a finite number > 0")
+            raise ConfigError(f"--loss-scale {self.loss_scale:g} is not a finite number > 0")
         if self.loss_scale != LOSS_SCALE and self.precision != "fp16":
             raise ConfigError(
-                f"loss_scale {self.loss_scale:g} applies to --precision fp16 only, not "
-                f"precision {self.precision}: bf16 has fp32's range and needs no scaling"
+                f"--loss-scale {self.loss_scale:g} applies to --precision fp16 only, not "
+                f"--precision {self.precision}: bf16 has fp32's range and needs no scaling"
             )
 
     @property
@@ -116,11 +116,11 @@ class ComputeConfig:
         Raises:
             ConfigError: naming the options that do not run together.
         """
-        if zero and (self.compile or self.wire != "none"):
-            given = "--compile" if self.compile else self.wire_option()
+        why = spec.METHODS[spec.parse(self.wire).method].not_sharded
+        if zero and why:
             raise ConfigError(
-                f"{given} with --zero {zero} is not built yet (ShardedDataParallel gathers "
-                "and reduces in the parameters' dtype, around an eager forward): drop one"
+                f"{self.wire_option()} does not run with --zero {zero}: {why}; use "
+                "--compression fp16 or bf16 with --zero"
             )
         if self.compile and tp > 1:
             raise ConfigError(

@@ -63,12 +63,12 @@ class ElasticConfig:
     def __post_init__(self) -> None:
         if self.batch_policy not in POLICIES:
             raise ConfigError(
-                f"batch_policy {self.batch_policy!r} is not one of {', '.join(POLICIES)}"
+                f"--batch-policy {self.batch_policy!r} is not one of {', '.join(POLICIES)}"
             )
         for name in ("min_workers", "max_workers"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"{name} {value} < 1: a run needs at least one worker")
+                raise ConfigError(f"{flag(name)} {value} < 1: a run needs at least one worker")
         if not self.elastic:
             given = [flag(n) for n in ELASTIC_ONLY if getattr(self, n) not in (None, GLOBAL)]
             if given:
@@ -87,12 +87,12 @@ class ElasticConfig:
         high = workers if self.max_workers is None else self.max_workers
         if low > workers:
             raise ConfigError(
-                f"min_workers {low} > workers {workers}: the run would stop before it "
+                f"--min-workers {low} > --workers {workers}: the run would stop before it "
                 f"started; give --min-workers between 1 and {workers}"
             )
         if high < workers:
             raise ConfigError(
-                f"max_workers {high} < workers {workers}: the run starts with {workers}; "
+                f"--max-workers {high} < --workers {workers}: the run starts with {workers}; "
                 f"give --max-workers of at least {workers}"
             )
         return replace(self, min_workers=low, max_workers=high)

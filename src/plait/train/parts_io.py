@@ -37,7 +37,9 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         if self.resume and self.out is None:
-            raise ConfigError("resume needs out: the directory that holds checkpoint.pt")
+            raise ConfigError(
+                "--resume needs --out DIR: the directory that holds the run's checkpoint"
+            )
         if self.checkpoint_every is not None:
             at_least("checkpoint_every", self.checkpoint_every, 1)
 
@@ -79,12 +81,12 @@ class DistillConfig:
     def __post_init__(self) -> None:
         t, a = self.distill_temperature, self.distill_weight
         if not (math.isfinite(t) and t > 0):
-            raise ConfigError(f"distill_temperature {t:g} is not > 0")
+            raise ConfigError(f"--distill-temperature {t:g} is not > 0")
         if not (0.0 <= a <= 1.0):
-            raise ConfigError(f"distill_weight {a:g} is not in [0, 1]")
+            raise ConfigError(f"--distill-weight {a:g} is not in [0, 1]")
         if self.teacher is None and (t, a) != (DISTILL_TEMPERATURE, DISTILL_WEIGHT):
             raise ConfigError(
-                f"distill_temperature {t:g} and distill_weight {a:g} apply to distillation: "
+                f"--distill-temperature {t:g} and --distill-weight {a:g} apply to distillation: "
                 "give --teacher DIR (a run `plait train --out DIR` trained)"
             )
 

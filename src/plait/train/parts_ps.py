@@ -27,13 +27,13 @@ def check(ps: PSConfig) -> None:
         return
     if ps.staleness != PSConfig.staleness:
         raise ConfigError(
-            f"staleness {ps.staleness} applies to --ps-mode ssp (the bound on how "
+            f"--staleness {ps.staleness} applies to --ps-mode ssp (the bound on how "
             "far a worker may run ahead) or async (the bound of --stale-policy drop), "
-            "not ps_mode sync"
+            "not --ps-mode sync"
         )
     if ps.stale_policy != "accept" or ps.warm_start_steps:
         raise ConfigError(
-            "stale_policy and warm_start_steps apply to --ps-mode async or ssp: in "
+            "--stale-policy and --warm-start-steps apply to --ps-mode async or ssp: in "
             "sync mode no gradient is stale"
         )
 
@@ -60,7 +60,7 @@ def check_given(options: dict[str, Any]) -> None:
     if strategy != "ps" and found:
         verb = "applies" if len(found) == 1 else "apply"
         raise ConfigError(
-            f"{', '.join(found)} {verb} to --strategy ps only, not strategy {strategy}; "
+            f"{', '.join(found)} {verb} to --strategy ps only, not --strategy {strategy}; "
             "add --strategy ps"
         )
     if strategy == "ps" and options.get("ps_mode", PSConfig.mode) == "sync":
@@ -72,6 +72,6 @@ def check_given(options: dict[str, Any]) -> None:
         if stale:
             verb = "applies" if len(stale) == 1 else "apply"
             raise ConfigError(
-                f"{', '.join(stale)} {verb} to --ps-mode async or ssp, not ps_mode sync: in "
+                f"{', '.join(stale)} {verb} to --ps-mode async or ssp, not --ps-mode sync: in "
                 "sync mode no gradient is stale and no worker runs ahead"
             )

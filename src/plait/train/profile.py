@@ -27,19 +27,19 @@ def window(spec: str) -> tuple[int, int]:
     match = SPEC.match(spec)
     if match is None:
         raise ConfigError(
-            f"profile {spec!r} is not A:B (steps A to B, e.g. 5:8) or N (a count: steps 2 to N+1)"
+            f"--profile {spec!r} is not A:B (steps A to B, e.g. 5:8) or N (a count: steps 2 to N+1)"
         )
     a, b = match.groups()
     if b is None:
         count = int(a)
         if count < 1:
-            raise ConfigError(f"profile {spec!r}: a count of {count} steps < 1")
+            raise ConfigError(f"--profile {spec!r}: a count of {count} steps < 1")
         return 2, count + 1
     first, last = int(a), int(b)
     if first < 1:
-        raise ConfigError(f"profile {spec!r}: first step {first} < 1 (steps count from 1)")
+        raise ConfigError(f"--profile {spec!r}: first step {first} < 1 (steps count from 1)")
     if last < first:
-        raise ConfigError(f"profile {spec!r}: last step {last} < first step {first}")
+        raise ConfigError(f"--profile {spec!r}: last step {last} < first step {first}")
     return first, last
 
 
@@ -47,7 +47,7 @@ def check(spec: str, steps: int) -> None:
     """Raise ConfigError unless the window of `spec` lies within a run of `steps` steps."""
     last = window(spec)[1]
     if last > steps:
-        raise ConfigError(f"profile {spec!r} ends at step {last} > steps {steps}: the run "
+        raise ConfigError(f"--profile {spec!r} ends at step {last} > --steps {steps}: the run "
                           "ends before the window does")  # fmt: skip
 
 

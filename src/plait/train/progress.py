@@ -8,6 +8,7 @@ The training loop emits records `(kind, dict)`:
     log     the same, at a log point (text prints a line)
     eval    an evaluation on held-out data
     membership  (--elastic) the workers changed: who left or joined, the step redone
+    warning the loss is stalled or diverging (loss_trend.py): {"message"}
     finish  the summary (the --json figures and a few more)
     error   (events only) an error rank 0 explains: {"message", "code"}
 
@@ -52,7 +53,8 @@ class Renderer(Protocol):
 
 def header(rec: Record) -> list[str]:
     replicas = rec.get("replicas", rec["workers"])
-    split = f"{rec['workers']} workers" if replicas == rec["workers"] else f"dp {replicas}"
+    workers = f"{rec['workers']} worker{'' if rec['workers'] == 1 else 's'}"
+    split = workers if replicas == rec["workers"] else f"dp {replicas}"
     lines = [
         f"plait train: {rec['model']} ({rec['parameters']:,} parameters) on {rec['data']} "
         f"({rec['num_train']:,} train / {rec['num_val']:,} held-out {rec['unit']}s), "
@@ -81,7 +83,11 @@ def teacher_line(rec: Record) -> str:
     elif t.get("metric_unit") == "%":
         figure = f"{t['metric_name']} {t['metric']:.1%}"
     else:
-        shown = _value({"value": t["metric"], "eval_unit": t.get("metric_unit", "")})
+        # in the student's unit (nats/byte on code: the teacher trained on the same data)
+        token = t.get("token") or rec.get("token")
+        shown = _value(
+            {"value": t["metric"], "eval_unit": t.get("metric_unit", ""), "token": token}
+        )
         figure = f"{t['metric_name']} {shown}"
     return (
         f"distilled from {t['dir']}: {t['model']}, {t['parameters']:,} parameters, {figure} "
@@ -166,6 +172,10 @@ def log_line(rec: Record) -> str:
     )
 
 
+def warning_line(rec: Record) -> str:
+    return f"warning: {rec['message']}"
+
+
 def eval_line(rec: Record) -> str:
     text = f"step {rec['step']}: {rec['name']} {_value(rec)}"
     if rec.get("baseline") is not None:
@@ -212,6 +222,8 @@ def summary(rec: Record) -> list[str]:
                      f"{rec['chunks']} chunks, {rec['schedule']}: bubble "
                      f"{rec['bubble_fraction']:.3f} (theory {rec['bubble_theory']:.3f}), "
                      f"peak activations per stage {rec['peak_activations']}"))  # fmt: skip
+    if rec.get("loss_trend"):  # stalled or diverging at the end (loss_trend.py)
+        rows.append(("warning", rec["loss_trend"]["message"]))
     rows += parts_compute.rows(rec)
     rows += memory_rows(rec)
     rows += elastic_rows(rec)
@@ -265,6 +277,8 @@ class Text:
             lines = [eval_line(rec)]
         elif kind == "membership":
             lines = [membership_line(rec)]
+        elif kind == "warning":
+            lines = [warning_line(rec)]
         elif kind == "finish":
             lines = summary(rec)
         else:
@@ -315,6 +329,8 @@ class Bar:
             self.text(eval_line(rec))
         elif kind == "membership":
             self.text(membership_line(rec))
+        elif kind == "warning":
+            self.text(warning_line(rec))
         elif kind == "finish":
             self.close()
             for line in summary(rec):

@@ -36,11 +36,13 @@ from typing import Any
 import torch
 
 from plait import env, trace
-from plait.train import checkpoint, compile, distill, parts_compute, profile, traced
+from plait.train import checkpoint, compile, distill, loss_trend, parts_compute, profile, traced
 from plait.train.config import TrainConfig
 from plait.train.errors import NonFiniteLossError
 from plait.train.progress import Emit
 from plait.train.result import FINAL_LOSS_STEPS, TrainResult, write_json
+from plait.train.resumable import committed, retire_manifest
+from plait.train.resume_sources import plain_state
 from plait.train.step import Step
 from plait.train.straggler import Straggler
 from plait.train.workload import LossFn, Workload
@@ -93,6 +95,7 @@ class RankRun:
         self.distiller = distill.load(config, work, step.device)
         self.loss_fn = work.loss if self.distiller is None else self.distiller.loss
         self.pending: list[torch.Tensor] = []  # this rank's losses since the last flush
+        self.warned: set[str] = set()  # the loss_trend kinds already told (once each)
         self.started = time.perf_counter()
         self.paused_s = 0.0  # evaluation and checkpoint time, left out of samples/s
         self.window = (self.started, 0.0, 0)  # since the last log line: start, paused, step
@@ -124,11 +127,12 @@ class RankRun:
             last = max(last, step)
             if s.reports and crossed and step < self.steps:
                 self.between(step, crossed, stop_after)
-                if step == stop_after:
-                    return self.stop(step)
+            if step == stop_after:  # (every rank: a ps worker that does not report too)
+                return self.stop(step)
         self.profiler.stop()  # a worker that skipped the window's last step (ps async)
         s.finish()
-        return self.end(trained_last=last == self.steps > self.first)
+        # (ps async and ssp: worker 0 may not train a slice of the last step itself)
+        return self.end(trained_last=self.steps > self.first)
 
     def begin(self) -> None:
         """Before the first step: resume, the header, the Step's start, --compile's
@@ -188,7 +192,8 @@ class RankRun:
 
         is_log, is_eval = due(log.log_every), due(log.eval_every)
         is_ckpt = self.out is not None and due(self.config.checkpoint.checkpoint_every)
-        if is_log or is_eval or is_ckpt or step == stop_after or due(self.flush_every):
+        judged = step == loss_trend.first_judged(self.steps)  # a verdict in the first quarter
+        if is_log or is_eval or is_ckpt or step == stop_after or due(self.flush_every) or judged:
             self.flush(step, log=is_log)
         if is_eval:
             self.evaluate(step)
@@ -230,8 +235,9 @@ class RankRun:
             assert c.out is not None
             if self.step.sharded_checkpoints:
                 state = self.step.load_checkpoint(c.out)
-            else:
-                state = checkpoint.load(c.out)
+            else:  # checkpoint.pt, or a mesh or DCP checkpoint put back together
+                model, optimizer = (getattr(self.step, a, None) for a in ("model", "optimizer"))
+                state = plain_state(c.out, model, optimizer)
             checkpoint.check_matches(state, self.options, c.out)
             if not self.step.sharded_checkpoints:
                 self.step.load_state_dict(state)
@@ -244,7 +250,7 @@ class RankRun:
 
     def announce(self) -> None:
         c, d = self.config, self.work.data
-        resumed = str(checkpoint.path(self.out)) if c.checkpoint.resume and self.out else None
+        resumed = str(committed(self.out)) if c.checkpoint.resume and self.out else None
         self.say("start", {
             "model": self.work.name, "parameters": self.step.parameters, "data": d.name,
             "num_train": d.num_train, "num_val": d.num_val, "unit": self.unit,
@@ -271,10 +277,11 @@ class RankRun:
         self.pending.clear()
         for i, value in enumerate(values):
             if not math.isfinite(value):
-                where = str(checkpoint.path(self.out)) if self.out else None
+                where = str(committed(self.out)) if self.out else None
                 raise NonFiniteLossError(step - len(values) + 1 + i, value, where,
                                          self.saved_step)  # fmt: skip
         self.losses.extend(values)
+        self.watch_loss()
         start, paused, since = self.window
         seconds = time.perf_counter() - start - (self.paused_s - paused)
         rate = (step - since) * self.batch / max(seconds, 1e-9)
@@ -285,6 +292,25 @@ class RankRun:
         if log:
             self.throughput.append([step, rate])
             self.window = (time.perf_counter(), self.paused_s, step)
+
+    def watch_loss(self) -> None:
+        """Warn, once of each kind, when the loss is stalled at its start or diverging."""
+        trend = loss_trend.judge(self.losses, self.steps)
+        if trend is not None and trend.kind not in self.warned:
+            self.warned.add(trend.kind)
+            self.say("warning", {"message": self.told(trend)})
+
+    def trend(self) -> dict[str, Any]:
+        """The --json's "loss_trend": the verdict on the whole run's loss, or None."""
+        t = loss_trend.judge(self.losses, self.steps)
+        return {"loss_trend": None if t is None else {**t.to_dict(), "message": self.told(t)}}
+
+    def told(self, trend: loss_trend.Trend) -> str:
+        """The line that tells of `trend` (loss_trend.message), with this run's rate."""
+        c = self.config
+        return loss_trend.message(
+            trend, self.steps, c.peak_lr, c.optimizer, str(c.optim.lr_scaling)
+        )
 
     def evaluate(self, step: int) -> None:
         with trace.maybe(self.rec, "eval", "eval", {"step": step}):
@@ -317,6 +343,7 @@ class RankRun:
             by_rank = self.step.rank_states()  # (a collective)
             if self.step.rank == 0:
                 checkpoint.save(self.out, {**common, **self.step.state_dict(), **by_rank})
+                retire_manifest(self.out)  # (the one this run resumed from, if any)
         self.saved_step = step
 
     def data_position(self, step: int) -> dict[str, int]:
@@ -346,5 +373,6 @@ class RankRun:
             eval_baseline=self.baseline, losses=self.losses, evals=self.evals,
             throughput=self.throughput,
             device=self.step.device.type, compile_s=self.compile_s,
-            extra={**self.step.figures(), **self.tracing.figures(), **self.distilled()},
+            extra={**self.step.figures(), **self.tracing.figures(), **self.distilled(),
+                   **self.trend()},
         )  # fmt: skip

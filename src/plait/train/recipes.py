@@ -18,6 +18,12 @@ TASK_NAMES = {"classify": "image classification", "lm": "language modelling"}
 
 
 OPTIMIZERS = ("sgd", "adamw", "lars", "lamb")  # --optimizer; built by train/optimizers.py
+# --lr-scaling's default per optimizer (lr_schedule.py). LAMB's paper scales its rate by the
+# square root of the batch (You et al. 2020, after Krizhevsky 2014), as SimCLR does LARS's
+# for short runs (Chen et al. 2020); linearly scaled, their rates broke 600-step runs on
+# digits at 8x the batch where sqrt trained (docs/large-batch.md#scaling-the-rate). sgd and
+# adamw keep their rate unless asked. At the base batch sqrt is the same run as none.
+LR_SCALING = {"sgd": "none", "adamw": "none", "lars": "sqrt", "lamb": "sqrt"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,8 @@ class Recipe:
     `optimizer` is the one it trains with unless --optimizer says otherwise; `rates` holds
     every optimizer's learning rate and weight decay for it. The learning rate is the peak
     at a global batch of `base_batch`; with `--lr-scaling linear` the run uses
-    lr * batch_size / base_batch (Goyal et al. 2017).
+    lr * batch_size / base_batch (Goyal et al. 2017), with `sqrt` lr * sqrt(batch_size /
+    base_batch) (lr_schedule.py).
     """
 
     steps: int

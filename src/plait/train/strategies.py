@@ -55,7 +55,7 @@ class Strategy:
             meshed = " or ".join(n for n, row in STRATEGIES.items() if row.mesh_step)
             raise ConfigError(
                 f"--pp/--tp run with --strategy {meshed} (data parallelism over dp), "
-                f"not strategy {self.name}"
+                f"not --strategy {self.name}"
             )
 
     def check_zero(self, zero: int) -> None:
@@ -105,6 +105,7 @@ STRATEGIES: dict[str, Strategy] = {
         name="ps",
         help="a parameter server (ps)",
         step="plait.train.steps.ps:ParameterServerStep",
+        checkpoints=True,
         precisions=("fp32", "bf16"),
         reduces_gradients=False,
         limits="the servers apply each worker's float32 gradient as it comes, so no worker "

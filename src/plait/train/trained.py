@@ -4,7 +4,8 @@
 
 - DIR/checkpoint.pt, a plain one (`plait.train.checkpoint`): {"model": state_dict,
   "options": the run's options, "step", "evals", ...};
-- DIR/checkpoint.json and its rank files, a sharded one (`--zero`: `plait.sharded.checkpoint`):
+- DIR/checkpoint.json and its rank files, a sharded one (`--zero`: `plait.sharded.checkpoint`;
+  on a mesh, `--pp`/`--tp`: `plait.sharded.mesh_checkpoint`):
   the parameters in shards, consolidated here into one state_dict; the options, the buffers
   and the evaluations are in rank 0's `common` file.
 
@@ -25,8 +26,9 @@ import torch
 from torch import nn
 
 from plait.errors import CheckpointError, ConfigError
+from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import MANIFEST
-from plait.train import checkpoint, outdir
+from plait.train import checkpoint, outdir, saved
 from plait.train.models import count_parameters
 from plait.train.workload import Workload
 
@@ -75,10 +77,13 @@ def load_run(directory: str | os.PathLike[str], workload: Workload | None = None
     where = Path(directory)
     plain, sharded = outdir.checkpoint_path(where), where / MANIFEST
     if plain.is_file():
+        saved.check_plain(plain)  # its size and sha256 (or structure): a damaged file, named
         state = checkpoint.load(where)
         weights, common = state["model"], state
     elif sharded.is_file():
         weights, common = _consolidated(where)
+    elif (where / PS_MANIFEST).is_file():  # a parameter-server run's (--strategy ps)
+        weights, common = _ps_consolidated(where)
     else:
         raise CheckpointError(
             f"no trained run in {str(where)!r}: it holds neither {plain.name} nor "
@@ -102,13 +107,25 @@ def load_run(directory: str | os.PathLike[str], workload: Workload | None = None
 
 
 def _consolidated(where: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """A sharded checkpoint's weights as one state_dict, and rank 0's common part."""
+    """A sharded or mesh checkpoint's weights as one state_dict, and rank 0's common part."""
     from plait.sharded import checkpoint as sharded_checkpoint
-    from plait.sharded import storage
+    from plait.sharded import mesh_checkpoint, storage
+    from plait.train.resumable import kind_of
 
+    if kind_of(where) == "mesh":
+        parts = mesh_checkpoint.MeshFiles(mesh_checkpoint.read_manifest(where), verify=False)
+        return mesh_checkpoint.consolidate(where), parts.common()
     weights = sharded_checkpoint.consolidate(where)
     files = storage.SavedFiles(sharded_checkpoint.read_manifest(where), verify=False)
     return weights, files.common()
+
+
+def _ps_consolidated(where: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A parameter-server checkpoint's weights as one state_dict, and worker 0's part."""
+    from plait.ps import run_checkpoint
+
+    weights = run_checkpoint.consolidate(where)
+    return weights, run_checkpoint.read_common(run_checkpoint.read_manifest(where))
 
 
 def _workload(options: dict[str, Any], where: Path) -> Workload:

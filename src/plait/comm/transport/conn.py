@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable
 
 from plait.comm.core.request import Transfer
+from plait.comm.transport import peer_process
 from plait.comm.transport.shm_pipe import Pipe
 from plait.comm.transport.wire import STAGE_BYTES
 
@@ -32,6 +33,11 @@ class Conn:
         self.last_recv = time.monotonic()
         self.last_send = time.monotonic()
         self.said_bye = False
+        # the peer's process, when it is on this host (a Unix socket): looked at in /proc
+        # once its heartbeats are late, to tell a starved process from a frozen one; the
+        # last look: (when, what was seen, whether it was running)
+        self.pid = peer_process.peer_pid(sock)
+        self.looked: tuple[float, peer_process.Sample | None, bool] | None = None
         self.write_error: str | None = None  # why the last write failed (the peer is gone)
         self.closed = False
         self.events = selectors.EVENT_READ  # what the selector watches for

@@ -18,6 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from plait.comm.transport import peer_process
 from plait.comm.transport.conn import Conn
 from plait.comm.transport.connections import Connections
 from plait.comm.transport.wire import FAIL, HEARTBEAT_FRAME, with_text
@@ -40,9 +41,23 @@ class Liveness(Connections):
             self._push(conn, [memoryview(HEARTBEAT_FRAME)], None)
 
     def _check_silence(self, conn: Conn, now: float) -> None:
-        """Accuse `conn` if it sent nothing (not even a heartbeat) for hb_timeout."""
+        """Accuse `conn` if it sent nothing (not even a heartbeat) for hb_timeout, unless
+        its process, on this host, is running and only starved of CPU: then it is waited
+        for up to the timeout of any wait on a live peer (peer_process.py)."""
         silent = now - conn.last_recv
-        if not conn.said_bye and silent > self.hb_timeout:
+        if conn.said_bye or silent <= self.hb_timeout / 2:
+            conn.looked = None
+            return
+        if conn.pid is not None and (
+            conn.looked is None or now - conn.looked[0] >= self.hb_interval
+        ):
+            # late: look at its process (from half the timeout on, so that the CPU time it
+            # used since can be told by the time the timeout is up)
+            before = conn.looked[1] if conn.looked is not None else None
+            sample = peer_process.look(conn.pid)
+            conn.looked = (now, sample, peer_process.running(before, sample))
+        starved = conn.looked is not None and conn.looked[2]
+        if silent > self.hb_timeout and not (starved and silent <= self.timeout):
             self._lost(
                 conn, f"no heartbeat for {silent:.1f} s (process frozen or host unreachable)"
             )

@@ -3,24 +3,30 @@
 mesh_model.py holds the model's part on this rank (tensor-parallel slices, a pipeline
 stage, DataParallel over dp); this Step trains it like a whole model. The ranks of one dp
 index read the same slice of the global batch, and the loss exists on the last stage only
-(see `forward_backward`). Checkpoints are not supported on a mesh yet (the config says so).
+(see `forward_backward`). Checkpoints: each rank writes its part, named by the whole
+model's parameter names, and loads its part at any mesh shape (train/mesh_checkpoint.py).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import torch
 
 from plait.comm.communicator import Communicator
 from plait.comm.mesh import Mesh, MeshError
+from plait.data_parallel import DataParallel
 from plait.train import device, memory
+from plait.train import mesh_checkpoint as checkpoint
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.evaluate import evaluate_mesh
 from plait.train.mesh_model import MeshModel
 from plait.train.models import count_parameters
 from plait.train.optimizers import make_optimizer
+from plait.train.resume_sources import catalog_of, open_source
 from plait.train.steps.allreduce import AllreduceStep
 from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
@@ -42,6 +48,7 @@ def make_mesh(config: TrainConfig, comm: Communicator) -> Mesh:
 class MeshStep(AllreduceStep):
     """This rank's part of the model on the mesh over `comm`."""
 
+    sharded_checkpoints = True  # every rank writes and reads its part
     compute: Compute
 
     def __init__(self, config: TrainConfig, comm: Communicator, work: Workload) -> None:
@@ -53,6 +60,7 @@ class MeshStep(AllreduceStep):
         self.device = device.of(config)
         model = work.build_model(config.workload.seed)  # on the CPU: this rank keeps a part
         self.parameters = count_parameters(model)  # before tp shards it
+        catalog = catalog_of(model)  # the whole model's names and shapes, for checkpoints
         # the stages' gradients differ: all ranks agree on skipping an fp16 step
         self.compute = Compute(config, self.device, comm=comm, recorder=comm.recorder)
         self.compute.checkpoint(model)  # the whole model's blocks, before the pipeline cuts it
@@ -61,6 +69,7 @@ class MeshStep(AllreduceStep):
                                schedule=config.mesh.schedule, device=self.device,
                                compute=self.compute, zero=config.zero,
                                virtual=config.mesh.virtual or 1)  # fmt: skip
+        self.naming = checkpoint.Naming.of(model, catalog, self.model.module)
         # --zero: the optimizer steps this rank's shards of the stage; LARS and LAMB take
         # each parameter's norms over its shards and tp slices (MeshModel.layers)
         self.optimizer = make_optimizer(self.model.sharded or self.model.module, config,
@@ -82,6 +91,27 @@ class MeshStep(AllreduceStep):
 
     def evaluate(self) -> float:
         return evaluate_mesh(self.model, self.work, self.device)
+
+    def save_checkpoint(self, out: str | os.PathLike[str], common: dict[str, Any]) -> None:
+        """Every rank writes its part (its stage's tp slice, or its ZeRO shards); rank 0 the
+        manifest and `common` with the optimizer's hyperparameters and the loss scaler."""
+        checkpoint.save(out, self.model.mesh, self.config.zero, self.naming, self.model.module,
+                        self.model.sharded, self.optimizer,
+                        {**common, **self.compute.state_dict()})  # fmt: skip
+
+    def load_checkpoint(self, out: str | os.PathLike[str]) -> dict[str, Any]:
+        """This rank's part, cut from the checkpoint in `out` (a mesh checkpoint of any
+        shape, a plain checkpoint.pt, a DCP directory); returns its common part."""
+        source = open_source(out, self.naming.catalog)
+        common = checkpoint.load(source, checkpoint.place_of(self.model.mesh), self.naming,
+                                 self.model.module, self.model.sharded, self.optimizer)  # fmt: skip
+        self.compute.load_state_dict(common)
+        dp = self.model.dp
+        if isinstance(dp, DataParallel) and dp.compression.state_dict() and self.rank == 0:
+            print(f"plait train: note: --compression {dp.compression!r} starts its residuals "
+                  "from zeros: a mesh checkpoint does not hold them", file=sys.stderr,
+                  flush=True)  # fmt: skip
+        return common
 
     def figures(self) -> dict[str, Any]:
         found = {**self.model.figures(), **self.compute.figures()}

@@ -49,6 +49,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,7 +57,7 @@ from torch import nn
 
 from plait import env
 from plait.comm.bootstrap.store import barrier
-from plait.train import device
+from plait.train import device, ps_checkpoint
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate_alone
 from plait.train.models import count_parameters
@@ -73,6 +74,9 @@ WAIT_POLL_S = 0.1  # worker 0 looking for the others' end: once a step of theirs
 
 class ParameterServerStep(Step):
     """One worker of a parameter-server job: its model and its client of the servers."""
+
+    # worker 0 has the servers write their keys beside its part (train/ps_checkpoint.py)
+    sharded_checkpoints = True
 
     @staticmethod
     def join(config: TrainConfig) -> Role:
@@ -102,6 +106,12 @@ class ParameterServerStep(Step):
         self.computed = self.compute.wrap(self.model)  # compiled, under autocast
         if role.joining and env.get("PLAIT_TRAIN_JOIN_AT") is not None:  # a test hook
             role.store.get(KEY + "joinable")  # ask to join once the workers wait for it
+        out, resume = config.checkpoint.out, config.checkpoint.resume
+        if out is not None:  # the servers write to (and resume from) the run's directory
+            self.ps = replace(self.ps, run_dir=os.path.abspath(out), resume_run=resume)
+            if resume and self.rank == 0:  # all of it checked before any server loads
+                ps_checkpoint.check_resume(out, self.model, role.num_servers,
+                                           self.ps.slice_bytes, config.options())  # fmt: skip
         self.client = Client(self.model.named_parameters(), self.ps, role)
         if self.ps.priority:
             self.client.wait_per_layer(self.model)
@@ -123,8 +133,10 @@ class ParameterServerStep(Step):
         if self.ps.mode == "sync":
             yield from every_step(first, steps, self.rank)
             return
-        while (k := int(self.store.add(KEY + "claimed", 1)) - 1) < steps * self.world_size:
-            yield k // self.world_size + 1, k % self.world_size
+        w = self.world_size
+        claimed = first * w  # a resumed run's claims start after its step
+        while (k := claimed + int(self.store.add(KEY + "claimed", 1)) - 1) < steps * w:
+            yield k // w + 1, k % w
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         self.model.zero_grad(set_to_none=True)
@@ -155,6 +167,12 @@ class ParameterServerStep(Step):
     def evaluate(self) -> float:
         self.client.wait()  # every value of the last pull (--priority leaves some unwritten)
         return evaluate_alone(self.computed, self.work, self.device)
+
+    def save_checkpoint(self, out: str, common: dict[str, Any]) -> None:
+        ps_checkpoint.save(self.client, self.model, out, common)
+
+    def load_checkpoint(self, out: str) -> dict[str, Any]:
+        return ps_checkpoint.load(self.client, self.model, out)
 
     def describe(self) -> dict[str, Any]:
         mode = self.ps.mode if self.ps.mode != "ssp" else f"ssp tau={self.ps.staleness}"

@@ -24,10 +24,12 @@ from torch import nn
 from plait.comm.communicator import Communicator
 from plait.sharded import ElasticShards, ShardedDataParallel, layer_map
 from plait.sharded import checkpoint as sharded_checkpoint
-from plait.train import memory, traced
+from plait.train import memory, mesh_checkpoint, traced
 from plait.train.config import TrainConfig
 from plait.train.evaluate import even_out, score_shard
 from plait.train.optimizers import make_optimizer
+from plait.train.resumable import kind_of
+from plait.train.resume_sources import catalog_of, open_source
 from plait.train.steps.allreduce import AllreduceStep
 from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
@@ -49,12 +51,15 @@ class ShardedStep(AllreduceStep):
             traced.watch_blocks(self.model, comm.recorder)
         self.elastic: ElasticShards | None = None
         if config.elastic.elastic:  # (not LARS or LAMB: their layer map is not passed yet)
-            self.elastic = ElasticShards(self.model, self._optimizer_of, stage=self.stage)
+            self.elastic = ElasticShards(self.model, self._optimizer_of, stage=self.stage,
+                                         compression=self.compute.compression)  # fmt: skip
             if self.elastic.module is not None:  # a joiner's is made in its first sync
                 assert self.elastic.optimizer is not None
                 self._take(self.elastic.module, self.elastic.optimizer)
             return
-        sdp = ShardedDataParallel(self.model, stage=self.stage, comm=comm)
+        # --compression fp16/bf16 (or --reduce-dtype): the reduce-scatters in that dtype
+        sdp = ShardedDataParallel(self.model, stage=self.stage, comm=comm,
+                                  compression=self.compute.compression)  # fmt: skip
         # LARS and LAMB: each parameter's norms summed over the shards of every rank
         self._take(sdp, lambda: make_optimizer(sdp, config, layer_map(sdp)))
 
@@ -118,7 +123,17 @@ class ShardedStep(AllreduceStep):
 
     def load_checkpoint(self, out: str | os.PathLike[str]) -> dict[str, Any]:
         """This rank's shards and optimizer state at this world size; returns rank 0's
-        `common` (the step, RNG, losses, options)."""
+        `common` (the step, RNG, losses, options). From a mesh, plain or DCP checkpoint:
+        each parameter whole, cut into this rank's shards (train/mesh_checkpoint.py)."""
+        if kind_of(out) != "sharded":
+            catalog = catalog_of(self.model)
+            source = open_source(out, catalog)
+            naming = mesh_checkpoint.Naming.of(self.model, catalog, self.model)
+            place = ((self.rank, self.world_size), (0, 1))
+            common = mesh_checkpoint.load(source, place, naming, self.model, self.wrapped,
+                                          self.optimizer)  # fmt: skip
+            self.compute.load_state_dict(common)
+            return common
         loaded = sharded_checkpoint.load(out, self.rank, self.world_size, self.wrapped.layout)
         with torch.no_grad():
             for flat, shard in zip(self.wrapped.units, loaded.shards, strict=True):
