@@ -244,34 +244,17 @@ REFUSED: list[Refused] = [
             lambda c: c.ps and c.has("priority") and c.has("compile"),
             "--priority with --strategy ps waits for each layer's values"),
     Refused("--priority with --zero", lambda c: not c.ps and c.has("priority") and c.has(
-            "zero"), "--priority schedules DataParallel's reduction", building=True),
+            "zero"), "its slices and per-layer steps are DataParallel's allreduce"),
     Refused("--priority on a mesh", lambda c: not c.ps and c.has("priority") and c.mesh,
             "--priority schedules DataParallel's reduction"),
-    Refused("--priority with fp16", lambda c: not c.ps and c.has("priority") and c.has(
-            "precision", "fp16"), "not with --precision fp16 yet", building=True),
     Refused("--priority with compression", lambda c: not c.ps and c.has("priority") and
             c.has("wire"), "--priority schedules DataParallel's reduction"),
-    Refused("interleaved, zb-h1 with --zero",
-            lambda c: _sched(c, "interleaved", "zb-h1") and c.has("zero"),
-            "does not run with --zero", building=True),
-    Refused("interleaved, zb-h1 with --compile",
-            lambda c: _sched(c, "interleaved", "zb-h1") and c.has("compile"),
-            "does not run with --compile yet", building=True),
-    Refused("zb-h1 with activation checkpointing",
-            lambda c: _sched(c, "zb-h1") and c.has("ac"),
-            "does not run with --activation-checkpointing yet", building=True),
-    Refused("--zero with --compile", lambda c: c.has("zero") and c.has("compile"),
-            "--compile with --zero", building=True),
-    Refused("--zero with compression", lambda c: c.has("zero") and c.has("wire"),
-            "is not built yet (ShardedDataParallel gathers and reduces", building=True),
+    Refused("--zero with top-k or PowerSGD", lambda c: c.has("zero") and (
+            c.has("wire", "topk") or c.has("wire", "powersgd")), "does not run with --zero"),
     Refused("--compile with --tp", lambda c: c.tp and c.has("compile"),
             "torch.compile cannot trace the tensor-parallel layers"),
     Refused("compression with --strategy ps", lambda c: c.ps and c.has("wire"),
             "under --strategy ps they do not average them"),
-    Refused("checkpoints on a mesh", lambda c: c.mesh and c.checkpoint,
-            "checkpoints (--out, --resume) are not supported with --pp/--tp", building=True),
-    Refused("checkpoints with --strategy ps", lambda c: c.ps and c.checkpoint,
-            "not supported with --strategy ps", building=True),
 ]  # fmt: skip
 
 
