@@ -1,7 +1,8 @@
 """Multi-host jobs on one machine: two network namespaces as hosts (tests/support/netns.py).
 
 `plait run --nnodes` and torchrun's static multi-node rendezvous each start 2 hosts x 2
-ranks; every rank checks plait's view of the hosts and a cross-host allreduce. A third job
+ranks; every rank checks plait's view of the hosts, a cross-host allreduce and a ZeRO-3
+step (its storage resized after gathers over TCP). A third job
 has a rank fail on one host; the three jobs run at once on one set of hosts. Another test
 checks that scripts/netns.sh's rate limit is in place. The flags' errors are tested without
 namespaces; the environment `--nnodes` gives each rank is in tests/unit/test_rank_env.py.
@@ -118,6 +119,7 @@ def test_plait_run_two_hosts_two_ranks_each(jobs: dict[str, Ended]) -> None:
     assert all("hierarchical structure ok" in out for out in outs)
     assert all("hierarchical over point-to-point ok" in out for out in outs)
     assert all("hierarchical reduce_scatter and allgather ok" in out for out in outs)
+    assert all("zero3 ok" in out for out in outs)
     # each host's launcher prefixes its ranks' lines with their global ranks
     assert "[rank 2] OK rank=2" in outs[1] and "[rank 0]" not in outs[1]
 

@@ -69,6 +69,10 @@ def test_the_environment_is_checked_first(
         ({"chunks": 4, "schedule": "gpipe"}, "--schedule gpipe and --chunks 4 apply to"),
         ({"model": "gpt", "tp": 3, "workers": 3}, "--tp 3: blocks.0.attn: n_head 4 % tp 3"),
         ({"model": "gpt", "pp": 8, "workers": 8}, "--pp 8: the model has 6 layers to cut into 8"),
+        (
+            {"model": "mlp", "pp": 2, "schedule": "interleaved"},
+            "pipeline rank 0 would hold only layers without parameters (Flatten, ReLU)",
+        ),
         ({"batch_size": 0}, "--batch-size 0 < 1"),
         ({"resume": True}, "--resume needs --out DIR"),
     ],

@@ -11,7 +11,17 @@ import pytest
 import torch
 
 from plait.data_parallel import spec
-from plait.data_parallel.compression import MAKERS, Cast, PowerSGD, TopK, kept, make, orthogonalize
+from plait.data_parallel.compression import (
+    MAKERS,
+    Cast,
+    Compressor,
+    PowerSGD,
+    TopK,
+    check_sharded,
+    kept,
+    make,
+    orthogonalize,
+)
 from plait.errors import ConfigError
 from plait.train.config import TrainConfig
 from support.compression_reference import orth
@@ -45,6 +55,17 @@ def test_make_takes_strings_instances_and_the_reduce_dtype_alias() -> None:
         PowerSGD(0)
 
 
+def test_zero_takes_the_casts_and_says_why_not_the_others() -> None:
+    for fine in ("none", "fp16", "bf16"):  # reduce-scattered as they are, or in the dtype
+        check_sharded(make(fine, None))
+    mine = type("Mine", (Compressor,), {})()  # a user's own: its reduce() would be skipped
+    refused = [(TopK(0.1), "other indices"), (PowerSGD(2), "rebuilds the whole gradient"),
+               (mine, "no compressor's own reduce")]  # fmt: skip
+    for kind, why in refused:
+        with pytest.raises(ConfigError, match=f"does not run sharded .*{why}"):
+            check_sharded(kind)
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [
@@ -70,7 +91,8 @@ def test_bad_compression_strings_say_what_was_expected(value: str, says: str) ->
     [
         ({"compression": "topk:0.1", "reduce_dtype": "bf16"}, "both say how gradients cross"),
         ({"compression": "powersgd:2", "strategy": "ps"}, "under --strategy ps they do not"),
-        ({"compression": "topk:0.1", "zero": 2}, "--compression topk:0.1 with --zero 2 is not"),
+        ({"compression": "topk:0.1", "zero": 2}, "topk:0.1 does not run with --zero 2: each"),
+        ({"compression": "powersgd:2", "zero": 1}, "powersgd:2 does not run with --zero 1: its"),
     ],
 )
 def test_compression_with_what_cannot_take_it(options: dict[str, Any], says: str) -> None:

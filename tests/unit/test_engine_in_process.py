@@ -1,6 +1,7 @@
 """The engine against a peer played by this process on a raw socket: a peer dying in the middle
 of a message fails the receive at once, a held large message delays later ones by the hold
-only, a closed engine says so, and a write racing a peer's goodbye is no failure."""
+only, a closed engine says so, a write racing a peer's goodbye is no failure, and a tensor
+sent or received over TCP keeps a resizable storage (ZeRO-3 frees its units by resizing)."""
 
 import socket
 import struct
@@ -76,6 +77,39 @@ def test_a_held_large_message_delays_later_ones_by_the_hold_only():
     finally:
         engine.close()
         peer.close()
+
+
+@pytest.mark.timeout(30)
+def test_tensors_sent_and_received_over_tcp_stay_resizable():
+    # ZeRO-3's FlatUnit frees a unit's parameters with untyped_storage().resize_(0) once
+    # gathered; a byte view made by Tensor.numpy() had marked the storage not resizable,
+    # so `--zero 3` across hosts (TCP, not shared memory) failed in FlatUnit.free
+    engine, peer = _engine_and_peer()
+    try:
+        sent = torch.arange(6, dtype=torch.float32)
+        engine.isend(sent, 0, tag=3).wait()
+        expected = sent.clone().numpy().tobytes()  # (a clone: .numpy() pins what it views)
+        assert _read_exactly(peer, HEADER.size + 24)[HEADER.size :] == expected
+        got = torch.zeros(4, dtype=torch.bfloat16)[1:]  # a view at an offset, as a shard
+        peer.sendall(
+            _frame(4, torch.ones(3, dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes())
+        )
+        engine.irecv(got, 0, tag=4).wait()
+        assert got.tolist() == [1.0, 1.0, 1.0]
+        for t in (sent, got):
+            t.untyped_storage().resize_(0)  # FlatUnit.free, then allocate
+            t.untyped_storage().resize_(16)
+        _leave(peer)
+    finally:
+        engine.close()
+        peer.close()
+
+
+def _read_exactly(sock, n):
+    data = b""
+    while len(data) < n:
+        data += sock.recv(n - len(data))
+    return data
 
 
 def test_a_closed_engine_says_so():

@@ -334,5 +334,7 @@ def test_train_takes_every_schedule() -> None:
         config("--tp", "2", "--model", "gpt", "--schedule", "interleaved")
     with pytest.raises(ConfigError, match="only interleaved runs; got --schedule 1f1b"):
         config("--pp", "2", "--virtual", "2")
-    with pytest.raises(ConfigError, match="does not run with --zero yet"):
-        config("--pp", "2", "--zero", "1", "--schedule", "zb-h1")
+    for schedule in ("interleaved", "zb-h1"):  # every schedule takes what 1f1b takes
+        given = config("--pp", "2", "--zero", "3", "--schedule", schedule,
+                       "--activation-checkpointing", "--model", "gpt")  # fmt: skip
+        assert (given.mesh.schedule, given.zero) == (schedule, 3)

@@ -24,9 +24,9 @@ def test_slices_cover_each_parameter() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"priority": True, "zero": 2}, "not with --zero 2 yet"),
+        ({"priority": True, "zero": 2}, "--priority does not run with --zero 2 yet: "),
         ({"priority": True, "strategy": "ps", "compile": True}, "not with --compile yet"),
-        ({"priority": True, "precision": "fp16"}, "not with --precision fp16"),
+        ({"priority": True, "pp": 2, "workers": 2}, "not with --pp/--tp yet"),
         ({"slice_mb": 2.0}, "--slice-mb 2 applies to --priority only"),
         ({"priority": True, "slice_mb": 0.0}, "--slice-mb 0 is not > 0"),
     ],

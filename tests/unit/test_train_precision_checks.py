@@ -46,8 +46,6 @@ def test_loss_scaler_skips_an_overflow_and_grows_back(monkeypatch: pytest.Monkey
         ({"tp": 2, "workers": 2, "model": "gpt", "compile": True}, "--compile with --tp 2"),
         ({"loss_scale": 1024.0}, "applies to --precision fp16 only"),
         ({"loss_scale": 0.0, "precision": "fp16"}, "--loss-scale 0 is not a finite number > 0"),
-        ({"zero": 2, "reduce_dtype": "bf16"}, "--reduce-dtype bf16 with --zero 2 is not built"),
-        ({"zero": 3, "compile": True}, "--compile with --zero 3 is not built"),
     ],
 )
 def test_unsupported_combinations_say_what_is(options: dict[str, Any], message: str) -> None:

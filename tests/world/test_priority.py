@@ -3,13 +3,14 @@
 The backbone: only the order of work changes, so after k steps of SGD with Nesterov
 momentum and of AdamW (float64, a learning rate changed before every step) the parameters
 equal FIFO DataParallel's bit for bit, and `plait train --priority` gives FIFO's float32
-losses bit for bit. Both on 2 ranks: there a gradient element's sum over the ranks is one
-addition, and a + b == b + a. On 3 or more ranks an allreduce sums an element in an order
-that depends on where it sits in the buffer (a block of the shared-memory or ring
-reduction starts its sum at the rank that owns the block), and FIFO's buckets (last layer
-first) and priority's slices (first layer first) put a parameter at different offsets: the
-averaged gradients may then differ in the last bit, and which of those differences reach
-a loss depends on the CPU's kernels (found on an AVX-512 machine, issue 31).
+losses bit for bit, also with fp16's loss scaling (the same steps skipped). Both on 2
+ranks: there a gradient element's sum over the ranks is one addition, and a + b == b + a.
+On 3 or more ranks an allreduce sums an element in an order that depends on where it sits
+in the buffer (a block of the shared-memory or ring reduction starts its sum at the rank
+that owns the block), and FIFO's buckets (last layer first) and priority's slices (first
+layer first) put a parameter at different offsets: the averaged gradients may then differ
+in the last bit, and which of those differences reach a loss depends on the CPU's kernels
+(found on an AVX-512 machine, issue 31).
 
 Then the structure, on 3 ranks: on a slow "network" (every slice's allreduce delayed) the
 most urgent slices overtake the rest, every rank reduces the same slices in the same
@@ -156,6 +157,10 @@ def _counting_scheduled_steps(run: Any) -> tuple[Any, int]:
         return run(), m.call_count
 
 
+# fp16 whose first steps overflow (skipped, the scale halved) until the scale has come down
+FP16 = {"precision": "fp16", "loss_scale": 2.0**20}
+
+
 def equal_battery(comm: Communicator) -> dict[str, Any]:
     """What must equal FIFO's bit for bit: run on 2 ranks (see the module docstring)."""
     prio = {**MLP, "priority": True, "slice_mb": 0.02}
@@ -171,7 +176,9 @@ def equal_battery(comm: Communicator) -> dict[str, Any]:
             _counting_scheduled_steps(lambda: _train(comm, MLP)),
             _counting_scheduled_steps(lambda: _train(comm, prio)),
         ),
-    }
+        "fp16": (_train(comm, {**MLP, **FP16}),
+                 _counting_scheduled_steps(lambda: _train(comm, {**prio, **FP16}))),
+    }  # fmt: skip
 
 
 def structure_battery(comm: Communicator) -> dict[str, Any]:
@@ -242,3 +249,10 @@ def test_plait_train_priority_gives_fifos_losses(two_ranks: list[Any]) -> None:
     assert (fifo_steps, scheduled_steps) == (0, MLP["steps"])  # priority on in one run only
     assert scheduled["losses"] == fifo["losses"]
     assert scheduled["eval_value"] == fifo["eval_value"]
+    # fp16: the step waits for every slice (an overflow anywhere skips it), the same skips
+    fifo, (scheduled, steps) = two_ranks[0]["fp16"]
+    skipped = fifo["skipped_steps"]
+    assert 0 < skipped < MLP["steps"] and scheduled["skipped_steps"] == skipped
+    assert steps == MLP["steps"] - skipped  # a skipped step never reaches the optimizer
+    assert scheduled["losses"] == fifo["losses"]
+    assert scheduled["loss_scale"] == fifo["loss_scale"]

@@ -3,10 +3,10 @@
 The backbone check: with a fixed seed, a model laid on a dp x pp x tp mesh of 4 ranks takes
 the same steps as one process on the same global batch (printed side by side), for the
 three shapes the issue names, and with the stage's model states sharded over dp (--zero)
-the same steps as without. A checkpoint saved on a mesh resumes with the uninterrupted
-run's losses: exactly at its shape, within float rounding at others. Also the structure of
-its communication (one gradient reduction per step, not per micro-batch) and the mesh-wide
-gradient clipping. The --json
+the same steps as without, under every schedule (zb-h1 with its blocks checkpointed too). A
+checkpoint saved on a mesh resumes with the uninterrupted run's losses: exactly at its shape,
+within float rounding at others. Also the structure of its communication (one gradient
+reduction per step, not per micro-batch) and the mesh-wide gradient clipping. The --json
 figures through the real command are in tests/e2e/test_train_mesh_command.py, the
 configuration errors in tests/unit/test_train_mesh_options.py.
 
@@ -16,6 +16,7 @@ alone, on a one-rank communicator, for the single-process reference.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from typing import Any
 
@@ -87,6 +88,9 @@ ZERO = [  # (index into SHAPES of the same mesh without sharding, the sharded ru
     (0, {**SHAPES[0], "zero": 3}),
     (1, {**SHAPES[1], "zero": 2}),
     (1, {**SHAPES[1], "zero": 3}),
+    (3, {**SHAPES[3], "zero": 3}),  # interleaved: every backward in no_sync, then one pass
+    # zb-h1: B holds the reduction for W; the checkpointed blocks recompute the same numbers
+    (4, {**SHAPES[4], "zero": 3, "activation_checkpointing": True}),
 ]
 
 
@@ -228,6 +232,16 @@ def test_gradients_are_reduced_once_per_step_not_per_micro_batch(
         assert per_step == [buckets, buckets]  # 4 micro-batches, one reduction of each bucket
 
 
+@functools.cache
+def _one_processs_norm() -> float:
+    """The gradient norm of one process's step on the batch (computed once for every mesh)."""
+    work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
+    model = work.model()
+    x, y = work.batch(0)
+    work.loss(model(x), y).backward()
+    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+
+
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize("index", range(len(SHAPES) + len(ZERO)))
 def test_each_mesh_has_one_processs_gradient_norm_and_clips_it(
@@ -236,11 +250,7 @@ def test_each_mesh_has_one_processs_gradient_norm_and_clips_it(
     """The gradient norm across the mesh (stages' and tp slices' gradients, or with --zero
     the shards') is one process's on the same batch: the dp average and the micro-batches'
     sum have the right scale. Clipping then brings it to CLIP."""
-    work = workloads.build("gpt", 8, 0, 1, seed=0, data="synthetic")
-    model = work.model()
-    x, y = work.batch(0)
-    work.loss(model(x), y).backward()
-    expected = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+    expected = _one_processs_norm()
     for r in four_ranks:
         before, after = r["norms"][index]
         assert before == pytest.approx(expected, rel=1e-5)

@@ -19,6 +19,7 @@ from torch import nn
 
 from plait import Communicator
 from plait.data_parallel import DataParallel
+from plait.sharded import ShardedDataParallel
 from plait.train import compile as compiling
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
@@ -67,6 +68,10 @@ def _reduce_dtype(comm: Communicator) -> dict[str, Any]:
         # as a list: a tensor crosses to the parent through a file descriptor the parent
         # fetches from this process, which may have exited by then (the result then lost)
         results[name] = (grad.tolist(), dp.bucket_sizes, str(grad.dtype))
+    for stage in (1, 3):  # ZeRO's reduce-scatter in bf16: each rank's part of that average
+        sdp = ShardedDataParallel(Dot(4096), stage=stage, comm=comm, reduce_dtype=torch.bfloat16)
+        sdp(_gradients(comm.rank)).backward()
+        results[f"zero{stage}"] = (sdp.shards[0].grad.tolist(), str(sdp.shards[0].grad.dtype))
     return results
 
 
@@ -104,7 +109,11 @@ def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
     }  # fmt: skip
     if not NO_COMPILER:
         cases["mlp compile"] = {**MLP, "compile": True}
-        cases["mlp pp2 compile bf16"] = {**MLP, "pp": 2, "compile": True, "precision": "bf16"}
+        # ZeRO: each unit (mlp's Linear layers) compiled inside the hooks that gather it
+        cases["mlp zero3 compile"] = {**MLP, "zero": 3, "compile": True}
+        # each stage compiled, cut at its layers for zb-h1's split backward
+        cases["mlp pp2 compile bf16"] = {**MLP, "pp": 2, "compile": True, "precision": "bf16",
+                                         "schedule": "zb-h1"}  # fmt: skip
     some = cases["mlp fp16 some overflow"]
     runs["resumed fp16"] = _resumed(comm, some, f"{tmp}/fp16")
     graphs = torch._dynamo.utils.counters["aot_autograd"]  # what torch.compile made
@@ -186,13 +195,14 @@ def test_compiled_losses_match_eager(two_ranks: list[dict[str, Any]]) -> None:
     compiled = runs["mlp compile"]
     _close(compiled["losses"], eager["losses"], 1e-4)
     assert compiled["compile_s"] > 0 and eager["compile_s"] is None
+    _close(runs["mlp zero3 compile"]["losses"], eager["losses"], 1e-4)
     # graphs were made (not a silent fall back to eager), on every rank: the first stage's
     # holds only nn.Flatten and nn.Linear, torch's own modules
     assert eager["graphs"] == 0
     assert all(
         r[name]["graphs"] >= 1
         for r in two_ranks
-        for name in ("mlp compile", "mlp pp2 compile bf16")
+        for name in ("mlp compile", "mlp zero3 compile", "mlp pp2 compile bf16")
     )
     staged = runs["mlp pp2 compile bf16"]  # each pipeline stage compiled, under autocast
     _close(staged["losses"], runs["mlp bf16"]["losses"], 0.01)
@@ -213,3 +223,9 @@ def test_reduce_dtype_averages_in_the_low_precision(two_ranks: list[dict[str, An
         big = torch.tensor(rank["reduce_dtype"]["fp16"][0])
         assert torch.isfinite(big).all()  # divided before the cast: no overflow
         torch.testing.assert_close(big, (g0 + g1) / 2 + 6e4, rtol=1e-3, atol=0)
+    # --zero: the same rounding, each rank's half of it (stage 1 keeps it in its fp32 buffer)
+    for r, rank in enumerate(two_ranks):
+        for stage in (1, 3):
+            values, dtype = rank["reduce_dtype"][f"zero{stage}"]
+            assert dtype == "torch.float32"
+            assert torch.equal(torch.tensor(values), expected[r * 2048 : (r + 1) * 2048])

@@ -1,4 +1,5 @@
-"""`plait train --zero 1|2|3` in a real world of 4 ranks: the same losses as DataParallel,
+"""`plait train --zero 1|2|3` in a real world of 4 ranks: the same losses as DataParallel
+(with bf16 autocast, and with the gradients sent in bf16, as DataParallel with the same),
 sharded checkpoints resumed at 2 and 3 ranks, consolidated into a plain state_dict (through
 `plait checkpoint consolidate`, on the world's run), and the memory figures next to ZeRO's
 formulas. That --zero needs allreduce is in tests/unit/test_train_zero_options.py."""
@@ -49,6 +50,9 @@ def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
     compute = {"precision": "bf16", "activation_checkpointing": True}
     out["dp-bf16"] = _train(comm, {**GPT_SMALL, **compute})
     out["zero3-bf16"] = _train(comm, {**GPT_SMALL, **compute, "zero": 3})
+    # the gradients reduce-scattered in bf16, against DataParallel's buckets sent in bf16
+    out["dp-wire-bf16"] = _train(comm, {**GPT_SMALL, "compression": "bf16"})
+    out["zero2-wire-bf16"] = _train(comm, {**GPT_SMALL, "compression": "bf16", "zero": 2})
     # saved by 4 ranks at step EVERY (stopped after STOP), resumed by 3 and by 2 ranks
     cut = {**GPT_SMALL, "zero": 3, "out": f"{tmp}/run", "checkpoint_every": EVERY}
     out["part"] = _train(comm, cut, stop_after=STOP)
@@ -86,6 +90,10 @@ def test_every_stage_trains_like_data_parallel(four_ranks: tuple[list[Any], Path
     torch.testing.assert_close(got["losses"], want["losses"], rtol=1e-3, atol=1e-3)
     assert got["checkpointed_blocks"] == want["checkpointed_blocks"] != []
     assert got["losses"] != r["zero3"]["losses"]  # bf16 did change the arithmetic
+    # bf16 on the wire: each of 4 terms rounded, and their partial sums in another order
+    got, want = r["zero2-wire-bf16"], r["dp-wire-bf16"]
+    torch.testing.assert_close(got["losses"], want["losses"], rtol=1e-3, atol=1e-3)
+    assert got["losses"] != r["zero2"]["losses"] and got["compression"] == "bf16"
 
 
 @pytest.mark.timeout(480)

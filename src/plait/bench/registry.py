@@ -14,6 +14,7 @@ from plait.bench.comm.config import CommBenchConfig
 from plait.bench.elastic.config import ElasticBenchConfig
 from plait.bench.horovod.config import HorovodBenchConfig
 from plait.bench.infer.config import InferBenchConfig
+from plait.bench.matrix.config import MatrixBenchConfig
 from plait.bench.memory.config import MemoryBenchConfig
 from plait.bench.p2p.config import P2PConfig
 from plait.bench.pipeline.config import PipelineBenchConfig
@@ -38,6 +39,7 @@ BENCHMARKS: dict[str, type] = {
     "horovod": HorovodBenchConfig,
     "torch-backend": TorchBackendBenchConfig,
     "elastic": ElasticBenchConfig,
+    "matrix": MatrixBenchConfig,
 }
 
 

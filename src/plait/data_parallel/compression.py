@@ -335,6 +335,23 @@ MAKERS: dict[str, Callable[[spec.Spec], Compressor]] = {
 }
 
 
+def check_sharded(compressor: Compressor) -> None:
+    """Raise ConfigError unless `compressor` runs as a reduce-scatter (none, fp16, bf16).
+
+    Raises:
+        ConfigError (a ValueError): naming the compression and why not.
+    """
+    if type(compressor) is Compressor or isinstance(compressor, Cast):
+        return
+    method = "topk" if isinstance(compressor, TopK) else "powersgd"
+    why = (spec.METHODS[method].not_sharded if isinstance(compressor, TopK | PowerSGD)
+           else "a reduce-scatter runs no compressor's own reduce()")  # fmt: skip
+    raise ConfigError(
+        f"compression {compressor!r} does not run sharded (ZeRO reduce-scatters each "
+        f"unit's gradients): {why}; use fp16 or bf16"
+    )
+
+
 def make(compression: str | Compressor | None, reduce_dtype: torch.dtype | None) -> Compressor:
     """DataParallel's compressor from its two arguments (`reduce_dtype` is `Cast`'s alias).
 

@@ -23,6 +23,7 @@ class Method:
     expects: str = ""  # the values the parameter takes, with an example
     kind: type[int] | type[float] = float  # the parameter's type
     valid: Callable[[float], bool] = lambda value: True  # its range
+    not_sharded: str = ""  # why ZeRO's reduce-scatter cannot carry it ("": it can)
 
 
 METHODS: dict[str, Method] = {
@@ -35,6 +36,7 @@ METHODS: dict[str, Method] = {
         "0 < RATIO <= 1 (the share of each bucket's entries a rank sends), e.g. topk:0.01",
         kind=float,
         valid=lambda ratio: 0 < ratio <= 1,
+        not_sharded="each rank sends other indices, so the sum is no reduce-scatter of equal parts",
     ),
     "powersgd": Method(
         "PowerSGD: a rank-RANK approximation P Q^T of each gradient matrix (error feedback)",
@@ -42,6 +44,8 @@ METHODS: dict[str, Method] = {
         "RANK an integer >= 1 (the rank of the approximation), e.g. powersgd:4",
         kind=int,
         valid=lambda rank: rank >= 1,
+        not_sharded="its factors are allreduced whole and every rank rebuilds the whole "
+        "gradient, which a shard never holds",
     ),
 }
 

@@ -30,7 +30,7 @@ from plait.comm.core.request import Request
 from plait.pipeline.p2p import recv_tensor, send_tensor
 from plait.pipeline.route import Route
 from plait.pipeline.schedule import Action
-from plait.pipeline.split import Cutter, Piece, Pieces, input_grad, leaf, weight_grad
+from plait.pipeline.split import Cutter, Piece, Pieces, close, input_grad, leaf, weight_grad
 from plait.pipeline.stats import PipeStats, Saved
 from plait.trace.recorder import Recorder
 
@@ -73,6 +73,7 @@ class StageActions:
     route: Route  # which rank and part each virtual stage talks to
     checkpoint: str  # re-materialisation: never, except_last, always
     stage: nn.Module  # this rank's layers (a `Parts` when interleaved), or a wrapper of them
+    part_layers: list[list[nn.Module]]  # each part's layers, unwrapped
     _cutter: Cutter | None  # split backward (zb-h1): cuts the forward at the layers
 
     @property
@@ -147,6 +148,7 @@ class StageActions:
         elif self._cutter is not None:  # split backward: cut at the layers, kept for B and W
             with stats.counting(), self._cutter.recording() as pieces:
                 y = self._call(x, act.part)
+                close(pieces, y)
                 if nxt is None and run.t_mbs is not None:
                     self._loss(act.mb, leaf(y), run, pieces)
             run.pieces[key] = pieces
@@ -184,7 +186,11 @@ class StageActions:
             if nxt is None:
                 run.outs.pop(key)
                 run.total = root.detach() if run.total is None else run.total + root.detach()
-            gx = input_grad(pieces, root, grad, need=x if prev is not None else None)
+            # no weight gradient here: a wrapper (ZeRO-3's, which gathers for backward and
+            # would reduce at the pass's end) holds its reduction for the W that has them
+            hold_b = run.accumulate or contextlib.nullcontext
+            with hold_b():
+                gx = input_grad(pieces, root, grad, need=x if prev is not None else None)
             end = time.perf_counter()
             if prev is not None:
                 gx = gx if gx is not None else torch.zeros_like(x)
@@ -236,8 +242,10 @@ class StageActions:
         """With parts and a data-parallel wrapper: every backward ran inside `accumulate`
         (no one of them holds all the stage's gradients), so one more autograd pass, adding
         zeros to every parameter's gradient, lets the wrapper reduce them all at once. Not
-        overlapped with the backward; the price of reducing each gradient once."""
-        params = [p for p in self.stage.parameters() if p.requires_grad]
+        overlapped with the backward; the price of reducing each gradient once. The layers'
+        own parameters, not the wrapper's (ShardedDataParallel's are its shards)."""
+        layers = [layer for part in self.part_layers for layer in part]
+        params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
         torch.autograd.backward(params, [torch.zeros_like(p) for p in params])
 
     def _loss(self, mb: int, y: torch.Tensor, run: StepState, pieces: Pieces | None = None) -> None:

@@ -81,6 +81,14 @@ class Cutter:
             h.remove()
 
 
+def close(pieces: Pieces, out: torch.Tensor) -> None:
+    """`out` is the stage's output: when a wrapper made it from the last layer's (autocast's
+    cast to float32), that step is one more piece, without weights, so B's chain reaches
+    the stage's output (its gradient is taken with respect to the last layer's output)."""
+    if pieces.items and out is not pieces.items[-1].out and out.requires_grad:
+        pieces.items.append(Piece(None, pieces.items[-1].out, out))
+
+
 def leaf(x: torch.Tensor) -> torch.Tensor:
     """`x` cut from its graph: a leaf that requires grad (floating point only; token ids
     stay as they are, nothing flows back into them)."""

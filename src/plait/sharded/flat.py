@@ -121,7 +121,8 @@ class FlatUnit:
         return self.grads
 
     def set_shard_grad(self, reduced: torch.Tensor) -> None:
-        """`reduced` (S,) is the average of this rank's part: the shard's gradient, added to
+        """`reduced` (S,) is the average of this rank's part (in the parameters' dtype or a
+        wire dtype, cast here): the shard's gradient, added to
         what the shard holds already (torch accumulates gradients until they are zeroed).
         Kept in one buffer across steps (set_to_none drops only the shard's reference); in
         stage 1, which keeps the whole gradient buffer, it is this rank's region of it."""
@@ -129,11 +130,18 @@ class FlatUnit:
             self.shard.grad.add_(reduced)
             return
         if self.keep_grads:
+            if reduced.dtype != self.shard.dtype:  # reduced in a wire dtype: back in place
+                reduced = self.grads_in_shard().copy_(reduced)
             self.shard.grad = reduced  # a view of `grads`, which stays
             return
         if self._grad_shard is None:
             self._grad_shard = torch.empty_like(self.shard)
         self.shard.grad = self._grad_shard.copy_(reduced)
+
+    def grads_in_shard(self) -> torch.Tensor:
+        """This rank's (S,) region of the gradient buffer `grads` (stage 1 keeps it)."""
+        assert self.grads is not None
+        return self.grads[self.rank * self.size : (self.rank + 1) * self.size]
 
     def _aliased(self) -> bool:
         """Whether the shard's gradient is a region of `grads` (stage 1's, from a pass the

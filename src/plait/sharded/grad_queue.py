@@ -6,6 +6,12 @@ matched by issue order): the order backward reaches the units, the root last. A 
 whose gradients are complete early waits for the units before it. Stages 2-3 bound the
 buffers alive: with more than IN_FLIGHT reductions in flight the oldest is waited for,
 and each result becomes its shard's `.grad` (flat.py).
+
+With a wire dtype (fp16/bf16: `ShardedDataParallel(compression="bf16")`), the buffer is
+reduce-scattered in that dtype, as DataParallel's Cast sends its buckets (buckets.py):
+each gradient divided by the world size in its own precision, rounded once, then summed;
+the shard's part is cast back to the parameters' dtype. Half the bytes on the wire, and
+during the reduction half the memory of the buffer held.
 """
 
 from __future__ import annotations
@@ -27,8 +33,12 @@ IN_FLIGHT = 2
 class GradQueue:
     """The reduce-scatters of one ShardedDataParallel's unit gradients, pass by pass."""
 
-    def __init__(self, units: list[FlatUnit], comm: Communicator, stage: int) -> None:
+    def __init__(
+        self, units: list[FlatUnit], comm: Communicator, stage: int,
+        wire_dtype: torch.dtype | None = None,
+    ) -> None:  # fmt: skip
         self.units, self.comm, self.stage = units, comm, stage
+        self.wire_dtype = wire_dtype  # None: reduced in the parameters' dtype
         self.sync = True  # False inside no_sync(): gradients accumulate, nothing is reduced
         self.in_backward = False
         self._order: list[int] = []  # this pass's reduction order
@@ -64,9 +74,13 @@ class GradQueue:
         while self._next < len(self._order) and self.units[self._order[self._next]].pending == 0:
             u = self._order[self._next]
             flat = self.units[u]
-            # in the buffer itself (no copy); stage 1 keeps it, later stages let it go
+            # in the buffer itself (no copy: a wire dtype sends its cast); stage 1 keeps the
+            # buffer, later stages let it go
+            grads, op = flat.take_grads(), "avg"
+            if self.wire_dtype is not None:  # divided in fp32, rounded once, summed
+                grads, op = torch.div(grads, self.comm.size).to(self.wire_dtype), "sum"
             self._requests[u] = self.comm.reduce_scatter_async_(
-                flat.take_grads(), op="avg", check=not self._checked
+                grads, op=op, check=not self._checked
             )
             self._launched.add(u)
             if self.stage > 1:

@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_flatten
 
 from plait.comm.communicator import Communicator
 from plait.comm.world import init
+from plait.data_parallel import compression as compressing
 from plait.data_parallel import replicas
 from plait.data_parallel.dp import UnusedParametersError
 from plait.sharded import state
@@ -71,10 +72,14 @@ class ShardedDataParallel(nn.Module):
         broadcast_buffers: copy rank 0's buffers to every rank before each forward.
         find_unused_parameters: reduce a parameter that got no gradient on this rank as
             zeros (False: raise UnusedParametersError naming it).
+        compression: how the gradients cross the wire: "none", or "fp16"/"bf16" (each
+            unit's buffer reduce-scattered in that dtype, as DataParallel's compression of
+            that name sends its buckets); `reduce_dtype` is the same by its other name.
 
     Raises:
         ReplicaMismatchError: on every rank, if the ranks' parameters differ.
         ValueError: a bad stage, prefetch or units, or parameters on several devices.
+        ConfigError (a ValueError): a compression a reduce-scatter cannot carry.
     """
 
     def __init__(
@@ -88,6 +93,8 @@ class ShardedDataParallel(nn.Module):
         mixed_precision: Any = None,
         broadcast_buffers: bool = True,
         find_unused_parameters: bool = False,
+        compression: str | compressing.Compressor | None = None,
+        reduce_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
@@ -101,6 +108,8 @@ class ShardedDataParallel(nn.Module):
                 "ShardedDataParallel(mixed_precision=...) is not built yet: run the forward "
                 "under torch.autocast (plait train --precision bf16) for low-precision compute"
             )
+        self.compression = compressing.make(compression, reduce_dtype)
+        compressing.check_sharded(self.compression)
         if comm is None:
             comm = init()
         self.module, self.comm, self.stage = module, comm, stage
@@ -132,7 +141,7 @@ class ShardedDataParallel(nn.Module):
         self._accounting = Accounting(self.units, root, stage, prefetch)
         self._gathers = GatherSchedule(self.units, root, comm, stage, prefetch,
                                        reshard_after_forward, self._accounting)  # fmt: skip
-        self._grads = GradQueue(self.units, comm, stage)
+        self._grads = GradQueue(self.units, comm, stage, self.compression.wire_dtype)
         self._checked_buffers = False
         self._hooks: list[Any] = []
         for u, flat in enumerate(self.units):

@@ -270,23 +270,13 @@ class TrainConfig:
             )
 
     def _check_mesh(self) -> None:
-        """--pp/--tp: the strategy's mesh Step; interleaved and zb-h1 only with what they were
-        tested with (tests/world/test_train_mesh.py); --tp only on a model it can split."""
+        """--pp/--tp: the strategy's mesh Step, a schedule it has (every schedule runs with
+        --zero, --compile and --activation-checkpointing); --tp only on a model it can
+        split."""
         if not self.mesh.on_mesh:
             return
         self.row.check_mesh()
         self.mesh.check_schedule()
-        schedule = self.mesh.schedule
-        if schedule in ("interleaved", "zb-h1"):
-            compute = self.compute
-            given = [flag for flag, on in (("--zero", self.zero), ("--compile", compute.compile),
-                     ("--activation-checkpointing", schedule == "zb-h1"
-                      and compute.activation_checkpointing)) if on]  # fmt: skip
-            if given:
-                raise ConfigError(
-                    f"--schedule {schedule} does not run with {' or '.join(given)} yet (not "
-                    "built and tested together); use --schedule 1f1b with them"
-                )
         model = self.workload.model
         if self.mesh.tp > 1 and model not in (None, *TRANSFORMERS):
             raise ConfigError(
@@ -315,19 +305,22 @@ class TrainConfig:
                     "hook; not with --compile yet"
                 )
             return
+        if self.zero:
+            raise ConfigError(
+                f"--priority does not run with --zero {self.zero} yet: its slices and per-layer "
+                "steps are DataParallel's allreduce and whole parameters, not ZeRO's "
+                "reduce-scatters and shards (whose gathers already overlap the next forward)"
+            )
         where = [f"--strategy {self.strategy}"] if self.strategy != "allreduce" else []
-        where += [f"--zero {self.zero}"] if self.zero else []
         where += ["--pp/--tp"] if self.mesh.on_mesh else []
-        if self.compute.precision == "fp16":
-            where.append("--precision fp16")
         if self.optim.optimizer in ("lars", "lamb"):  # (a step of some layers: untested)
             where.append(f"--optimizer {self.optim.optimizer}")
         if self.compute.wire != "none":  # --compression, or --reduce-dtype its older name
             where.append(f"--compression {self.compute.wire}")
         if where:
             raise ConfigError(
-                f"--priority schedules DataParallel's reduction (--strategy allreduce, fp32 "
-                f"or bf16); not with {', '.join(where)} yet"
+                f"--priority schedules DataParallel's reduction (--strategy allreduce); not "
+                f"with {', '.join(where)} yet"
             )
 
     def _check_elastic(self) -> None:

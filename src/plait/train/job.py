@@ -299,17 +299,42 @@ def _check_fits(config: TrainConfig, model: Any) -> None:
     mesh = config.mesh
     assert mesh.virtual is not None
     parts = mesh.pp * mesh.virtual
+    virtual = f" x --virtual {mesh.virtual}" if mesh.virtual > 1 else ""
     if mesh.pp > 1 and len(layers := stages(model)) < parts:
-        virtual = f" x --virtual {mesh.virtual}" if mesh.virtual > 1 else ""
         raise ConfigError(
             f"--pp {mesh.pp}{virtual}: the model has {len(layers)} layers to cut into "
             f"{parts} stages; use --pp {len(layers) // mesh.virtual or 1} or fewer"
+        )
+    if mesh.pp > 1 and (idle := _without_parameters(layers, mesh.pp, mesh.virtual)):
+        rank, names = idle
+        raise ConfigError(
+            f"--pp {mesh.pp}{virtual} ({mesh.schedule}): pipeline rank {rank} would hold only "
+            f"layers without parameters ({', '.join(names)}), which leaves its optimizer "
+            "nothing to train; use fewer stages or --schedule 1f1b"
         )
     if mesh.tp > 1:
         try:
             check(model, mesh.tp)
         except ValueError as e:
             raise ConfigError(f"--tp {mesh.tp}: {e}") from None
+
+
+def _without_parameters(layers: list[Any], pp: int, virtual: int) -> tuple[int, list[str]] | None:
+    """(a pipeline rank, the layers it holds) when that rank's stages hold no trainable
+    parameter, cut as the Pipeline cuts (split_sizes; part j of rank r is virtual stage
+    j * pp + r: pipeline/route.py); None when every rank holds some."""
+    from plait.pipeline.balance import split_sizes
+    from plait.pipeline.route import Route
+
+    sizes, route = split_sizes(len(layers), pp * virtual), Route(pp, virtual)
+    for rank in range(pp):
+        held = []
+        for part in range(virtual):
+            v = route.virtual(rank, part)
+            held += layers[sum(sizes[:v]) : sum(sizes[: v + 1])]
+        if not any(p.requires_grad for layer in held for p in layer.parameters()):
+            return rank, [type(layer).__name__ for layer in held]
+    return None
 
 
 def _check_folder(folder: str, what: str) -> None:

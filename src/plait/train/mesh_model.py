@@ -77,13 +77,17 @@ class MeshModel:
         self.module = self.pipe.stage.to(device)  # this rank's parameters
         self.dp: DataParallel | ShardedDataParallel | None = None
         self.sharded: ShardedDataParallel | None = None
-        if zero:  # (the config refuses --compile and --compression with --zero)
-            self.dp = self.sharded = ShardedDataParallel(self.module, stage=zero, comm=mesh.dp)
+        compression = compute.compression if compute is not None else None
+        if zero:  # (--compression: fp16 or bf16, the reduce-scatters' dtype)
+            self.dp = self.sharded = ShardedDataParallel(
+                self.module, stage=zero, comm=mesh.dp, compression=compression
+            )
             self.pipe.stage = self.sharded
-        if compute is not None:  # compiled: one graph per stage (activations leave between)
-            self.pipe.stage = compute.wrap(self.pipe.stage)
+        if compute is not None:  # compiled: one graph per stage (activations leave between);
+            # zb-h1 cuts the stage at its layers with hooks: one graph per layer there
+            cut = [m for part in self.pipe.part_layers for m in part] if self.pipe.split else None
+            self.pipe.stage = compute.wrap(self.pipe.stage, cut)
         if mesh.dp.size > 1 and not zero:
-            compression = compute.compression if compute is not None else None
             self.dp = DataParallel(self.pipe.stage, comm=mesh.dp, compression=compression)
             self.pipe.stage = self.dp
         self.first, self.last = self.pipe.first, self.pipe.last

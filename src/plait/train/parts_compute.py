@@ -116,11 +116,11 @@ class ComputeConfig:
         Raises:
             ConfigError: naming the options that do not run together.
         """
-        if zero and (self.compile or self.wire != "none"):
-            given = "--compile" if self.compile else self.wire_option()
+        why = spec.METHODS[spec.parse(self.wire).method].not_sharded
+        if zero and why:
             raise ConfigError(
-                f"{given} with --zero {zero} is not built yet (ShardedDataParallel gathers "
-                "and reduces in the parameters' dtype, around an eager forward): drop one"
+                f"{self.wire_option()} does not run with --zero {zero}: {why}; use "
+                "--compression fp16 or bf16 with --zero"
             )
         if self.compile and tp > 1:
             raise ConfigError(

@@ -15,6 +15,7 @@ Nothing received is ever unpickled.
 
 from __future__ import annotations
 
+import ctypes
 import struct
 
 import torch
@@ -37,6 +38,17 @@ def with_text(kind: int, text: bytes) -> list[memoryview]:
 
 
 def as_bytes(t: torch.Tensor) -> memoryview:
-    """A writable byte view of a 1-D contiguous tensor (any dtype, bfloat16 included)."""
-    array = t.view(torch.uint8).numpy()
-    return memoryview(array).cast("B")  # type: ignore[arg-type]
+    """A writable byte view of a 1-D contiguous CPU tensor (any dtype, bfloat16 included).
+
+    Not through `Tensor.numpy()`: that marks the tensor's storage not resizable for good
+    (numpy keeps a raw pointer), and ZeRO-3 frees a unit's parameters by resizing their
+    storage to 0 once its gathers (over TCP: here) are done. The ctypes array holds the
+    tensor, so the view keeps the memory alive; no resize may happen while a transfer
+    uses it (the collectives' contract: a tensor is not touched until `wait()`).
+    """
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return memoryview(bytearray())
+    array = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+    array.tensor = t  # type: ignore[attr-defined]  # (the memory's owner, kept alive)
+    return memoryview(array).cast("B")

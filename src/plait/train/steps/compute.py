@@ -25,6 +25,7 @@ from torch import nn
 from plait import trace
 from plait.activations import blocks_worth_checkpointing, checkpoint_blocks
 from plait.comm.communicator import Communicator
+from plait.sharded import ShardedDataParallel
 from plait.train import compile, memory, precision
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
@@ -73,10 +74,26 @@ class Compute:
             raise ConfigError(f"--activation-checkpointing: {e}") from None
         self.blocks = checkpoint_blocks(model)
 
-    def wrap(self, module: nn.Module) -> nn.Module:
+    def wrap(self, module: nn.Module, layers: list[nn.Module] | None = None) -> nn.Module:
         """`module` as this rank runs it: compiled (--compile), under autocast in the run's
-        precision (--precision); `module` itself, its names and state_dict, unchanged."""
-        if self.options.compile:
+        precision (--precision); `module` itself, its names and state_dict, unchanged.
+
+        Compiled in pieces where hooks must stay outside every graph, each piece's forward
+        on its own (torchtitan compiles each block under FSDP2 for the same reason):
+        - a ShardedDataParallel (--zero): each unit (the model whole when it is one root
+          unit). Its hooks gather a unit's parameters before it runs and reduce-scatter its
+          gradients after, collectives no graph may hold; what belongs to no unit (a
+          transformer's embeddings and head) runs eager;
+        - `layers`: a zb-h1 stage's, whose hooks cut the graph at each layer (split.py).
+        """
+        pieces = layers
+        if isinstance(module, ShardedDataParallel):
+            units = [flat.module for flat in module.units if flat.module is not None]
+            pieces = units or [module.module]
+        if self.options.compile and pieces is not None:
+            for piece in pieces:  # (a zb-h1 layer's backward runs twice: B keeps its graph)
+                compile_forward(piece, retain_graph=layers is not None)
+        elif self.options.compile:
             module = Compiled(module)
         if self.dtype is not None:
             module = precision.Autocast(module, self.device.type, self.dtype)
@@ -175,11 +192,38 @@ class Compiled(nn.Module):
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = module
-        self.compiled = torch.compile(module.forward)  # a function: not a submodule
+        self.compiled = CompiledForward(module.forward)  # a function: not a submodule
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+
+class CompiledForward:
+    """A module's bound `forward`, compiled by torch.compile, run with identity
+    saved-tensor hooks in place of the caller's (see `Compiled`).
+
+    `retain_graph`: its backward may run twice (zb-h1's B keeps the graph for W). AOTAutograd
+    then must not donate the saved tensors' buffers to the backward, which it does by
+    default and which raises on a retained graph. The setting is the process's, read when
+    a backward is compiled (lazily, at its first run): turned off for good here, which
+    costs the other graphs only that reuse of memory."""
+
+    def __init__(self, forward: Any, retain_graph: bool = False) -> None:
+        if retain_graph:
+            import torch._functorch.config as aot_config  # (not loaded by `import torch`)
+
+            aot_config.donated_buffer = False
+        self.compiled = torch.compile(forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autograd.graph.saved_tensors_hooks(_same, _same):
             return self.compiled(*args, **kwargs)
+
+
+def compile_forward(module: nn.Module, retain_graph: bool = False) -> None:
+    """Compile `module`'s forward in place (its hooks stay outside the graph); once."""
+    if not isinstance(module.forward, CompiledForward):
+        module.forward = CompiledForward(module.forward, retain_graph)
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:

@@ -72,6 +72,15 @@ class DataParallelStep(AllreduceStep):
         # gradients arrive averaged over the ranks
         return self.compute.forward_backward(self.wrapped, x, y, loss_fn)
 
+    def update(self, lr: float, last: bool) -> None:
+        """As every allreduce Step's; --priority with fp16 waits for every slice first: an
+        overflow in any gradient skips the whole step, so no layer may step before all are
+        known (clipping waits the same; the layers still step in the next forward, from
+        the gradients unscaled in place)."""
+        if self.scheduled is not None and self.compute.scaler is not None:
+            self.wrapped.synchronize()
+        super().update(lr, last)
+
     def clip(self, max_norm: float) -> None:
         self.wrapped.synchronize()  # --priority: every gradient first (scheduled.py)
         self.compute.unscale_(self.optimizer)

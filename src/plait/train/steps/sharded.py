@@ -51,12 +51,15 @@ class ShardedStep(AllreduceStep):
             traced.watch_blocks(self.model, comm.recorder)
         self.elastic: ElasticShards | None = None
         if config.elastic.elastic:  # (not LARS or LAMB: their layer map is not passed yet)
-            self.elastic = ElasticShards(self.model, self._optimizer_of, stage=self.stage)
+            self.elastic = ElasticShards(self.model, self._optimizer_of, stage=self.stage,
+                                         compression=self.compute.compression)  # fmt: skip
             if self.elastic.module is not None:  # a joiner's is made in its first sync
                 assert self.elastic.optimizer is not None
                 self._take(self.elastic.module, self.elastic.optimizer)
             return
-        sdp = ShardedDataParallel(self.model, stage=self.stage, comm=comm)
+        # --compression fp16/bf16 (or --reduce-dtype): the reduce-scatters in that dtype
+        sdp = ShardedDataParallel(self.model, stage=self.stage, comm=comm,
+                                  compression=self.compute.compression)  # fmt: skip
         # LARS and LAMB: each parameter's norms summed over the shards of every rank
         self._take(sdp, lambda: make_optimizer(sdp, config, layer_map(sdp)))
 
