@@ -52,7 +52,7 @@ def test_each_rule_refuses_some_cell_and_each_reference_is_a_cell_that_trains() 
     assert {"dp4", "dp2 pp2 + zb-h1 + ac", "ps ssp + checkpoint"} <= names
 
 
-def test_a_cell_is_judged_against_its_reference() -> None:
+def test_a_cell_is_judged_against_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     by = {c.name: c for c in CELLS}
     bf16 = by["dp4 + bf16"]
     assert bf16.reference() == (by["dp4"], matrix.LOW)
@@ -61,11 +61,14 @@ def test_a_cell_is_judged_against_its_reference() -> None:
     assert "ignored" in str(matrix.judge(bf16, [3.0, 2.5, 2.0], [3.0, 2.5, 2.0]))
     assert "not finite" in str(matrix.judge(bf16, [3.0, float("nan"), 2.0], None))
     assert "2 losses, not 3" in str(matrix.judge(bf16, [3.0, 2.0], None))
-    # an option listed ignored (compression with dp 1) changes nothing; another one does
+    # an option listed ignored (a made-up defect: none is listed now) changes nothing;
+    # another one does
+    ignored = matrix.Defect("powersgd", lambda c: c.has("wire", "powersgd"), "", "ignored", "wire")
+    monkeypatch.setattr(matrix, "DEFECTS", [ignored])
     run, moved = [3.0, 2.5, 2.0], [3.0, 2.5001, 2.0]
-    assert matrix.judge(by["pp2 tp2 + powersgd"], run, run) is None
-    assert "listed ignored" in str(matrix.judge(by["pp2 tp2 + powersgd"], moved, run))
-    assert matrix.judge(by["pp2 tp2 + bf16 + powersgd"], moved, run) is None  # bf16 dropped
+    assert matrix.judge(by["dp4 + powersgd"], run, run) is None
+    assert "listed ignored" in str(matrix.judge(by["dp4 + powersgd"], moved, run))
+    assert matrix.judge(by["dp4 + bf16 + powersgd"], moved, run) is None  # bf16 dropped
     unordered = by["ps async + bf16"]  # compared by the held-out loss at the end
     assert matrix.judge(unordered, [3.7], [3.75]) is None
     # an exact option is the one dropped, and stays exact beside a lossy one

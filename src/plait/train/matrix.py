@@ -233,6 +233,12 @@ def _sched(c: Cell, *names: str) -> bool:
     return c.pp and c.has("schedule", *names)
 
 
+def _dp1(c: Cell) -> bool:
+    """No data-parallel axis: dp = workers / (pp * tp) = 1."""
+    o = c.base.options
+    return not c.ps and o["workers"] == o.get("pp", 1) * o.get("tp", 1)
+
+
 # In the order TrainConfig checks (train/config.py's __post_init__): the first that matches
 # gives the cell's message.
 REFUSED: list[Refused] = [
@@ -255,6 +261,8 @@ REFUSED: list[Refused] = [
             "torch.compile cannot trace the tensor-parallel layers"),
     Refused("compression with --strategy ps", lambda c: c.ps and c.has("wire"),
             "under --strategy ps they do not average them"),
+    Refused("compression with dp 1", lambda c: _dp1(c) and c.has("wire"),
+            "changes nothing at dp 1: no data-parallel ranks average a gradient"),
 ]  # fmt: skip
 
 
@@ -272,25 +280,7 @@ class Defect:
     axis: str = ""  # ignored: the axis whose option changes nothing
 
 
-def _dp1(c: Cell) -> bool:
-    """No data-parallel axis: dp = workers / (pp * tp) = 1."""
-    o = c.base.options
-    return not c.ps and o["workers"] == o.get("pp", 1) * o.get("tp", 1)
-
-
-DEFECTS: list[Defect] = [
-    Defect("--zero 3 with --pp, a block a stage",
-           lambda c: c.pp and c.has("zero", "zero 3"),
-           "gpt-small cut in 2 stages (one block each; gpt's 2 a stage train) fails in the "
-           "second micro-batch's backward: `setStorage: ... out of bounds for storage of "
-           "size 0`, a unit's parameters freed and not gathered again", "fails"),
-    Defect("--compile with --ps-mode ssp", lambda c: c.base.name == "ps ssp" and c.has(
-           "compile"), "hangs: no step in 4 minutes, every process idle (async and sync "
-           "train)", "fails"),
-    Defect("compression with dp 1", lambda c: _dp1(c) and c.has("wire"),
-           "no data-parallel ranks average a gradient, so --reduce-dtype and --compression "
-           "change nothing: accepted and ignored (to refuse)", "ignored", "wire"),
-]  # fmt: skip
+DEFECTS: list[Defect] = []
 
 
 def defect(cell: Cell) -> Defect | None:
