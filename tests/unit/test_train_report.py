@@ -45,6 +45,10 @@ def test_text_lines() -> None:
     assert "validation loss      1.5000 nats/byte (5 held-out windows)" in body
     assert "unigram baseline     3.1000 nats/byte" in body
     assert "final training loss  0.2500 (mean of the last 10 steps)" in body
+    # --ps-mode async/ssp: the others may claim every slice; worker 0 has no loss, not nan
+    idle = {**FINISH, "final_loss": float("nan"), "final_loss_steps": 0}
+    none = "\n".join(progress.summary(idle))
+    assert "final training loss  none: worker 0, which reports, trained no slice" in none
 
 
 def test_events_round_trip_through_the_launchers_stream() -> None:

@@ -206,7 +206,8 @@ def summary(rec: Record) -> list[str]:
         ("steps", f"{rec['steps']} (global batch {rec['global_batch']}, "
                   f"{rec['world_size']} workers, strategy {rec['strategy']})"),
         ("final training loss", f"{rec['final_loss']:.4f} (mean of the last "
-                                f"{rec['final_loss_steps']} steps)"),
+                                f"{rec['final_loss_steps']} steps)" if rec["final_loss_steps"]
+                                else "none: worker 0, which reports, trained no slice"),
         (rec["eval_name"], f"{_value(ev)} ({rec['eval_samples']:,} held-out "
                            f"{rec['unit']}s)"),
     ]  # fmt: skip
