@@ -69,9 +69,9 @@ def test_config_survives_a_json_round_trip() -> None:
         ({"lr_scaling": "cubic"}, "--lr-scaling 'cubic' is not one of none, linear, sqrt"),
         ({"workload": "pkg.mod:make", "model": "cnn"}, "--model chooses a built-in workload"),
         ({"workload": "pkg.mod"}, "workload 'pkg.mod' is not MODULE:FUNCTION"),
-        # nothing averages a gradient at dp 1: the option would be ignored
-        ({"workers": 1, "compression": "topk:0.1"}, "--compression topk:0.1 changes nothing"),
+        # nothing averages a gradient on a mesh of dp 1: the option would be ignored
         ({"workers": 2, "pp": 2, "reduce_dtype": "bf16"}, "--reduce-dtype bf16 changes nothing"),
+        ({"workers": 2, "tp": 2, "model": "gpt", "compression": "topk:0.1"}, "at dp 1"),
     ],
 )
 def test_bad_options_show_the_failing_check(options: dict[str, object], message: str) -> None:

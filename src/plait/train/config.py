@@ -383,13 +383,14 @@ class TrainConfig:
         self.row.check_checkpoints()
 
     def _check_wire(self) -> None:
-        """--compression/--reduce-dtype need data-parallel ranks that average a gradient
-        (an elastic run may grow to several)."""
-        elastic = self.elastic.elastic and (self.elastic.max_workers or 1) > 1
-        if self.compute.wire != "none" and self.mesh.dp == 1 and not elastic:
+        """--compression/--reduce-dtype act in DataParallel's average, which a mesh of dp 1
+        does not build (mesh_model.py): there they would be ignored. (A single worker
+        without a mesh does build one: its codec rounds or sparsifies the gradient, with
+        error feedback, which `plait bench comm --to-target` measures at one rank.)"""
+        if self.compute.wire != "none" and self.mesh.on_mesh and self.mesh.dp == 1:
             raise ConfigError(
                 f"{self.compute.wire_option()} changes nothing at dp 1: no data-parallel ranks "
-                "average a gradient; leave it out, or give more --workers (--dp)"
+                "average a gradient on this mesh; leave it out, or give more --workers (--dp)"
             )
 
 
