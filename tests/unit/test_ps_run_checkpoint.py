@@ -181,3 +181,12 @@ def test_save_comes_from_worker_0_of_a_job_with_a_run_dir(tmp_path: Path) -> Non
     server = _servers(_cfg(tmp_path), 1, _full())[0]
     ((_, reply),) = server.handle("w1", Message("save", 5, 1, meta=meta), 0.1)
     assert reply.op == "error" and "from worker 0" in reply.meta["reason"]
+
+
+def test_a_resumed_header_names_the_servers_manifest(tmp_path: Path) -> None:
+    """`plait train --strategy ps --resume` says "resumed from DIR/ps-checkpoint.json", the
+    file that commits a ps checkpoint, not a checkpoint.pt that is not there."""
+    from plait.train.resumable import committed
+
+    (tmp_path / MANIFEST).write_text("{}")
+    assert committed(tmp_path) == tmp_path / MANIFEST

@@ -174,8 +174,8 @@ class Server:
         except CheckpointError as e:
             self.cfg = self.cons = None
             raise BadRequest(f"cannot resume: {e}") from None
-        self.log(f"resumed {len(self.keys)} keys from {m.path} (step {m.step}, saved by "
-                 f"{m.servers} servers)")  # fmt: skip
+        keys = f"{len(self.keys)} key{'' if len(self.keys) == 1 else 's'}"
+        self.log(f"resumed {keys} from {m.path} (step {m.step}, saved by {m.servers} servers)")
 
     def finished(self) -> bool:
         """Every worker said goodbye or died, and no push waits: the server may stop."""

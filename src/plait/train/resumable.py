@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from plait.files import check_present
+from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import DCP_METADATA, GENERATION_FILE, MANIFEST, PLAIN
 from plait.sharded.present import named_files
 from plait.train.outdir import check_resumable
@@ -61,6 +62,8 @@ def committed(out: str | os.PathLike[str]) -> Path:
     """The file that commits `out`'s checkpoint (what a resumed run's header names)."""
     folder = Path(out)
     kind = kind_of(folder)
+    if kind is None and (folder / PS_MANIFEST).is_file():  # a --strategy ps run's
+        return folder / PS_MANIFEST
     return folder / {"plain": PLAIN, "dcp": DCP_METADATA}.get(kind or "plain", MANIFEST)
 
 
