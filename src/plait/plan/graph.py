@@ -25,6 +25,7 @@ class Task:
     duration: float
     priority: float = 0.0
     deps: list[int] = field(default_factory=list)
+    cat: str = ""  # what kind of work ("forward", "send", "reduce" ...): fit.py's categories
 
 
 @dataclass

@@ -34,7 +34,7 @@ framework's own memory (a few hundred MB per process).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from plait.data_parallel.buckets import FIRST_BUCKET_BYTES, MiB
@@ -44,6 +44,7 @@ from plait.pipeline.timeline import dependencies
 from plait.pipeline.timeline import simulate as simulate_timeline
 from plait.plan.costs import Costs
 from plait.plan.graph import Graph
+from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, Prediction
 from plait.plan.profile import Profile, at
 from plait.train.memory import OPTIMIZER_BYTES, formula
@@ -64,6 +65,7 @@ class Setting:
     costs: Costs
     cores: int  # per host (the profiled machine's)
     memory_limit: int | None = None
+    overheads: Overheads = field(default_factory=Overheads)  # fitted costs beyond the profile
 
 
 @lru_cache(maxsize=512)
