@@ -205,3 +205,45 @@ def test_a_missing_planner_is_one_line(
     monkeypatch.delattr(plait, "plan", raising=False)
     assert main(["bench", "plan"]) == 2
     assert "the planner (plait.plan) cannot be imported" in capsys.readouterr().err
+
+
+def test_calibration_plans_stay_out_of_the_draw_and_out_of_the_error_bars() -> None:
+    preds = predictions([True] * 8)
+    seen = {"plan5", "plan6", "plan0"}  # the overheads were fitted on these
+    chosen, note = job.choose(preds, top=2, sample=10, seed=0, calibrated=seen)
+    assert [(r, pick) for r, pick, _ in chosen] == [
+        (1, "top"),
+        (2, "top"),
+        (3, "sample"),
+        (4, "sample"),
+        (5, "sample"),
+        (8, "sample"),
+    ]
+    assert "2 calibration plan(s) left out of the draw" in note
+    rows = [made_row(1, 0.05, 0.010), made_row(2, 0.011, 0.010), made_row(3, 0.012, 0.0125)]
+    rows[0]["calibrated"] = True  # a top plan that was calibrated on: run, marked, not a bar's
+    step, _, _, _ = tables.bars(rows, None)
+    assert (
+        step["figure"] == pytest.approx((0.1 + 0.04) / 2) and "1 calibration plan" in step["text"]
+    )
+    assert tables.cells(rows[0], None)[2] == "top (cal)"
+    ranked = [made_row(i, p, m) for i, (p, m) in enumerate([(1, 1), (2, 3), (3, 2), (4, 4)])]
+    assert tables.spearman(ranked) == pytest.approx(1 - 6 * 2 / (4 * 15))  # d^2: 0 1 1 0
+    tied = [made_row(i, p, m) for i, (p, m) in enumerate([(1, 1), (2, 1), (3, 3)])]
+    assert tables.spearman(tied) == pytest.approx(1.5 / 3**0.5)  # ranks 1 2 3 vs 1.5 1.5 3
+    assert tables.spearman(rows[:2]) is None
+    used = {"action": 2e-4, "fitted_from": ["calibrate mlp: dp2"],
+            "residuals": [["calibrate mlp: dp2", 0.031]]}  # fmt: skip
+    assert tables.overheads_lines(used) == [
+        "overheads: action 0.0002; fitted from 1 runs: calibrate mlp: dp2",
+        "overheads' residuals (after the fit): calibrate mlp: dp2 +3.1%"]  # fmt: skip
+    assert "none" in tables.overheads_lines(None)[0]
+
+
+def test_a_workload_is_planned_and_run_as_plait_train_runs_it() -> None:
+    config = PlanBenchConfig(workload="examples/custom_workload.py:make", batch_size=32)
+    argv = measuring.train_argv(["--workers", "4"], config.fixed(), 20, 0, "o.json")
+    assert argv[:7] == ["train", "--workers", "4", "--workload",
+                        "examples/custom_workload.py:make", "--batch-size", "32"]  # fmt: skip
+    assert PlanBenchConfig().fixed() == {"model": "mlp"}
+    assert main(["bench", "plan", "--model", "gpt", "--workload", "x:y"]) == 2

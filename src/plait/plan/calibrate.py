@@ -126,10 +126,11 @@ def choose(space: Any) -> tuple[list[tuple[Plan, str]], list[str]]:
 
 
 def calibrate(
-    req: PlanRequest, *, start: measuring.Launch = measuring.local, steps: int = STEPS,
-    warmup: int = WARMUP, out: IO[str] = sys.stderr,
+    req: PlanRequest, *, start: measuring.Launch | None = None, steps: int = STEPS,
+    warmup: int = WARMUP, out: IO[str] | None = None,
 ) -> Calibration:  # fmt: skip
-    """Run the calibration plans of `req`'s model, fit the overheads, cache them.
+    """Run the calibration plans of `req`'s model, fit the overheads, cache them; `start`
+    runs each (runs.local: here), `out` takes a line per run (stderr).
 
     Raises:
         RunFailed: a run failed (the message names its log); nothing is cached.
@@ -141,6 +142,8 @@ def calibrate(
     from plait.plan.search import Space, setting
 
     began = time.perf_counter()
+    start = start or measuring.local
+    out = out or sys.stderr
     req = request(req)
     s, batch = setting(req, fitted=False)  # the profile alone: what the fit starts from
     chosen, skipped = choose(Space(req, s.profile, batch))
@@ -198,11 +201,13 @@ def terms(o: Overheads) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """Columns padded to their widest cell, the first left-aligned, the others right."""
+def _table(
+    head: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int] = (0,)
+) -> list[str]:
+    """Columns padded to their widest cell, those in `left` left-aligned, the others right."""
     widths = [max(len(r[c]) for r in [head, *rows]) for c in range(len(head))]
     return [
-        "  ".join(cell.ljust(w) if c == 0 else cell.rjust(w)
+        "  ".join(cell.ljust(w) if c in left else cell.rjust(w)
                   for c, (cell, w) in enumerate(zip(r, widths, strict=True))).rstrip()
         for r in [head, *rows]
     ]  # fmt: skip
@@ -217,7 +222,7 @@ def report(c: Calibration) -> str:
     measured (the residuals), and where the cache is."""
     runs = len(c.overheads.fitted_from)
     lines = [f"plait plan --calibrate: {runs} runs in {c.seconds:.0f} s; the fitted overheads:"]
-    lines += _table(("term", "value", "unit"), terms(c.overheads))
+    lines += _table(("term", "value", "unit"), terms(c.overheads), left=(0, 2))
     lines += [
         "",
         "each run's step: predicted from the profile alone (before), with the fitted "
