@@ -8,6 +8,7 @@ that record what they were given. The profile is tests/support/plan_profiles.fak
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -59,8 +60,10 @@ STEPS = {"allreduce w1 pp1 m1 z0": 10.0, "allreduce w2 pp1 m1 z0": 12.0,
 
 
 @pytest.fixture
-def fits(monkeypatch: pytest.MonkeyPatch) -> list[list[Observation]]:
-    """fit.fit and memory.fit_memory replaced by stand-ins; what each was given."""
+def fits(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[Observation]]:
+    """fit.fit and memory.fit_memory replaced by stand-ins; what each was given. The runs'
+    folder under tmp_path."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     given: list[list[Observation]] = []
 
     def fit(observations: list[Observation], start: Overheads | None = None) -> Fit:
