@@ -50,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"plait plan: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     used = None if config.no_overheads else overheads.load()
-    print(report.table(req, preds, config.top, how, report.overheads_line(used, config)))
+    print(
+        report.table(req, preds, config.top, how, report.overheads_line(used, config.no_overheads))
+    )
     if config.json is not None:
         report.write_json(config.json, report.to_json(req, preds, how, used))
     return 0

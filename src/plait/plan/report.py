@@ -33,10 +33,10 @@ def caveat(req: PlanRequest) -> str:
     )
 
 
-def overheads_line(used: Overheads | None, config: Any) -> str:
+def overheads_line(used: Overheads | None, left_out: bool = False) -> str:
     """What the predictions add to the profile: this machine's fitted overheads, when and
-    from how many runs, or none (and how to fit them). `config`: a PlanConfig."""
-    if config.no_overheads:
+    from how many runs, or none (`left_out`: by --no-overheads; else how to fit them)."""
+    if left_out:
         return "overheads: none (--no-overheads): the profile alone"
     if used is None:
         return "overheads: none: run plait plan --calibrate"
