@@ -8,6 +8,7 @@ that record what they were given. The profile is tests/support/plan_profiles.fak
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import IO, Any
@@ -37,6 +38,7 @@ def fake_train(step_ms: dict[str, float], fail: str | None = None) -> measuring.
 
         key = (f"{get('--strategy', 'allreduce')} w{get('--workers', '1')} "
                f"pp{get('--pp', '1')} m{get('--chunks', '1')} z{get('--zero', '0')}")  # fmt: skip
+        assert os.environ["OMP_NUM_THREADS"] == "1"  # every rank one thread, as profiled
         if key == fail:
             log.write("Traceback: something broke\n")
             return 1
@@ -87,7 +89,9 @@ def test_calibrate_runs_each_term_s_plans_fits_them_and_caches_the_result(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     monkeypatch.setattr(measuring, "local", fake_train(STEPS))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert main(["plan", "--model", "mlp", "--workers", "4", "--calibrate"]) == 0
+    assert "OMP_NUM_THREADS" not in os.environ  # only while the runs start
     out, err = capsys.readouterr()
     # the fake model splits no layer: no tp2 run; every other term has its runs
     labels = ["dp1", "dp2", "dp4", "dp1 pp2 gpipe m1", "dp1 pp2 1f1b m8", "dp2 zero3", "ps x2"]

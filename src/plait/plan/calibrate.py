@@ -14,7 +14,8 @@ a handful of plans of the request's model run for real, each chosen to move one 
 | ps x2 (a model the server runs) | ps_request: pushes and pulls |
 
 Each is `plait train PLAN --steps STEPS --log-every 1 --eval-every 0 --json` measured as
-`plait bench plan` measures (runs.py: the median step after WARMUP, memory per rank); the
+`plait bench plan` measures (runs.py: the median step after WARMUP, memory per rank), every
+rank on one thread (`one_thread`); the
 step times go to `fit.fit` (the time terms) and the memories to `memory.fit_memory` (the
 bytes every rank holds beyond the model's count, and the margin a plan keeps below a
 limit). The result is cached for this machine (`overheads.save`), where every later
@@ -27,11 +28,13 @@ calibration's own plans out of the plans it checks the predictions on (`calibrat
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -125,6 +128,24 @@ def choose(space: Any) -> tuple[list[tuple[Plan, str]], list[str]]:
     return chosen, skipped
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """The runs started inside with OMP_NUM_THREADS=1 (unless set already).
+
+    The launcher gives each rank one thread when it starts several (launch/env.py), and the
+    profile times one thread; a lone `plait train --workers 1` would use every core's,
+    another computation than the profile's, and on a busy machine a much slower one (mlp's
+    dp1 measured 45 ms a step with 2 threads against 0.94 ms with one, at load average 10).
+    """
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+
+
 def calibrate(
     req: PlanRequest, *, start: measuring.Launch | None = None, steps: int = STEPS,
     warmup: int = WARMUP, out: IO[str] | None = None,
@@ -157,7 +178,8 @@ def calibrate(
         where = folder / f"{i:02d}"
         argv = measuring.train_argv(plan.train_args(), req.train_options(), steps, SEED,
                                     str(where.with_suffix(".json")))  # fmt: skip
-        figures = measuring.run(argv, start, where)
+        with one_thread():
+            figures = measuring.run(argv, start, where)
         step = statistics.median(measuring.step_times(figures, warmup))
         peaks = measuring.memory(figures)
         mem = "" if peaks is None else f", peak {max(peaks) / MiB:.3g} MiB"
