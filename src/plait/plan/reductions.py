@@ -92,7 +92,10 @@ def reductions(
     p, v, dp = plan.pp, plan.virtual, plan.dp
     per_param = prof.step_per_param * slow * o.compute_scale
     reduced: dict[int, int] = {}
+    # a ps worker clips its own gradient (the servers cannot clip the average): no barrier
+    barrier = s.clipping and plan.strategy != "ps"
     stage_ends: list[list[int]] = []
+    later: list[tuple[int, float, str, list[int], int]] = []  # each stage's `_step` arguments
     for stage in range(p):
         mine = sorted(i for k in range(stage, p * v, p) for i in groups[k])
         ranks = [rank(d, stage) for d in range(dp)]
@@ -126,17 +129,13 @@ def reductions(
             reduced.update({i: done for i in bucket})
             ends.append(done)
         stage_ends.append(ends)
-        if not s.clipping:
-            _step(plan, g, s, stage, ends, sum(grads[i] for i in mine), per_param, wire, ranks,
-                  len(mine))  # fmt: skip
-    if s.clipping:  # the norm over every stage's gradient: each stage steps after all
+        later.append((sum(grads[i] for i in mine), per_param, wire, ranks, len(mine)))
+        if not barrier:
+            _step(plan, g, s, stage, ends, *later[stage])
+    if barrier:  # the norm over every stage's gradient: each stage steps after all
         everything = [t for ends in stage_ends for t in ends]
         for stage in range(p):
-            mine = [i for k in range(stage, p * v, p) for i in groups[k]]
-            ranks = [rank(d, stage) for d in range(dp)]
-            wire = f"dp s{stage}" if costs.level(ranks) == "local" else "network"
-            _step(plan, g, s, stage, everything, sum(grads[i] for i in mine), per_param, wire,
-                  ranks, len(mine))  # fmt: skip
+            _step(plan, g, s, stage, everything, *later[stage])
     return reduced
 
 
@@ -147,7 +146,8 @@ def _step(
     """The stage's fixed cost per step (clipping's barrier) and its optimizer step."""
     o, dp = s.overheads, plan.dp
     no_step = plan.strategy == "ps" or plan.priority  # the servers step; P3 in `_overlapped`
-    if o.step_fixed or (s.clipping and no_step):
+    if o.step_fixed or (s.clipping and plan.priority and plan.strategy != "ps"):
+        # (clipping under P3 waits for every slice, train/steps/data_parallel.py)
         ends = [g.add(f"fixed s{stage}", f"s{stage}", o.step_fixed, ends, cat="fixed")]
     if no_step:
         return
