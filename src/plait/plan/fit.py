@@ -14,6 +14,7 @@ so do the memory terms (fitted with the memory model, not here).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,8 @@ def fit(observations: list[Observation], start: Overheads | None = None) -> Fit:
     theta = np.clip([float(getattr(start, t)) for t in TERMS], lo, hi)
 
     def predict(x: np.ndarray) -> np.ndarray:
-        o = replace(start, **{t: float(v) for t, v in zip(TERMS, x, strict=True)})
+        terms: dict[str, Any] = {t: float(v) for t, v in zip(TERMS, x, strict=True)}
+        o = replace(start, **terms)
         return np.array([simulate(ob.plan, replace(ob.setting, overheads=o)).step_s
                          for ob in observations])  # fmt: skip
 
