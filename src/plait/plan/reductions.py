@@ -128,6 +128,8 @@ def reductions(
                 done = deps[-1]
             reduced.update({i: done for i in bucket})
             ends.append(done)
+        if plan.priority and not barrier:  # its layers step in the next forward: the fixed
+            ends = [grad_ready[i] for i in mine]  # cost follows the backward, not the slices
         stage_ends.append(ends)
         later.append((sum(grads[i] for i in mine), per_param, wire, ranks, len(mine)))
         if not barrier:
