@@ -134,42 +134,6 @@ class _Step(NamedTuple):
     afac: float  # the precision's factor on saved activations
 
 
-def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
-    """`simulate` with every rank's compute slowed by `slow`."""
-    g, reduced, groups, fwd, grads, micro, afac = _build(plan, s, slow)
-    prof, p, tp = s.profile, plan.pp, plan.tp
-    full = g.run()
-    computes = {f"s{stage}" for stage in range(p)}
-    links = {r: t for r, t in full.busy.items() if r not in computes and r != SERVERS}
-    free_links = g.run({r: 0.0 for r in links})
-    step = full.makespan
-    no_comm = free_links.makespan
-    if plan.priority:
-        per_param = 0.0 if plan.strategy == "ps" else prof.step_per_param * slow
-        steps = [n * per_param * s.overheads.compute_scale for n in grads]
-        step = _overlapped(full, g, reduced, fwd, steps)
-        no_comm = _overlapped(free_links, g, reduced, fwd, steps)
-    compute = max(full.busy[r] for r in computes)
-    breakdown = {
-        "compute_s": compute,
-        "bubble_s": max(0.0, no_comm - compute),
-        "comm_s": max(0.0, step - no_comm),
-        "compute_total_s": sum(full.busy[f"s{k}"] for k in range(p)),  # all stages, in order
-        "slowdown": slow,
-    }
-    peaks = _memory(plan, s, groups, grads, afac, micro)
-    peak_bytes = [peaks[(r // tp) % p] for r in range(plan.workers)]
-    feasible = s.memory_limit is None or max(peak_bytes) <= s.memory_limit
-    if not feasible:
-        bottleneck = "memory"
-    else:
-        parts = {"compute": compute, "bubble": breakdown["bubble_s"], "comm": breakdown["comm_s"]}
-        bottleneck = max(parts, key=parts.__getitem__)
-        if bottleneck == "comm":
-            bottleneck = "link:" + max(links, key=links.__getitem__) if links else "compute"
-    return Prediction(plan, step, s.batch / step, peak_bytes, bottleneck, feasible, breakdown)
-
-
 def _build(plan: Plan, s: Setting, slow: float) -> _Step:
     """One replica's step as a task graph, every rank's compute slowed by `slow`."""
     prof, costs, o = s.profile, s.costs, s.overheads
@@ -278,6 +242,42 @@ def _build(plan: Plan, s: Setting, slow: float) -> _Step:
 
     reduced = reductions(plan, g, s, grads, grad_ready, groups, rank, slow)
     return _Step(g, reduced, groups, fwd, grads, micro, afac)
+
+
+def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
+    """`simulate` with every rank's compute slowed by `slow`."""
+    g, reduced, groups, fwd, grads, micro, afac = _build(plan, s, slow)
+    prof, p, tp = s.profile, plan.pp, plan.tp
+    full = g.run()
+    computes = {f"s{stage}" for stage in range(p)}
+    links = {r: t for r, t in full.busy.items() if r not in computes and r != SERVERS}
+    free_links = g.run({r: 0.0 for r in links})
+    step = full.makespan
+    no_comm = free_links.makespan
+    if plan.priority:
+        per_param = 0.0 if plan.strategy == "ps" else prof.step_per_param * slow
+        steps = [n * per_param * s.overheads.compute_scale for n in grads]
+        step = _overlapped(full, g, reduced, fwd, steps)
+        no_comm = _overlapped(free_links, g, reduced, fwd, steps)
+    compute = max(full.busy[r] for r in computes)
+    breakdown = {
+        "compute_s": compute,
+        "bubble_s": max(0.0, no_comm - compute),
+        "comm_s": max(0.0, step - no_comm),
+        "compute_total_s": sum(full.busy[f"s{k}"] for k in range(p)),  # all stages, in order
+        "slowdown": slow,
+    }
+    peaks = _memory(plan, s, groups, grads, afac, micro)
+    peak_bytes = [peaks[(r // tp) % p] for r in range(plan.workers)]
+    feasible = s.memory_limit is None or max(peak_bytes) <= s.memory_limit
+    if not feasible:
+        bottleneck = "memory"
+    else:
+        parts = {"compute": compute, "bubble": breakdown["bubble_s"], "comm": breakdown["comm_s"]}
+        bottleneck = max(parts, key=parts.__getitem__)
+        if bottleneck == "comm":
+            bottleneck = "link:" + max(links, key=links.__getitem__) if links else "compute"
+    return Prediction(plan, step, s.batch / step, peak_bytes, bottleneck, feasible, breakdown)
 
 
 def _previous(sched: list[list[Action]], a: Action) -> Action | None:
