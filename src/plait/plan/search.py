@@ -200,9 +200,11 @@ def setting(
         profile = cached(resolve(config), lo, hi, config.optimizer)
     costs = Costs.of(req.local, req.link_bytes_per_s)
     cores = req.cores_per_host or os.cpu_count() or 1
+    clipping = config.recipe.grad_clip > 0  # a barrier across the stages (simulate.py)
     found = overheads.load() if fitted else None
     o = Overheads() if found is None else found
-    return Setting(profile, batch, costs, cores, req.memory_per_rank, o), batch
+    setting = Setting(profile, batch, costs, cores, req.memory_per_rank, o, clipping=clipping)
+    return setting, batch
 
 
 def _rank(preds: list[Prediction]) -> list[Prediction]:
