@@ -235,7 +235,7 @@ def test_calibration_plans_stay_out_of_the_draw_and_out_of_the_error_bars() -> N
     used = {"action": 2e-4, "fitted_from": ["calibrate mlp: dp2"],
             "residuals": [["calibrate mlp: dp2", 0.031]]}  # fmt: skip
     assert tables.overheads_lines(used) == [
-        "overheads: action 0.0002; fitted from 1 runs: calibrate mlp: dp2",
+        "overheads: action 0.2 ms per pipeline action; fitted from 1 runs: calibrate mlp: dp2",
         "overheads' residuals (after the fit): calibrate mlp: dp2 +3.1%"]  # fmt: skip
     assert "none" in tables.overheads_lines(None)[0]
 

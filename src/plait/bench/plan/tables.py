@@ -23,6 +23,7 @@ from plait.bench.plan.config import (
 )
 from plait.bench.plan.runs import Measured
 from plait.bench.render import Line, Report, Table
+from plait.plan.calibrate import UNITS
 
 MIB = 1 << 20
 
@@ -172,8 +173,9 @@ def overheads_lines(used: dict[str, Any] | None) -> list[str]:
     residuals (relative error of each calibration run after the fit)."""
     if used is None:
         return ["overheads: none (the profile alone; plait plan --calibrate fits them)"]
-    terms = ", ".join(f"{k} {v:.4g}" for k, v in used.items()
-                      if k not in ("fitted_from", "residuals"))  # fmt: skip
+    shown = [(k, v, *UNITS.get(k, ("", 1.0))) for k, v in used.items()
+             if k not in ("fitted_from", "residuals")]  # fmt: skip
+    terms = ", ".join(f"{k} {v * scale:.4g} {unit}".rstrip() for k, v, unit, scale in shown)
     lines = [f"overheads: {terms}; fitted from {len(used['fitted_from'])} runs: "
              + "; ".join(used["fitted_from"])]  # fmt: skip
     if used["residuals"]:
