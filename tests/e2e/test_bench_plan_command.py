@@ -8,11 +8,12 @@ from pathlib import Path
 
 from plait.bench.plan import runs
 from plait.bench.plan.config import PlanBenchConfig
+from plait.plan import runs as measuring
 
 
 def test_one_real_run_is_measured_from_train_json(tmp_path: Path) -> None:
     config = PlanBenchConfig(workers=2, steps=3, warmup=1, repeats=1)
-    step_s, peaks = runs.run_once(["--workers", "2"], config, runs.local, tmp_path / "run")
+    step_s, peaks = runs.run_once(["--workers", "2"], config, measuring.local, tmp_path / "run")
     figures = json.loads((tmp_path / "run.json").read_text())
     assert [s for s, _ in figures["throughput"]] == [1, 2, 3]  # --log-every 1: every step
     assert 0 < step_s < 5

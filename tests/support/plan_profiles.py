@@ -32,7 +32,8 @@ def fake(layers: int = 4, f: float = 1.0, b: float = 2.0, params: int = 0, saved
 
 @pytest.fixture
 def no_calibration(tmp_path, monkeypatch):
-    """The alpha-beta model's defaults, not whatever this machine calibrated; a fresh cache."""
+    """The alpha-beta model's defaults, not whatever this machine calibrated; a fresh cache
+    (so no overheads `plait plan --calibrate` fitted here either)."""
     monkeypatch.setenv("PLAIT_CALIBRATION", str(tmp_path / "none.json"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     calibration.load_calibration(reload=True)

@@ -21,6 +21,7 @@ from plait.bench import render
 from plait.bench.plan import job, runs, tables
 from plait.bench.plan.config import PlanBenchConfig
 from plait.cli.main import main
+from plait.plan import runs as measuring
 
 MIB = 1 << 20
 
@@ -68,14 +69,15 @@ def predictions(feasible: list[bool]) -> list[FakePrediction]:
 
 def test_step_times_leave_out_the_warmup_and_peaks_add_model_states_and_activations() -> None:
     figures = {"global_batch": 64, "throughput": [[1, 100.0], [2, 200.0], [3, 400.0]]}
-    assert runs.step_times(figures, warmup=1) == [0.32, 0.16]
-    with pytest.raises(runs.BenchFailed, match="no step after the first 3"):
-        runs.step_times(figures, warmup=3)
+    assert measuring.step_times(figures, warmup=1) == [0.32, 0.16]
+    with pytest.raises(measuring.RunFailed, match="no step after the first 3"):
+        measuring.step_times(figures, warmup=3)
     row = {"model_states": 10, "activations": 5}
-    assert runs.peak_bytes({"rank_memory": [row, {**row, "activations": 7}]}) == [15, 17]
-    assert runs.peak_bytes({"memory": {"ranks": [row]}}) == [15]  # --zero's report
-    with pytest.raises(runs.BenchFailed, match="no per-rank memory"):
-        runs.peak_bytes({"strategy": "ps"})
+    assert measuring.peak_bytes({"rank_memory": [row, {**row, "activations": 7}]}) == [15, 17]
+    assert measuring.peak_bytes({"memory": {"ranks": [row]}}) == [15]  # --zero's report
+    with pytest.raises(measuring.RunFailed, match="no per-rank memory"):
+        measuring.peak_bytes({"strategy": "ps"})
+    assert measuring.memory({"strategy": "ps"}) is None  # calibration takes ps without
 
 
 def test_the_choice_is_the_top_feasible_then_a_seeded_sample_of_the_other_feasible() -> None:
@@ -106,16 +108,17 @@ def test_errors_and_bars_on_made_up_rows() -> None:
     rows = [made_row(1, 0.011, 0.010), made_row(2, 0.009, 0.010),
             made_row(3, 0.010, 0.0125, peak=3 * MIB)]  # fmt: skip
     assert [r["step_error"] for r in rows] == pytest.approx([0.1, -0.1, -0.2])
-    mae, top, oom = tables.bars(rows, limit=2 * MIB)
+    mae, top, oom, mem = tables.bars(rows, limit=2 * MIB)
     assert mae["figure"] == pytest.approx((0.1 + 0.1 + 0.2) / 3) and mae["passed"] is False
     assert top["figure"] == pytest.approx(0.0) and top["passed"] is True  # 1 ties 2: fastest
     assert oom["figure"] == 1 and oom["plans"] == ["plan3"] and oom["passed"] is False
+    assert mem["figure"] == pytest.approx(2 / 9) and mem["passed"] is False  # 0, 0, -2/3
     assert tables.bars(rows, limit=None)[2]["passed"] is None  # no limit: not checked
     assert rows[2]["memory_error"] == pytest.approx(1 / 3 - 1)
     # the top pick 10% slower than the fastest misses; a failed top pick is not measured
-    _, top, _ = tables.bars([made_row(1, 0.01, 0.011), made_row(2, 0.01, 0.010)], None)
+    _, top, _, _ = tables.bars([made_row(1, 0.01, 0.011), made_row(2, 0.01, 0.010)], None)
     assert top["figure"] == pytest.approx(0.1) and top["passed"] is False
-    mae, top, _ = tables.bars([made_row(1, 0.01, None), made_row(2, 0.01, 0.010)], None)
+    mae, top, _, _ = tables.bars([made_row(1, 0.01, None), made_row(2, 0.01, 0.010)], None)
     assert top["passed"] is None and mae["figure"] == 0.0
     doc = {"rows": rows, "bars": tables.bars(rows, 2 * MIB), "where": "here",
            "note": "chosen", "load_average_1min": {"start": 1.0, "end": 2.0}}  # fmt: skip
@@ -125,7 +128,7 @@ def test_errors_and_bars_on_made_up_rows() -> None:
     assert "MISS  step time" in text and "yes / NO" in text
 
 
-def fake_train(step_s: float) -> runs.Launch:
+def fake_train(step_s: float) -> measuring.Launch:
     """A launch that writes the JSON `plait train` would, each step `step_s` seconds."""
 
     def start(argv: list[str], log: IO[str]) -> int:
@@ -144,7 +147,7 @@ def fake_train(step_s: float) -> runs.Launch:
 def test_the_job_runs_the_chosen_plans_in_rounds_and_writes_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(runs, "local", fake_train(0.002))
+    monkeypatch.setattr(measuring, "local", fake_train(0.002))
     seen: list[Any] = []
 
     def search(request: Any) -> list[FakePrediction]:
@@ -154,6 +157,8 @@ def test_the_job_runs_the_chosen_plans_in_rounds_and_writes_the_report(
     fake = types.ModuleType("plait.plan")
     fake.PlanRequest = FakeRequest  # type: ignore[attr-defined]
     fake.search = search  # type: ignore[attr-defined]
+    fake.overheads = types.SimpleNamespace(load=lambda: None)  # type: ignore[attr-defined]
+    fake.calibrate = types.SimpleNamespace(calibrated=lambda o, what: set())  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "plait.plan", fake)
     monkeypatch.setattr(plait, "plan", fake, raising=False)  # (where the real one was loaded)
     out, md = tmp_path / "o.json", tmp_path / "t.md"
@@ -167,8 +172,9 @@ def test_the_job_runs_the_chosen_plans_in_rounds_and_writes_the_report(
     saved = json.loads(out.read_text())
     assert [r["measured_step_s"] for r in saved["rows"]] == pytest.approx([0.002] * 3)
     assert saved["rows"][0]["step_s_repeats"] == pytest.approx([0.002, 0.002])
-    # plan0 is predicted 1 ms, plan1 2 ms, plan3 4 ms (the sample): MAE 50%, a MISS
-    assert [b["passed"] for b in saved["bars"]] == [False, True, True]
+    # plan0 is predicted 1 ms, plan1 2 ms, plan3 4 ms (the sample): MAE 50%, a MISS; each
+    # predicted 2 MiB on its largest rank, measured 1 MiB: memory MAE 100%, a MISS
+    assert [b["passed"] for b in saved["bars"]] == [False, True, True, False]
     assert "| 1 | plan0 | top | 1.00 | 2.00 | 0% | -50.0% |" in md.read_text()
     assert set(saved["load_average_1min"]) == {"start", "end"}
 
@@ -199,3 +205,45 @@ def test_a_missing_planner_is_one_line(
     monkeypatch.delattr(plait, "plan", raising=False)
     assert main(["bench", "plan"]) == 2
     assert "the planner (plait.plan) cannot be imported" in capsys.readouterr().err
+
+
+def test_calibration_plans_stay_out_of_the_draw_and_out_of_the_error_bars() -> None:
+    preds = predictions([True] * 8)
+    seen = {"plan5", "plan6", "plan0"}  # the overheads were fitted on these
+    chosen, note = job.choose(preds, top=2, sample=10, seed=0, calibrated=seen)
+    assert [(r, pick) for r, pick, _ in chosen] == [
+        (1, "top"),
+        (2, "top"),
+        (3, "sample"),
+        (4, "sample"),
+        (5, "sample"),
+        (8, "sample"),
+    ]
+    assert "2 calibration plan(s) left out of the draw" in note
+    rows = [made_row(1, 0.05, 0.010), made_row(2, 0.011, 0.010), made_row(3, 0.012, 0.0125)]
+    rows[0]["calibrated"] = True  # a top plan that was calibrated on: run, marked, not a bar's
+    step, _, _, _ = tables.bars(rows, None)
+    assert (
+        step["figure"] == pytest.approx((0.1 + 0.04) / 2) and "1 calibration plan" in step["text"]
+    )
+    assert tables.cells(rows[0], None)[2] == "top (cal)"
+    ranked = [made_row(i, p, m) for i, (p, m) in enumerate([(1, 1), (2, 3), (3, 2), (4, 4)])]
+    assert tables.spearman(ranked) == pytest.approx(1 - 6 * 2 / (4 * 15))  # d^2: 0 1 1 0
+    tied = [made_row(i, p, m) for i, (p, m) in enumerate([(1, 1), (2, 1), (3, 3)])]
+    assert tables.spearman(tied) == pytest.approx(1.5 / 3**0.5)  # ranks 1 2 3 vs 1.5 1.5 3
+    assert tables.spearman(rows[:2]) is None
+    used = {"action": 2e-4, "fitted_from": ["calibrate mlp: dp2"],
+            "residuals": [["calibrate mlp: dp2", 0.031]]}  # fmt: skip
+    assert tables.overheads_lines(used) == [
+        "overheads: action 0.2 ms per pipeline action; fitted from 1 runs: calibrate mlp: dp2",
+        "overheads' residuals (after the fit): calibrate mlp: dp2 +3.1%"]  # fmt: skip
+    assert "none" in tables.overheads_lines(None)[0]
+
+
+def test_a_workload_is_planned_and_run_as_plait_train_runs_it() -> None:
+    config = PlanBenchConfig(workload="examples/custom_workload.py:make", batch_size=32)
+    argv = measuring.train_argv(["--workers", "4"], config.fixed(), 20, 0, "o.json")
+    assert argv[:7] == ["train", "--workers", "4", "--workload",
+                        "examples/custom_workload.py:make", "--batch-size", "32"]  # fmt: skip
+    assert PlanBenchConfig().fixed() == {"model": "mlp"}
+    assert main(["bench", "plan", "--model", "gpt", "--workload", "x:y"]) == 2

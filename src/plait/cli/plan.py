@@ -5,7 +5,9 @@ one step of every valid plan (dp x pp x tp, ZeRO, micro-batches and schedule, ac
 checkpointing, precision, compression, priority) and prints the best, with the predicted
 step time, samples/s, peak memory per rank and bottleneck. `plait plan --workers 64 --hosts 8
 --link-rate 1gbit` predicts a cluster this machine is not, and says so. `plait train --plan
-best` runs the best plan. See docs/planning.md.
+best` runs the best plan. `plait plan --calibrate` first fits this machine's overheads (what
+a real step pays beyond the profile) from a few short runs, and caches them: later plans
+predict with them (--no-overheads: without). See docs/planning.md.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from plait.errors import EXIT_BAD_INPUT, ConfigError
 from plait.options import add_options, from_args
 from plait.plan.config import PlanConfig
+from plait.plan.plan import PlanRequest
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,18 +34,52 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the ranked table (and write --json); 0, or 2 on bad input."""
-    from plait.plan import report
+    """Print the ranked table (and write --json), or calibrate; 0, 1 when a calibration
+    fails, 2 on bad input, 130 on Ctrl-C during a calibration."""
+    from plait.plan import overheads, report
     from plait.plan.search import ranked
 
     try:
         config = from_args(PlanConfig, args)
         req = config.request()
-        preds, how = ranked(req, budget=config.budget, seed=config.seed)
+        if config.calibrate:
+            return calibrate(req)
+        preds, how = ranked(req, budget=config.budget, seed=config.seed,
+                            fitted=not config.no_overheads)  # fmt: skip
     except ConfigError as e:
         print(f"plait plan: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(report.table(req, preds, config.top, how))
+    used = None if config.no_overheads else overheads.load()
+    print(
+        report.table(req, preds, config.top, how, report.overheads_line(used, config.no_overheads))
+    )
     if config.json is not None:
-        report.write_json(config.json, report.to_json(req, preds, how))
+        report.write_json(config.json, report.to_json(req, preds, how, used))
+    return 0
+
+
+def calibrate(req: PlanRequest) -> int:
+    """`plait plan --calibrate`: run, fit, cache and print (plan/calibrate.py).
+
+    Raises:
+        ConfigError: a request `plait train` refuses.
+    """
+    from plait.plan import calibrate as calibration
+    from plait.plan.runs import RunFailed
+
+    try:
+        done = calibration.calibrate(req)
+    except RunFailed as e:
+        print(f"plait plan: calibration run failed: {e}; nothing cached", file=sys.stderr)
+        return 1
+    except ConfigError:
+        raise  # bad input: run() says so
+    except (ValueError, NotImplementedError) as e:  # the fit's
+        print(f"plait plan: the overheads' fit failed: {e}; nothing cached", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("plait plan: calibration interrupted; the cached overheads are unchanged",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    print(calibration.report(done))
     return 0

@@ -8,7 +8,8 @@ a machine (or a cluster this machine is not), and rank them.
 profile.py measures each layer once per model and machine; costs.py prices communication
 with the calibrated alpha-beta model; graph.py runs a task graph on queues (FlexFlow's
 simulator); simulate.py builds a plan's step as one; search.py enumerates or walks the
-candidates. See docs/planning.md.
+candidates; calibrate.py fits what a real step pays beyond the profile (overheads.py) from
+a few real runs (runs.py), once per machine. See docs/planning.md.
 
 The search needs torch (it profiles), so it is imported on first use: the command line
 parses `plait plan`'s options without it.

@@ -62,8 +62,29 @@ class PlanConfig:
         metadata=option("Metropolis-Hastings proposals, where the space is too large to list"),
     )
     seed: int = field(default=SEED, metadata=option("the Metropolis-Hastings walk's seed"))
+    calibrate: bool = field(
+        default=False,
+        metadata=option(
+            "fit this machine's overheads from a few short runs of the model (a minute or "
+            "two for mlp) and cache them: later plans predict with them"
+        ),
+    )
+    no_overheads: bool = field(
+        default=False,
+        metadata=option("predict from the profile alone, without the cached overheads"),
+    )
 
     def __post_init__(self) -> None:
+        if self.calibrate and self.hosts > 1:
+            raise ConfigError(
+                f"--calibrate with --hosts {self.hosts}: the calibration measures this machine, "
+                "so it runs here, on one host; drop --hosts (the fitted overheads then serve "
+                "plans of any --hosts)"
+            )
+        if self.calibrate and self.no_overheads:
+            raise ConfigError(
+                "--calibrate fits the overheads that --no-overheads leaves out: give one"
+            )
         if self.top < 1:
             raise ConfigError(f"top {self.top} < 1")
         if self.budget < 1:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict
 from typing import Any
 
+from plait.plan.overheads import Overheads, cache_path
 from plait.plan.plan import PlanRequest, Prediction
 
 MiB = 1 << 20
@@ -31,14 +33,32 @@ def caveat(req: PlanRequest) -> str:
     )
 
 
-def table(req: PlanRequest, preds: list[Prediction], top: int, how: str) -> str:
-    """The header lines and the `top` best plans, one row each."""
+def overheads_line(used: Overheads | None, left_out: bool = False) -> str:
+    """What the predictions add to the profile: this machine's fitted overheads, when and
+    from how many runs, or none (`left_out`: by --no-overheads; else how to fit them)."""
+    if left_out:
+        return "overheads: none (--no-overheads): the profile alone"
+    if used is None:
+        return "overheads: none: run plait plan --calibrate"
+    try:
+        when = time.strftime("%Y-%m-%d", time.localtime(cache_path().stat().st_mtime))
+    except OSError:
+        when = "?"
+    return f"overheads: fitted {when} from {len(used.fitted_from)} runs ({cache_path()})"
+
+
+def table(
+    req: PlanRequest, preds: list[Prediction], top: int, how: str, overheads: str = ""
+) -> str:
+    """The header lines (`overheads`: `overheads_line`'s, where given) and the `top` best
+    plans, one row each."""
     batch = preds[0].samples_per_s * preds[0].step_s if preds else 0
     feasible = sum(p.feasible for p in preds)
     lines = [
         f"plait plan: {req.workload or req.model}, {req.workers} workers, global batch "
         f"{batch:.0f}: {len(preds)} plans predicted ({how}), {feasible} fit in memory",
         caveat(req),
+        *([overheads] if overheads else []),
     ]
     head = ("rank", "plan", "step ms", "samples/s", "peak MiB/rank", "bottleneck")
     rows = [
@@ -76,10 +96,14 @@ def table(req: PlanRequest, preds: list[Prediction], top: int, how: str) -> str:
     return "\n".join(lines)
 
 
-def to_json(req: PlanRequest, preds: list[Prediction], how: str) -> dict[str, Any]:
-    """Every prediction, ranked, with the request and what the figures are."""
+def to_json(
+    req: PlanRequest, preds: list[Prediction], how: str, overheads: Overheads | None = None
+) -> dict[str, Any]:
+    """Every prediction, ranked, with the request, what the figures are and the overheads
+    they were predicted with (None: the profile alone)."""
     return {
         "predicted": True,
+        "overheads": None if overheads is None else asdict(overheads),
         "cluster": req.hosts > 1,
         "note": caveat(req),
         "request": asdict(req),

@@ -30,7 +30,9 @@ from typing import Any
 
 from plait.errors import ConfigError
 from plait.pipeline.schedule import SCHEDULES, VIRTUAL, ScheduleError, build
+from plait.plan import overheads
 from plait.plan.costs import Costs
+from plait.plan.overheads import Overheads
 from plait.plan.plan import BUDGET, SEED, Plan, PlanRequest, Prediction
 from plait.plan.profile import LayerCost, Profile
 from plait.plan.simulate import Setting, simulate
@@ -176,9 +178,12 @@ class Space:
         return self.make(fields)
 
 
-def setting(req: PlanRequest, profile: Profile | None = None) -> tuple[Setting, int]:
+def setting(
+    req: PlanRequest, profile: Profile | None = None, *, fitted: bool = True
+) -> tuple[Setting, int]:
     """The shared figures of a request (profiling its workload if no profile is given),
-    and its global batch.
+    and its global batch. `fitted`: with this machine's overheads where `plait plan
+    --calibrate` cached them (overheads.py), else from the profile alone.
 
     Raises:
         ConfigError: a request `plait train` would refuse (an unknown model, a batch that
@@ -196,7 +201,10 @@ def setting(req: PlanRequest, profile: Profile | None = None) -> tuple[Setting, 
     costs = Costs.of(req.local, req.link_bytes_per_s)
     cores = req.cores_per_host or os.cpu_count() or 1
     clipping = config.recipe.grad_clip > 0  # a barrier across the stages (simulate.py)
-    return Setting(profile, batch, costs, cores, req.memory_per_rank, clipping=clipping), batch
+    found = overheads.load() if fitted else None
+    o = Overheads() if found is None else found
+    setting = Setting(profile, batch, costs, cores, req.memory_per_rank, o, clipping=clipping)
+    return setting, batch
 
 
 def _rank(preds: list[Prediction]) -> list[Prediction]:
@@ -205,26 +213,28 @@ def _rank(preds: list[Prediction]) -> list[Prediction]:
 
 def search(
     req: PlanRequest, *, profile: Profile | None = None, exhaustive: int = EXHAUSTIVE,
-    budget: int = BUDGET, seed: int = SEED,
+    budget: int = BUDGET, seed: int = SEED, fitted: bool = True,
 ) -> list[Prediction]:  # fmt: skip
     """Predict the request's candidates and rank them, feasible first, fastest first.
 
     Every valid candidate when there are at most `exhaustive` distinct ones before the
     validity checks, else those a Metropolis-Hastings walk of `budget` proposals visits
-    (module docstring). `profile`: the layers' costs to use instead of profiling the model.
+    (module docstring). `profile`: the layers' costs to use instead of profiling the model;
+    `fitted`: predict with this machine's cached overheads (see `setting`).
 
     Raises:
         ConfigError: see `setting`; or no candidate runs at all.
     """
-    return ranked(req, profile=profile, exhaustive=exhaustive, budget=budget, seed=seed)[0]
+    return ranked(req, profile=profile, exhaustive=exhaustive, budget=budget, seed=seed,
+                  fitted=fitted)[0]  # fmt: skip
 
 
 def ranked(
     req: PlanRequest, *, profile: Profile | None = None, exhaustive: int = EXHAUSTIVE,
-    budget: int = BUDGET, seed: int = SEED,
+    budget: int = BUDGET, seed: int = SEED, fitted: bool = True,
 ) -> tuple[list[Prediction], str]:  # fmt: skip
     """`search`'s answer, and how it was found, in words."""
-    s, batch = setting(req, profile)
+    s, batch = setting(req, profile, fitted=fitted)
     space = Space(req, s.profile, batch)
     if space.size() <= exhaustive:
         preds = [simulate(plan, s) for plan in space.candidates()]
