@@ -62,13 +62,33 @@ class PlanConfig:
         metadata=option("Metropolis-Hastings proposals, where the space is too large to list"),
     )
     seed: int = field(default=SEED, metadata=option("the Metropolis-Hastings walk's seed"))
+    from_trace: str | None = field(
+        default=None,
+        metadata=option(
+            "compare the prediction for a traced run (plait train --trace FILE) with what it "
+            "measured, per category of events, and refit this machine's overheads to it",
+            metavar="FILE",
+        ),
+    )
+    warmup: int = field(
+        default=2, metadata=option("with --from-trace: the first steps left out", metavar="N")
+    )
+    save: bool = field(
+        default=False,
+        metadata=option("with --from-trace: write the refitted overheads to this machine's cache"),
+    )
 
     def __post_init__(self) -> None:
         if self.top < 1:
             raise ConfigError(f"top {self.top} < 1")
         if self.budget < 1:
             raise ConfigError(f"budget {self.budget} < 1")
-        self.request()  # its own checks
+        if self.warmup < 0:
+            raise ConfigError(f"warmup {self.warmup} < 0")
+        if self.save and self.from_trace is None:
+            raise ConfigError("--save writes what --from-trace refitted: give --from-trace FILE")
+        if self.from_trace is None:  # (else the workers are the trace's)
+            self.request()  # its own checks
 
     def memory_bytes(self) -> int | None:
         if self.memory_per_rank is None:

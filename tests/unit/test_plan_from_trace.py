@@ -1,0 +1,173 @@
+"""`plait plan --from-trace`: Plan.from_options, the trace's categories (plan/measured.py)
+and the CLI on a stored trace.
+
+The fixture tests/data/trace_mlp_dp2.json was made once with `plait train --model mlp
+--workers 2 --steps 5 --trace trace_mlp_dp2.json` (tests/data/README.md). The simulator's
+task graph (`simulate.graph`) and the fit (`fit.fit`) are issue 35's other parts: where
+they have not landed the tests put in stand-ins. No process is started.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plait.cli.main import main
+from plait.errors import ConfigError
+from plait.plan import fit, overheads
+from plait.plan import profile as profiling
+from plait.plan import simulate as simulating
+from plait.plan.graph import Graph
+from plait.plan.measured import measure, self_times
+from plait.plan.overheads import Overheads
+from plait.plan.plan import Plan
+from plait.train.config import TrainConfig
+from support.plan_profiles import fake
+
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "trace_mlp_dp2.json"
+
+PLANS = [
+    Plan(dp=2),
+    Plan(dp=4, zero=3, precision="bf16"),
+    Plan(dp=2, compression="fp16"),
+    Plan(dp=2, priority=True),
+    Plan(dp=1, pp=2, chunks=4, schedule="gpipe"),
+    Plan(dp=2, pp=2, chunks=8, schedule="interleaved", virtual=2),
+    Plan(dp=1, pp=2, tp=2, chunks=2, schedule="1f1b", checkpointing=True),
+    Plan(strategy="ps", dp=3),
+]
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label())
+def test_from_options_inverts_options(plan):
+    assert Plan.from_options(plan.options()) == plan
+
+
+@pytest.mark.parametrize("plan", PLANS[:7], ids=lambda p: p.label())
+def test_from_options_reads_a_runs_full_options(plan):
+    # what a trace's otherData.options holds: every TrainConfig option, defaults included
+    full = TrainConfig.from_options({"model": "gpt", **plan.options()}).options()
+    assert Plan.from_options(full) == plan
+
+
+def test_from_options_refuses_a_mesh_that_is_not_the_workers():
+    with pytest.raises(ConfigError, match="dp 3 x pp 2 x tp 1 is not the 4 workers"):
+        Plan.from_options({"workers": 4, "dp": 3, "pp": 2})
+
+
+def test_measure_reads_the_stored_trace_by_hand():
+    m = measure(json.loads(FIXTURE.read_text()), warmup=2)
+    assert m.steps == (3, 4) and m.ranks == 2  # step 5 has no next step: no cadence
+    # cadence, us: step 3 rank 0: 3657064.7 - 3649193.6 - eval 3860.0 = 4011.1; rank 1:
+    # 3658043.1 - 3650522.9 - 4876.0 = 2644.2 (mean 3327.65); step 4: 7684.1 and 6587.0
+    # (mean 7135.55); the median of the two steps:
+    assert m.step_s == pytest.approx(5231.6e-6, abs=1e-7)
+    # fixed: data + the loss flush's 4-byte allreduce (the 16-byte one is the evaluation's,
+    # a pause): step 3 (95.0 + 80.2 + 85.4 + 96.8) / 2 = 178.7, step 4 3499.65
+    assert m.by_cat["fixed"] == pytest.approx(1839.2e-6, abs=1e-7)
+    # reduce: the bucket's packed + unpacked + its allreduce on the comm thread: step 3
+    # (29.0 + 38.8 + 1675.6 + 25.3 + 38.0 + 537.7) / 2 = 1172.2, step 4 1258.15
+    assert m.by_cat["reduce"] == pytest.approx(1215.2e-6, abs=1e-7)
+    # forward: (303.1 + 262.3) / 2 and (201.4 + 196.7) / 2
+    assert m.by_cat["forward"] == pytest.approx((282.7 + 199.05) / 2 * 1e-6, abs=1e-7)
+    assert m.by_cat["send"] == m.by_cat["gather"] == 0.0
+    assert m.cpu_s is not None and 0 < m.cpu_s < m.span_s < m.step_s
+
+
+def test_measure_needs_steps_beyond_the_warm_up():
+    with pytest.raises(ConfigError, match="it needs 6 steps"):
+        measure(json.loads(FIXTURE.read_text()), warmup=4)
+    with pytest.raises(ConfigError, match="no step spans"):
+        measure({"traceEvents": []})
+
+
+def _x(cat, name, ts, dur, tid=0, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}  # fmt: skip
+
+
+def test_nested_spans_count_their_self_time_in_the_right_category():
+    events = [
+        _x("step", "step 1", 0, 100, step=1),
+        _x("pipeline", "F1", 0, 20),
+        _x("comm", "allreduce", 5, 4, bytes=64),  # tensor parallelism's, inside F: forward
+        _x("comm", "recv", 20, 6),  # the wait for an input: send
+        _x("pipeline", "B1", 26, 30),
+        _x("compute", "clip", 60, 10),
+        _x("comm", "allreduce", 62, 5, bytes=8),  # clipping's norm: fixed
+        _x("compute", "optimizer", 70, 20),
+        _x("comm", "allgather", 75, 8),  # ZeRO's gather inside the step: gather
+        _x("comm", "allreduce", 101, 3, bytes=4),  # the loss flush, between steps: fixed
+        _x("eval", "eval", 105, 10),
+        _x("comm", "allreduce", 106, 2, bytes=16),  # the evaluation's: left out
+    ]
+    got: dict[str, float] = {}
+    for _rank, _ts, cat, t in self_times(events):
+        got[cat] = got.get(cat, 0.0) + t
+    assert got == {"forward": 20, "send": 6, "backward": 30, "fixed": 13, "step": 12,
+                   "gather": 8}  # fmt: skip
+
+
+def fake_graph(plan, setting):
+    """A stand-in for simulate.graph (issue 35's sim part): a step of 1 ms forward, 2 ms
+    backward, 0.5 ms reduce and 0.2 ms optimizer step."""
+    g = Graph()
+    for name, cat, ms in (("F", "forward", 1.0), ("B", "backward", 2.0),
+                          ("reduce", "reduce", 0.5), ("step", "step", 0.2)):  # fmt: skip
+        g.add(name, "s0", ms * 1e-3)
+        g.tasks[-1].cat = cat
+    return g, g.run()
+
+
+@pytest.fixture
+def stand_ins(monkeypatch, no_calibration):
+    """A small made-up profile (about 3 ms a step), stand-ins for simulate.graph and fit.fit
+    (the table's arithmetic is tested, not the simulator's), this machine uncalibrated."""
+    small = fake(layers=4, f=0.25e-3, b=0.5e-3, params=1000)
+    monkeypatch.setattr(profiling, "cached", lambda *a, **k: small)
+    monkeypatch.setattr(simulating, "graph", fake_graph, raising=False)  # (its figures known)
+
+    def refit(observations, start=None):
+        (obs,) = observations
+        assert obs.step_s == pytest.approx(5231.6e-6, abs=1e-7)
+        assert obs.source == f"trace: {FIXTURE}"
+        o = Overheads(step_fixed=0.004, fitted_from=(obs.source,))
+        return fit.Fit(o, ((obs.source, 0.001, 0.005, obs.step_s),))
+
+    monkeypatch.setattr(fit, "fit", refit)
+
+
+def test_cli_prints_the_categories_and_the_refit(capsys, stand_ins):
+    assert main(["plan", "--from-trace", str(FIXTURE)]) == 0
+    out = capsys.readouterr().out
+    assert "mlp, dp2, 2 workers on one host" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
+    assert rows["fixed"][1] == "1.84" and rows["reduce"][1] == "1.22"
+    # the stand-in graph: fixed 0 ms simulated; the made-up profile predicts 3.6 ms
+    assert "the run is 44% slower than planned; 114% of that is the fixed costs" in out
+    assert "refit with this run" in out and "step_fixed 0.004" in out
+    assert "not saved" in out and overheads.load() is None
+
+
+def test_cli_saves_the_refit_with_save(capsys, stand_ins):
+    assert main(["plan", "--from-trace", str(FIXTURE), "--save"]) == 0
+    assert "saved to" in capsys.readouterr().out
+    saved = overheads.load()
+    assert saved is not None and saved.step_fixed == 0.004
+
+
+def test_cli_refuses_a_trace_the_planner_cannot_express(tmp_path, capsys):
+    doc = json.loads(FIXTURE.read_text())
+    del doc["otherData"]["options"]
+    bare = tmp_path / "script.json"
+    bare.write_text(json.dumps(doc))
+    assert main(["plan", "--from-trace", str(bare)]) == 2
+    assert "no otherData.options" in capsys.readouterr().err
+    doc["otherData"]["options"] = {"model": "mlp", "workers": 2, "elastic": True}
+    bare.write_text(json.dumps(doc))
+    assert main(["plan", "--from-trace", str(bare)]) == 2
+    assert "elastic=True, which the planner does not model" in capsys.readouterr().err
+    assert main(["plan", "--save"]) == 2
+    assert "give --from-trace" in capsys.readouterr().err
