@@ -216,7 +216,8 @@ class RankRun:
             self.evaluate(self.steps)
         if self.out is not None and trained_last:
             self.save(self.steps)
-        self.tracing.finish(self.options)  # its metrics join the figures
+        # its metrics join the figures; the Step's memory figures join the trace
+        self.tracing.finish(self.options, self.step.figures)
         result = self.result(self.steps, train_s)
         figures = result.figures()
         if self.leads() and self.config.log.json:
