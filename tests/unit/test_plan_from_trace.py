@@ -20,7 +20,7 @@ from plait.plan import fit, overheads
 from plait.plan import profile as profiling
 from plait.plan import simulate as simulating
 from plait.plan.graph import Graph
-from plait.plan.measured import measure, self_times
+from plait.plan.measured import measure, peak_bytes, self_times
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan
 from plait.train.config import TrainConfig
@@ -171,3 +171,10 @@ def test_cli_refuses_a_trace_the_planner_cannot_express(tmp_path, capsys):
     assert "elastic=True, which the planner does not model" in capsys.readouterr().err
     assert main(["plan", "--save"]) == 2
     assert "give --from-trace" in capsys.readouterr().err
+
+
+def test_peak_bytes_are_model_states_plus_activations_as_json_reports_them():
+    rank = {"model_states": 100, "activations": 20, "parameters": 40}
+    assert peak_bytes({"rank_memory": [rank, {**rank, "activations": 5}]}) == (120, 105)
+    assert peak_bytes({"memory": {"ranks": [rank]}}) == (120,)  # ZeRO's report
+    assert peak_bytes({"options": {}}) is None

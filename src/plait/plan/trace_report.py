@@ -28,12 +28,17 @@ def table(c: Comparison, source: str) -> str:
     )  # fmt: skip
     cpu = f", CPU {m.cpu_s * MS:.1f} ms" if m.cpu_s is not None else ""
     lines = [
-        f"plait plan --from-trace {source}: {req.workload or req.model}, {c.plan.label()}, "
+        f"traced run {source}: {req.workload or req.model}, {c.plan.label()}, "
         f"{req.workers} workers on {where}{link}",
         f"measured over steps {', '.join(map(str, m.steps))} ({m.ranks} ranks, the median; "
         f"per rank): step {m.step_s * MS:.1f} ms (cadence: the next step's start; the step "
         f"span {m.span_s * MS:.1f} ms{cpu}); predicted {c.predicted_s * MS:.1f} ms",
     ]
+    if m.cpu_s is not None and m.cpu_s < 0.5 * m.span_s:
+        lines.append(
+            f"each rank was on a CPU for {m.cpu_s / m.span_s:.0%} of its step span: it waited "
+            "the rest, for its peers or for a core (other processes on this machine?)"
+        )
     head = ("category", "simulated ms", "measured ms", "difference ms", "share of miss")
     rows: list[tuple[str, ...]] = [
         (cat, "-" if sim is None else f"{sim * MS:.2f}", f"{got * MS:.2f}",
