@@ -169,6 +169,8 @@ def test_cli_refuses_a_trace_the_planner_cannot_express(tmp_path, capsys):
     bare.write_text(json.dumps(doc))
     assert main(["plan", "--from-trace", str(bare)]) == 2
     assert "elastic=True, which the planner does not model" in capsys.readouterr().err
+    assert main(["plan", "--from-trace", str(FIXTURE), "--link-rate", "1gbit"]) == 2
+    assert "the traced run was on one host: give --hosts H" in capsys.readouterr().err
     assert main(["plan", "--save"]) == 2
     assert "give --from-trace" in capsys.readouterr().err
 
@@ -178,3 +180,10 @@ def test_peak_bytes_are_model_states_plus_activations_as_json_reports_them():
     assert peak_bytes({"rank_memory": [rank, {**rank, "activations": 5}]}) == (120, 105)
     assert peak_bytes({"memory": {"ranks": [rank]}}) == (120,)  # ZeRO's report
     assert peak_bytes({"options": {}}) is None
+
+
+def test_cli_takes_the_link_from_the_command_line(capsys, stand_ins):
+    argv = ["plan", "--from-trace", str(FIXTURE), "--hosts", "2", "--link-rate", "100mbit"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 workers on 2 hosts, linked at 100mbit (--link-rate: a trace does not record" in out

@@ -134,10 +134,15 @@ def rebuild(
     plan = Plan.from_options(options)
     named = {h for h in other.get("hosts") or [] if h}
     hosts = hosts or max(len(named), 1)
+    if link_rate is not None and hosts == 1:
+        raise ConfigError(
+            f"link rate {link_rate} is the link between hosts, and the traced run was on one "
+            "host: give --hosts H to compare it with H hosts"
+        )
     workload = options.get("workload")
     req = PlanRequest(
         model=None if workload else options.get("model"), workload=workload,
-        workers=plan.workers, hosts=hosts, link_rate=link_rate if hosts > 1 else None,
+        workers=plan.workers, hosts=hosts, link_rate=link_rate,
         memory_per_rank=memory_per_rank, batch_size=options.get("batch_size"),
     )  # fmt: skip
     return plan, req
