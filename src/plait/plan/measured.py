@@ -30,6 +30,7 @@ warm-up.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -118,6 +119,8 @@ def self_times(events: list[Event]) -> list[tuple[int, float, str, float]]:
     windows: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for e in steps:
         windows[int(e["pid"])].append((e["ts"], e["ts"] + e["dur"]))
+    for w in windows.values():
+        w.sort()
     out: list[tuple[int, float, str, float]] = []
     for (pid, _tid), evs in threads.items():
         # a stack of (end, category, index in out or -1): the spans enclosing the current one
@@ -126,7 +129,9 @@ def self_times(events: list[Event]) -> list[tuple[int, float, str, float]]:
             start, end = e["ts"], e["ts"] + e.get("dur", 0.0)
             while stack and stack[-1][0] <= start:
                 stack.pop()
-            in_step = any(a <= start < b for a, b in windows[pid])
+            w = windows[pid]
+            i = bisect.bisect_right(w, (start, float("inf"))) - 1  # the last step begun
+            in_step = i >= 0 and start < w[i][1]
             parents = [c for _, c, _ in stack]
             cat = category(e, parents, in_step)
             if e.get("cat") in PAUSES or PAUSE in parents:  # (an evaluation's allreduce)
@@ -175,6 +180,18 @@ def measure(doc: dict[str, Any], warmup: int = 2) -> Measured:
         if e.get("ph") == "X" and e.get("cat") in PAUSES and e.get("tid", 0) == 0:
             pauses[int(e["pid"])].append((e["ts"], e["ts"] + e["dur"]))
     timed = self_times(events)
+    # each rank's categorised spans by start, so that a step's are found by bisection
+    of_rank: dict[int, list[tuple[float, str, float]]] = defaultdict(list)
+    for rank, ts, cat, t in timed:
+        of_rank[rank].append((ts, cat, t))
+    for spans_of in of_rank.values():
+        spans_of.sort()
+    starts = {r: [x[0] for x in v] for r, v in of_rank.items()}
+
+    def within(rank: int, a: float, b: float) -> list[tuple[float, str, float]]:
+        lo, hi = bisect.bisect_left(starts[rank], a), bisect.bisect_left(starts[rank], b)
+        return of_rank[rank][lo:hi]
+
     ranks = sorted(steps)
     cadence, spans, cpus = [], [], []
     per_cat: dict[str, list[float]] = defaultdict(list)
@@ -191,21 +208,20 @@ def measure(doc: dict[str, Any], warmup: int = 2) -> Measured:
             cpu = this.get("args", {}).get("cpu_s")
             has_cpu = has_cpu and cpu is not None
             cpu_sum += cpu or 0.0
-            for rank, ts, cat, t in timed:
-                if rank == r and a <= ts < b:
-                    cats[cat] += t
+            for _ts, cat, t in within(r, a, b) if r in of_rank else []:
+                cats[cat] += t
         cadence.append(c_sum / len(ranks) / US)
         spans.append(s_sum / len(ranks) / US)
         cpus.append(cpu_sum / len(ranks) if has_cpu else None)
         for cat in CATEGORIES:
             per_cat[cat].append(cats[cat] / len(ranks) / US)
     # server processes (ps) are not ranks that step: their spans join the step they fall in
-    servers = [r for r in {t[0] for t in timed} if r not in steps]
+    servers = [r for r in of_rank if r not in steps]
     if servers:
         ref = steps[ranks[0]]
         for i, n in enumerate(kept):
             a, b = ref[n]["ts"], ref[common[common.index(n) + 1]]["ts"]
-            extra = sum(t for rank, ts, _c, t in timed if rank in servers and a <= ts < b)
+            extra = sum(t for r in servers for _ts, _c, t in within(r, a, b))
             per_cat["update"][i] += extra / len(ranks) / US
     known = [c for c in cpus if c is not None]
     return Measured(
