@@ -289,3 +289,10 @@ def test_parameter_server_step_pushes_updates_and_pulls():
     move = costs.to_servers(4.0 * (1 << 16), 2, 2)
     assert ps.step_s > 3.0 + 2 * move  # forward, backward, push, the update, pull
     assert ps.peak_bytes == [8 * (1 << 16)] * 2  # parameters and gradients only
+
+
+def test_setting_clips_as_the_recipe_does():
+    # gpt's recipe clips the gradients' norm (a barrier across stages); mlp's does not
+    prof = fake(layers=4, params=1000)
+    assert setting(PlanRequest(model="gpt", workers=2), prof)[0].clipping
+    assert not setting(PlanRequest(model="mlp", workers=2), prof)[0].clipping

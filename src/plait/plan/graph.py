@@ -48,12 +48,13 @@ class Graph:
 
     def add(
         self, name: str, resource: str, duration: float, deps: list[int] | None = None,
-        priority: float = 0.0,
+        priority: float = 0.0, cat: str = "",
     ) -> int:  # fmt: skip
-        """Add a task; returns its id (the index to give later tasks' `deps`)."""
+        """Add a task of category `cat`; returns its id (the index to give later tasks'
+        `deps`)."""
         if duration < 0:
             raise ValueError(f"task {name}: duration {duration} < 0")
-        self.tasks.append(Task(name, resource, duration, priority, list(deps or [])))
+        self.tasks.append(Task(name, resource, duration, priority, list(deps or []), cat))
         return len(self.tasks) - 1
 
     def run(self, scale: dict[str, float] | None = None) -> Run:

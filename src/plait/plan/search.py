@@ -195,7 +195,8 @@ def setting(req: PlanRequest, profile: Profile | None = None) -> tuple[Setting, 
         profile = cached(resolve(config), lo, hi, config.optimizer)
     costs = Costs.of(req.local, req.link_bytes_per_s)
     cores = req.cores_per_host or os.cpu_count() or 1
-    return Setting(profile, batch, costs, cores, req.memory_per_rank), batch
+    clipping = config.recipe.grad_clip > 0  # a barrier across the stages (simulate.py)
+    return Setting(profile, batch, costs, cores, req.memory_per_rank, clipping=clipping), batch
 
 
 def _rank(preds: list[Prediction]) -> list[Prediction]:

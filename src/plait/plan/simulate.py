@@ -11,12 +11,8 @@ queue) and one queue per link:
   the one-stage, one-micro-batch case: F then B);
 - a stage's last backward split layer by layer (last layer first), so a gradient bucket
   can start reducing while earlier layers still compute, as DataParallel's hooks do;
-- per bucket (25 MiB, the first 1 MiB: DataParallel's), the reduction on the stage's
-  data-parallel link: an allreduce; ZeRO 1/2 a reduce-scatter before the optimizer step
-  and an all-gather after (the same bytes, Rajbhandari et al. SC'20); ZeRO 3 also gathers
-  the parameters before the forward and before the backward (1.5x the bytes); a parameter
-  server a push to and a pull from the servers, who apply the optimizer in between;
-- the optimizer step, after the stage's last reduction.
+- ZeRO 3's gathers of the stage's parameters before the forward and before the backward;
+- the gradients' reductions and the optimizer steps (reductions.py).
 
 A compute task lasts its profiled time (profile.py) at the micro-batch size, times the
 precision's measured factor, times the ranks' share of the host's cores when ranks
@@ -26,6 +22,23 @@ checkpointing adds each repeated block's forward to its backward (Chen et al. 20
 Priority (P3, Jayarajan et al. SysML'19) reduces the slices the next forward needs first;
 its step time is when that next forward could run unhindered (see `_overlapped`).
 
+The machine's overheads (`Setting.overheads`, overheads.py; each adds nothing at its
+default): `compute_scale` multiplies every compute task (forward, backward, optimizer);
+where ranks outnumber cores, the slowdown is 1 + `share` (ranks per core - 1); `action` is
+added to each pipeline action's task (F, B, W; the last backward, split per layer, pays it
+once, on its first piece); `message` is a task on the sender's compute queue before each
+send; `collective` is added per tensor-parallel allreduce (to the layer's forward and
+backward) and per ZeRO unit to each gather; `bucket`, `ps_request` and `step_fixed`: see
+reductions.py.
+
+Every task has a category (`Task.cat`), for comparing a step with a trace by kind of work:
+"forward" (F, with its action overhead), "backward" (B, W and the last backward's per-layer
+pieces), "send" (a point-to-point transfer on its link), "reduce" (a DataParallel
+allreduce or ZeRO reduce-scatter), "gather" (ZeRO's parameter gathers and all-gathers),
+"step" (the optimizer), "push", "update" and "pull" (a parameter server's), "fixed" (the
+step's fixed cost, the clipping barrier) and "overhead" (Python's own work on a compute
+queue: issuing a message, packing a bucket).
+
 Peak memory per rank: model states (ZeRO's formulas, train/memory.py) + activations of the
 micro-batches in flight at the schedule's peak + communication buffers; not the
 framework's own memory (a few hundred MB per process).
@@ -33,27 +46,22 @@ framework's own memory (a few hundred MB per process).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
-from plait.data_parallel.buckets import FIRST_BUCKET_BYTES, MiB
 from plait.pipeline.balance import split_sizes
 from plait.pipeline.schedule import Action, build
 from plait.pipeline.timeline import dependencies
 from plait.pipeline.timeline import simulate as simulate_timeline
 from plait.plan.costs import Costs
-from plait.plan.graph import Graph
+from plait.plan.graph import Graph, Run
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, Prediction
 from plait.plan.profile import Profile, at
+from plait.plan.reductions import BUCKET_BYTES, FIRST, SERVERS, reductions
 from plait.train.memory import OPTIMIZER_BYTES, formula
 from plait.train.parts_ps import DEFAULT_SERVERS
-
-BUCKET_BYTES = 25 * MiB  # DataParallel(bucket_mb=25)'s default
-SLICE_BYTES = 1 * MiB  # --slice-mb's default: P3's slices
-GAMMA = 1 / 4e9  # seconds per byte of an elementwise pass (comm's AlphaBeta.gamma)
-SERVERS = "servers"  # the parameter servers' compute queue (not a link)
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,7 @@ class Setting:
     cores: int  # per host (the profiled machine's)
     memory_limit: int | None = None
     overheads: Overheads = field(default_factory=Overheads)  # fitted costs beyond the profile
+    clipping: bool = False  # the recipe clips the gradients' norm: a barrier across stages
 
 
 @lru_cache(maxsize=512)
@@ -74,46 +83,60 @@ def _in_flight(schedule: str, stages: int, chunks: int, parts: int) -> tuple[int
     return tuple(simulate_timeline(build(schedule, stages, chunks, parts)).peak_activations)
 
 
-def _compression(method: str, params: int) -> tuple[float, float, bool]:
-    """(bytes sent, seconds of compute, gathered instead of reduced) for `params` fp32
-    gradient elements: fp16/bf16 halve them (a cast); topk:R sends R of them with an int32
-    index each, all-gathered (Aji & Heafield 2017); powersgd:R sends (n + m) R for an n x m
-    matrix, ~2 sqrt(params) R for a square one (Vogels et al. 2019), at two matrix products."""
-    n = 4.0 * params
-    name, _, arg = method.partition(":")
-    if name in ("fp16", "bf16"):
-        return n / 2, n * GAMMA, False
-    if name == "topk":
-        return n * float(arg) * 2, 4 * n * GAMMA, True
-    if name == "powersgd":
-        rank = int(arg)
-        return min(n, 4.0 * 2 * math.sqrt(params) * rank), 4 * n * rank * GAMMA, False
-    return n, 0.0, False
-
-
 def simulate(plan: Plan, s: Setting) -> Prediction:
     """Predict `plan`'s step time, samples/s, peak memory per rank and bottleneck.
 
     Where a host's ranks outnumber its cores, each rank's compute is slowed by the ranks
-    per core; a rank that waits (a bubble, a reduction) leaves its share to the others, so
-    the step is simulated once more with the ranks counted by the share of the step they
-    compute (a mean-field view of the cores' sharing, one refinement)."""
+    per core (times the overheads' `share`); a rank that waits (a bubble, a reduction)
+    leaves its share to the others, so the step is simulated once more with the ranks
+    counted by the share of the step they compute (a mean-field view of the cores'
+    sharing, one refinement)."""
+    return _chosen(plan, s)[1]
+
+
+def graph(plan: Plan, s: Setting) -> tuple[Graph, Run]:
+    """The task graph of the step `simulate` predicts (at the slowdown it chose), and its
+    run: what a trace's events are compared with, category by category (`Task.cat`)."""
+    g = _build(plan, s, _chosen(plan, s)[0]).graph
+    return g, g.run()
+
+
+def _chosen(plan: Plan, s: Setting) -> tuple[float, Prediction]:
+    """(the compute's slowdown, the prediction at it): see `simulate`."""
     servers = DEFAULT_SERVERS if plan.strategy == "ps" else 0
     hosts = max(1, plan.workers // s.costs.local)
     per_host = plan.workers / hosts
-    slow = max(1.0, (per_host + servers / hosts) / s.cores)
+    slow = _slowdown((per_host + servers / hosts) / s.cores, s.overheads.share)
     pred = _simulate(plan, s, slow)
     if slow > 1.0:
         busy = pred.breakdown["compute_total_s"] / (plan.pp * pred.step_s)
-        shared = max(1.0, (per_host * min(1.0, busy) + servers / hosts) / s.cores)
+        shared = _slowdown((per_host * min(1.0, busy) + servers / hosts) / s.cores,
+                           s.overheads.share)  # fmt: skip
         if shared < slow:
-            pred = _simulate(plan, s, shared)
-    return pred
+            return shared, _simulate(plan, s, shared)
+    return slow, pred
 
 
-def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
-    """`simulate` with every rank's compute slowed by `slow`."""
-    prof, costs = s.profile, s.costs
+def _slowdown(per_core: float, share: float) -> float:
+    """A rank's compute slowdown when `per_core` ranks share each core (1 where they fit)."""
+    return max(1.0, 1.0 + share * (per_core - 1.0)) if per_core > 1.0 else 1.0
+
+
+class _Step(NamedTuple):
+    """A step's task graph, and what `_simulate` reads beside it."""
+
+    graph: Graph
+    reduced: dict[int, int]  # layer -> the task after which its reduced gradient is here
+    groups: list[list[int]]  # layers of each virtual stage
+    fwd: list[float]  # each layer's forward, seconds
+    grads: list[int]  # each layer's gradient elements on one rank
+    micro: float  # samples per micro-batch
+    afac: float  # the precision's factor on saved activations
+
+
+def _build(plan: Plan, s: Setting, slow: float) -> _Step:
+    """One replica's step as a task graph, every rank's compute slowed by `slow`."""
+    prof, costs, o = s.profile, s.costs, s.overheads
     p, v, m, tp, dp = plan.pp, plan.virtual, plan.chunks, plan.tp, plan.dp
     micro = s.batch / (dp * m)  # samples per micro-batch
     layers = prof.layers
@@ -130,11 +153,13 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
     fwd, bwd, grads = [], [], []
     for i, layer in enumerate(layers):
         split = tp > 1 and layer.tp_allreduces > 0
-        f = at(layer.forward, micro) * tfac * slow / (tp if split else 1)
-        b = at(layer.backward, micro) * tfac * slow / (tp if split else 1)
+        f = at(layer.forward, micro) * tfac * slow * o.compute_scale / (tp if split else 1)
+        b = at(layer.backward, micro) * tfac * slow * o.compute_scale / (tp if split else 1)
         if split:  # Megatron: its allreduces of the (micro, seq, hidden) output, both ways
             tp_ranks = [rank(0, stage_of(i), t) for t in range(tp)]
-            c = layer.tp_allreduces * costs.allreduce(layer.output_bytes * micro, tp_ranks)
+            c = layer.tp_allreduces * (
+                costs.allreduce(layer.output_bytes * micro, tp_ranks) + o.collective
+            )
             f, b = f + c, b + c
         if plan.checkpointing and layer.repeated:
             b += f  # recomputed before its backward
@@ -160,12 +185,13 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
 
     pending = [list(acts) for acts in sched]
     for stage in range(p):
-        params = sum(grads[i] for k in range(stage, p * v, p) for i in groups[k])
+        mine = [i for k in range(stage, p * v, p) for i in groups[k]]
         if plan.zero == 3 and dp > 1:  # gather the stage's parameters for F and for B
             ranks = [rank(d, stage) for d in range(dp)]
-            t = costs.allreduce(4 * params, ranks) / 2
-            gathers[stage] = [g.add(f"gather F s{stage}", f"dp s{stage}", t),
-                              g.add(f"gather B s{stage}", f"dp s{stage}", t)]  # fmt: skip
+            t = costs.allreduce(4 * sum(grads[i] for i in mine), ranks) / 2
+            t += o.collective * len(mine)  # a call per unit
+            gathers[stage] = [g.add(f"gather {ab} s{stage}", f"dp s{stage}", t, cat="gather")
+                              for ab in "FB"]  # fmt: skip
     # place actions once everything they wait for is placed (the deps' ids must exist)
     while any(pending):
         placed = False
@@ -189,24 +215,39 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
                     edge = groups[k_from][-1] if a.kind == "F" else groups[k][-1]
                     nbytes = layers[edge].output_bytes * micro
                     src, dst = rank(0, d.stage), rank(0, a.stage)
-                    before.append(g.add(f"send {d}", link(d.stage, a.stage),
-                                        costs.send(nbytes, src, dst), [ids[d]]))  # fmt: skip
+                    sent = [ids[d]]
+                    if o.message:  # the sender's Python issues it, before its next action
+                        sent = [g.add(f"issue {d}", f"s{d.stage}", o.message, sent, FIRST,
+                                      "overhead")]  # fmt: skip
+                    took = costs.send(nbytes, src, dst)
+                    before.append(g.add(f"send {d}", link(d.stage, a.stage), took, sent,
+                                        cat="send"))  # fmt: skip
                 names = groups[k]
                 if a.kind == "F":
-                    ids[a] = g.add(str(a), f"s{stage}", sum(fwd[i] for i in names), before)
+                    took = sum(fwd[i] for i in names) + o.action
+                    ids[a] = g.add(str(a), f"s{stage}", took, before, cat="forward")
                     continue
                 share = 0.5 if split_w else 1.0  # a B and a W share the backward
                 if last_bwd.get((a.stage, a.part)) != a:
-                    ids[a] = g.add(str(a), f"s{stage}", share * sum(bwd[i] for i in names), before)
+                    took = share * sum(bwd[i] for i in names) + o.action
+                    ids[a] = g.add(str(a), f"s{stage}", took, before, cat="backward")
                     continue
-                for i in reversed(names):  # the last backward layer by layer, last first
-                    before = [g.add(f"{a} L{i}", f"s{stage}", share * bwd[i], before)]
+                for n, i in enumerate(reversed(names)):  # the last backward layer by layer,
+                    took = share * bwd[i] + (0.0 if n else o.action)  # last first
+                    before = [g.add(f"{a} L{i}", f"s{stage}", took, before, cat="backward")]
                     grad_ready[i] = before[0]
                 ids[a] = before[0]
         if not placed:
             raise ValueError(f"schedule {plan.schedule} deadlocks in the planner's graph")
 
-    reduced = _reductions(plan, g, s, grads, grad_ready, groups, rank, slow)
+    reduced = reductions(plan, g, s, grads, grad_ready, groups, rank, slow)
+    return _Step(g, reduced, groups, fwd, grads, micro, afac)
+
+
+def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
+    """`simulate` with every rank's compute slowed by `slow`."""
+    g, reduced, groups, fwd, grads, micro, afac = _build(plan, s, slow)
+    prof, p, tp = s.profile, plan.pp, plan.tp
     full = g.run()
     computes = {f"s{stage}" for stage in range(p)}
     links = {r: t for r, t in full.busy.items() if r not in computes and r != SERVERS}
@@ -215,7 +256,7 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
     no_comm = free_links.makespan
     if plan.priority:
         per_param = 0.0 if plan.strategy == "ps" else prof.step_per_param * slow
-        steps = [n * per_param for n in grads]
+        steps = [n * per_param * s.overheads.compute_scale for n in grads]
         step = _overlapped(full, g, reduced, fwd, steps)
         no_comm = _overlapped(free_links, g, reduced, fwd, steps)
     compute = max(full.busy[r] for r in computes)
@@ -223,7 +264,7 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
         "compute_s": compute,
         "bubble_s": max(0.0, no_comm - compute),
         "comm_s": max(0.0, step - no_comm),
-        "compute_total_s": sum(full.busy[r] for r in computes),  # all stages together
+        "compute_total_s": sum(full.busy[f"s{k}"] for k in range(p)),  # all stages, in order
         "slowdown": slow,
     }
     peaks = _memory(plan, s, groups, grads, afac, micro)
@@ -243,71 +284,6 @@ def _previous(sched: list[list[Action]], a: Action) -> Action | None:
     acts = sched[a.stage]
     i = acts.index(a)
     return acts[i - 1] if i else None
-
-
-def _buckets(layers: list[int], grads: list[int], priority: bool) -> list[list[int]]:
-    """A stage's layers in the order their gradients finish (last first), grouped as
-    DataParallel buckets them; P3 (priority) reduces each layer's own slices."""
-    if priority:
-        return [[i] for i in reversed(layers)]
-    buckets: list[list[int]] = []
-    bucket: list[int] = []
-    size = 0
-    for i in reversed(layers):
-        bucket.append(i)
-        size += 4 * grads[i]
-        if size >= (BUCKET_BYTES if buckets else FIRST_BUCKET_BYTES):
-            buckets.append(bucket)
-            bucket, size = [], 0
-    return buckets + ([bucket] if bucket else [])
-
-
-def _reductions(
-    plan: Plan, g: Graph, s: Setting, grads: list[int], grad_ready: dict[int, int],
-    groups: list[list[int]], rank: object, slow: float,
-) -> dict[int, int]:  # fmt: skip
-    """Add each stage's gradient reduction and optimizer step to `g`; returns, per layer,
-    the task after which its reduced gradient (its new parameters, with a server) is here."""
-    assert callable(rank)
-    costs, prof = s.costs, s.profile
-    p, v, dp = plan.pp, plan.virtual, plan.dp
-    per_param = prof.step_per_param * slow
-    reduced: dict[int, int] = {}
-    for stage in range(p):
-        mine = sorted(i for k in range(stage, p * v, p) for i in groups[k])
-        stage_params = sum(grads[i] for i in mine)
-        ranks = [rank(d, stage) for d in range(dp)]
-        wire = f"dp s{stage}" if costs.level(ranks) == "local" else "network"
-        ends = []
-        for order, bucket in enumerate(_buckets(mine, grads, plan.priority)):
-            n = sum(grads[i] for i in bucket)
-            deps = [grad_ready[i] for i in bucket]
-            prio = float(min(bucket) if plan.priority else order)
-            if plan.strategy == "ps":  # push, the servers' update, pull (sync mode)
-                servers = DEFAULT_SERVERS
-                move = costs.to_servers(4.0 * n, dp, servers)
-                push = g.add(f"push L{min(bucket)}", "servers' links", move, deps, prio)
-                apply = n / servers * (prof.step_per_param + dp * 4 * GAMMA)
-                update = g.add(f"update L{min(bucket)}", SERVERS, apply, [push], prio)
-                done = g.add(f"pull L{min(bucket)}", "servers' links", move, [update], prio)
-            elif dp > 1:
-                nbytes, work, gathered = _compression(plan.compression, n)
-                t = costs.allgather(nbytes, ranks) if gathered else costs.allreduce(nbytes, ranks)
-                if plan.zero:  # its reduce-scatter: half an allreduce's traffic
-                    t /= 2
-                done = g.add(f"reduce s{stage} L{min(bucket)}", wire, t + work * slow, deps, prio)
-            else:
-                done = deps[-1]
-            reduced.update({i: done for i in bucket})
-            ends.append(done)
-        if plan.strategy == "ps" or plan.priority:
-            continue  # the servers step; P3 steps layer by layer (`_overlapped`)
-        local = stage_params / (dp if plan.zero else 1)
-        step = g.add(f"step s{stage}", f"s{stage}", local * per_param, ends)
-        if plan.zero in (1, 2) and dp > 1:  # all-gather the updated shards
-            g.add(f"all-gather s{stage}", wire, costs.allreduce(4 * stage_params, ranks) / 2,
-                  [step])  # fmt: skip
-    return reduced
 
 
 def _overlapped(
