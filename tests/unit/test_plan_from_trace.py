@@ -2,9 +2,9 @@
 and the CLI on a stored trace.
 
 The fixture tests/data/trace_mlp_dp2.json was made once with `plait train --model mlp
---workers 2 --steps 5 --trace trace_mlp_dp2.json` (tests/data/README.md). The simulator's
-task graph (`simulate.graph`) and the fit (`fit.fit`) are issue 35's other parts: where
-they have not landed the tests put in stand-ins. No process is started.
+--workers 2 --steps 5 --trace trace_mlp_dp2.json` (tests/data/README.md). The table's
+arithmetic is checked with stand-ins for the simulator's graph and the fit, whose figures
+are known; one test runs the real ones. No process is started.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def test_nested_spans_count_their_self_time_in_the_right_category():
 
 
 def fake_graph(plan, setting):
-    """A stand-in for simulate.graph (issue 35's sim part): a step of 1 ms forward, 2 ms
-    backward, 0.5 ms reduce and 0.2 ms optimizer step."""
+    """A stand-in for simulate.graph: a step of 1 ms forward, 2 ms backward, 0.5 ms reduce
+    and 0.2 ms optimizer step."""
     g = Graph()
     for name, cat, ms in (("F", "forward", 1.0), ("B", "backward", 2.0),
                           ("reduce", "reduce", 0.5), ("step", "step", 0.2)):  # fmt: skip
@@ -122,12 +122,16 @@ def fake_graph(plan, setting):
 
 
 @pytest.fixture
-def stand_ins(monkeypatch, no_calibration):
-    """A small made-up profile (about 3 ms a step), stand-ins for simulate.graph and fit.fit
-    (the table's arithmetic is tested, not the simulator's), this machine uncalibrated."""
-    small = fake(layers=4, f=0.25e-3, b=0.5e-3, params=1000)
-    monkeypatch.setattr(profiling, "cached", lambda *a, **k: small)
-    monkeypatch.setattr(simulating, "graph", fake_graph, raising=False)  # (its figures known)
+def small(monkeypatch, no_calibration):
+    """A small made-up profile (about 3 ms a step); this machine uncalibrated."""
+    made_up = fake(layers=4, f=0.25e-3, b=0.5e-3, params=1000)
+    monkeypatch.setattr(profiling, "cached", lambda *a, **k: made_up)
+
+
+@pytest.fixture
+def stand_ins(monkeypatch, small):
+    """`small`, and stand-ins for simulate.graph and fit.fit whose figures are known."""
+    monkeypatch.setattr(simulating, "graph", fake_graph)
 
     def refit(observations, start=None):
         (obs,) = observations
@@ -147,7 +151,7 @@ def test_cli_prints_the_categories_and_the_refit(capsys, stand_ins):
     assert rows["fixed"][1] == "1.84" and rows["reduce"][1] == "1.22"
     # the stand-in graph: fixed 0 ms simulated; the made-up profile predicts 3.6 ms
     assert "the run is 44% slower than planned; 114% of that is the fixed costs" in out
-    assert "refit with this run" in out and "step_fixed 0.004" in out
+    assert "refit with this run" in out and "step_fixed 4 ms" in out
     assert "not saved" in out and overheads.load() is None
 
 
@@ -187,3 +191,12 @@ def test_cli_takes_the_link_from_the_command_line(capsys, stand_ins):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "2 workers on 2 hosts, linked at 100mbit (--link-rate: a trace does not record" in out
+
+
+def test_cli_with_the_real_simulator_and_fit(capsys, small):
+    assert main(["plan", "--from-trace", str(FIXTURE)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("refit with this run"))
+    before, after, measured = (float(w) for w in line.replace(",", "").split() if w[0].isdigit())
+    assert abs(after - measured) < abs(before - measured)  # the refit explains this run better
+    assert "not saved" in out

@@ -48,26 +48,19 @@ class Comparison:
     request: PlanRequest
     measured: Measured
     predicted_s: float  # the planner's step (simulate(), this machine's overheads)
-    # category -> seconds per step per rank (simulate.graph); None: no graph to read
-    simulated: dict[str, float] | None
+    simulated: dict[str, float]  # category -> seconds per step per rank (simulate.graph)
 
-    def rows(self) -> list[tuple[str, float | None, float, float | None, float | None]]:
+    def rows(self) -> list[tuple[str, float, float, float, float | None]]:
         """(category, simulated s, measured s, difference s, share of the step's miss) for
-        each category either side has, the largest difference first (without the
-        simulator's categories: the measured ones, the longest first)."""
+        each category either side has, the largest difference first."""
         miss = self.measured.step_s - self.predicted_s
-        out: list[tuple[str, float | None, float, float | None, float | None]] = []
+        out: list[tuple[str, float, float, float, float | None]] = []
         for cat in CATEGORIES:
-            got = self.measured.by_cat.get(cat, 0.0)
-            if self.simulated is None:
-                if got:
-                    out.append((cat, None, got, None, None))
-                continue
-            sim = self.simulated.get(cat, 0.0)
+            sim, got = self.simulated.get(cat, 0.0), self.measured.by_cat.get(cat, 0.0)
             if sim or got:
                 share = (got - sim) / miss if miss else None
                 out.append((cat, sim, got, got - sim, share))
-        return sorted(out, key=lambda r: -abs(r[2] if r[3] is None else r[3]))
+        return sorted(out, key=lambda r: -abs(r[3]))
 
     def verdict(self) -> str:
         """One line: how far off the step was, and the categories that explain most of it."""
@@ -77,8 +70,6 @@ class Comparison:
         rel = miss / self.predicted_s
         word = "slower" if miss > 0 else "faster"
         head = f"the run is {abs(rel):.0%} {word} than planned"
-        if self.simulated is None:
-            return head + " (which categories: not known until the simulator gives its graph)"
         same = [r for r in self.rows() if r[4] is not None and r[4] > 0.05]
         if not same:
             return head + "; no category of events explains it (time outside every event)"
@@ -148,14 +139,9 @@ def rebuild(
     return plan, req
 
 
-def simulated(plan: Plan, setting: Setting) -> dict[str, float] | None:
-    """Seconds per step per rank of each category of the simulated step's tasks; None
-    where the simulator does not give its task graph (`simulate.graph`, being built for
-    issue 35)."""
-    graph_of = getattr(simulating, "graph", None)
-    if graph_of is None:
-        return None
-    g, run = graph_of(plan, setting)
+def simulated(plan: Plan, setting: Setting) -> dict[str, float]:
+    """Seconds per step per rank of each category of the simulated step's tasks."""
+    g, run = simulating.graph(plan, setting)
     out: dict[str, float] = {}
     for task, (start, end) in zip(g.tasks, run.spans, strict=True):
         if task.cat:

@@ -41,8 +41,8 @@ def table(c: Comparison, source: str) -> str:
         )
     head = ("category", "simulated ms", "measured ms", "difference ms", "share of miss")
     rows: list[tuple[str, ...]] = [
-        (cat, "-" if sim is None else f"{sim * MS:.2f}", f"{got * MS:.2f}",
-         "-" if diff is None else f"{diff * MS:+.2f}", "" if share is None else f"{share:.0%}")
+        (cat, f"{sim * MS:.2f}", f"{got * MS:.2f}", f"{diff * MS:+.2f}",
+         "" if share is None else f"{share:.0%}")
         for cat, sim, got, diff, share in c.rows()
     ]  # fmt: skip
     rows.append(("whole step", f"{c.predicted_s * MS:.2f}", f"{m.step_s * MS:.2f}",
@@ -52,9 +52,6 @@ def table(c: Comparison, source: str) -> str:
         "(categories overlap where work runs on other threads, e.g. a bucket's allreduce "
         "under the backward, so the shares need not add up to 100%)"
     )
-    if c.simulated is None:
-        lines.append("(no simulated categories: this planner's simulator does not give its "
-                     "task graph yet, plait.plan.simulate.graph)")  # fmt: skip
     lines.append(c.verdict())
     return "\n".join(lines)
 
@@ -62,11 +59,13 @@ def table(c: Comparison, source: str) -> str:
 def refitted(before: float, after: float, measured: float, result: Fit) -> str:
     """The prediction for this plan before and after the refit, and what changed."""
     o, neutral = result.overheads, Overheads()
+    units = {"compute_scale": "x", "share": "", "memory_rank": " bytes", "memory_margin": ""}
     changed = [
-        f"{name} {getattr(o, name):.4g}" for name in (
-            "compute_scale", "share", "action", "message", "bucket", "collective",
-            "ps_request", "step_fixed", "memory_rank", "memory_margin",
-        ) if getattr(o, name) != getattr(neutral, name)
+        f"{name} {getattr(o, name):.4g}{units[name]}" if name in units
+        else f"{name} {getattr(o, name) * MS:.3g} ms"
+        for name in ("compute_scale", "share", "action", "message", "bucket", "collective",
+                     "ps_request", "step_fixed", "memory_rank", "memory_margin")
+        if getattr(o, name) != getattr(neutral, name)
     ]  # fmt: skip
     return "\n".join([
         f"refit with this run: predicted {before * MS:.1f} ms before, {after * MS:.1f} ms "
