@@ -5,9 +5,9 @@ Each event of a rank is given a category (the design memo of issue 35, section 3
 
     pipeline F / compute forward                        forward
     pipeline B, W / compute backward                    backward
-    comm send, comm recv                                send
-    bucket packed/unpacked (in the autograd hook),
-      comm allreduce in a step (a DataParallel bucket)  reduce
+    comm recv (the wait for a neighbour's message)      send
+    comm allreduce in a step (a DataParallel bucket)    reduce
+    comm send (issuing it), bucket packed/unpacked      overhead
     comm allgather, reduce_scatter, wait                gather
     compute optimizer                                   step
     ps push / ps pull (and ps wait) / server ...        push / pull / update
@@ -83,16 +83,18 @@ def category(e: Event, parents: list[str | None], in_step: bool) -> str | None:
         return word.get(name)  # (forward:<block> nests inside forward: not counted twice)
     if cat == "data":
         return "fixed"
-    if cat == "bucket":
-        return "reduce" if e.get("args", {}).get("phase") in ("packed", "unpacked") else None
+    if cat == "bucket":  # (the simulator's bucket overhead: packing in autograd's hook)
+        return "overhead" if e.get("args", {}).get("phase") in ("packed", "unpacked") else None
     if cat == "ps":
         return {"push": "push", "pull": "pull", "wait": "pull"}.get(name)
     if cat == "server":
         return "update"
     if cat != "comm":
         return None
-    if name in ("send", "recv"):
-        return "send"  # its own, wherever it is (a pipeline action's wait for its input)
+    if name == "send":  # issuing it (asynchronous): the simulator's message overhead
+        return "overhead"
+    if name == "recv":  # its own, wherever it is (a pipeline action's wait for its input)
+        return "send"
     if name in GATHERS:
         return "gather"
     if name == "allreduce":
