@@ -58,25 +58,30 @@ def test_from_options_refuses_a_mesh_that_is_not_the_workers():
 
 
 def test_measure_reads_the_stored_trace_by_hand():
-    m = measure(json.loads(FIXTURE.read_text()), warmup=2)
+    doc = json.loads(FIXTURE.read_text())
+    m = measure(doc, warmup=2)
     assert m.steps == (3, 4) and m.ranks == 2  # step 5 has no next step: no cadence
-    # cadence, us: step 3 rank 0: 3657064.7 - 3649193.6 - eval 3860.0 = 4011.1; rank 1:
-    # 3658043.1 - 3650522.9 - 4876.0 = 2644.2 (mean 3327.65); step 4: 7684.1 and 6587.0
-    # (mean 7135.55); the median of the two steps:
-    assert m.step_s == pytest.approx(5231.6e-6, abs=1e-7)
+    # cadence, us: step 3 rank 0: 4379301.0 - 4372465.8 - eval 2497.4 = 4337.8; rank 1:
+    # 4378244.0 - 4370917.5 - 2403.7 = 4922.8 (mean 4630.3); step 4: 4330.9 and 4455.7
+    # (mean 4393.3); the median of the two steps:
+    assert m.step_s == pytest.approx(4511.8e-6, abs=3e-7)
     # fixed: data + the loss flush's 4-byte allreduce (the 16-byte one is the evaluation's,
-    # a pause): step 3 (95.0 + 80.2 + 85.4 + 96.8) / 2 = 178.7, step 4 3499.65
-    assert m.by_cat["fixed"] == pytest.approx(1839.2e-6, abs=1e-7)
-    # reduce: the bucket's allreduce on the comm thread: step 3 (1675.6 + 537.7) / 2 =
-    # 1106.65, step 4 (1319.6 + 1095.9) / 2 = 1207.75
-    assert m.by_cat["reduce"] == pytest.approx(1157.2e-6, abs=1e-7)
-    # overhead: the bucket's packed + unpacked: step 3 (29.0 + 38.8 + 25.3 + 38.0) / 2 =
-    # 65.55, step 4 (21.2 + 26.9 + 20.1 + 32.6) / 2 = 50.4
-    assert m.by_cat["overhead"] == pytest.approx(57.975e-6, abs=1e-7)
-    # forward: (303.1 + 262.3) / 2 and (201.4 + 196.7) / 2
-    assert m.by_cat["forward"] == pytest.approx((282.7 + 199.05) / 2 * 1e-6, abs=1e-7)
+    # a pause): step 3 (69.8 + 1155.7 + 59.1 + 739.2) / 2 = 1011.9, step 4 1052.55
+    assert m.by_cat["fixed"] == pytest.approx(1032.225e-6, abs=3e-7)
+    # reduce: the bucket's allreduce on the comm thread: step 3 (388.7 + 1970.7) / 2 =
+    # 1179.7, step 4 (393.2 + 2142.2) / 2 = 1267.7
+    assert m.by_cat["reduce"] == pytest.approx(1223.7e-6, abs=3e-7)
+    # overhead: the bucket's packed + unpacked: step 3 (19.6 + 34.2 + 21.0 + 25.6) / 2 =
+    # 50.2, step 4 (20.4 + 19.3 + 22.1 + 23.9) / 2 = 42.85
+    assert m.by_cat["overhead"] == pytest.approx(46.525e-6, abs=3e-7)
+    # forward: (191.1 + 190.2) / 2 and (236.7 + 193.5) / 2; backward, which begins where
+    # the forward ends (not inside it): (322.8 + 381.6) / 2 and (315.1 + 350.4) / 2
+    assert m.by_cat["forward"] == pytest.approx(202.875e-6, abs=3e-7)
+    assert m.by_cat["backward"] == pytest.approx(342.475e-6, abs=3e-7)
     assert m.by_cat["send"] == m.by_cat["gather"] == 0.0
     assert m.cpu_s is not None and 0 < m.cpu_s < m.span_s < m.step_s
+    assert m.peak_bytes == (141436, 141436)  # rank_memory: 115320 states + 26116 activations
+    assert all(t >= 0 for *_, t in self_times(doc["traceEvents"]))
 
 
 def test_measure_needs_steps_beyond_the_warm_up():
@@ -139,7 +144,8 @@ def stand_ins(monkeypatch, small):
 
     def refit(observations, start=None):
         (obs,) = observations
-        assert obs.step_s == pytest.approx(5231.6e-6, abs=1e-7)
+        assert obs.step_s == pytest.approx(4511.8e-6, abs=3e-7)
+        assert obs.peak_bytes == (141436, 141436)
         assert obs.source == f"trace: {FIXTURE}"
         o = Overheads(step_fixed=0.004, fitted_from=(obs.source,))
         return fit.Fit(o, ((obs.source, 0.001, 0.005, obs.step_s),))
@@ -152,9 +158,9 @@ def test_cli_prints_the_categories_and_the_refit(capsys, stand_ins):
     out = capsys.readouterr().out
     assert "mlp, dp2, 2 workers on one host" in out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
-    assert rows["fixed"][1] == "1.84" and rows["reduce"][1] == "1.16"
-    # the stand-in graph: fixed 0 ms simulated; the made-up profile predicts 3.6 ms
-    assert "the run is 44% slower than planned; 114% of that is the fixed costs" in out
+    assert rows["fixed"][1] == "1.03" and rows["reduce"][1] == "1.22"
+    # the stand-in graph: fixed 0 ms simulated, reduce 0.5; the profile predicts 3.6 ms
+    assert "the run is 25% slower than planned; 116% of that is the fixed costs" in out
     assert "refit with this run" in out and "step_fixed 4 ms" in out
     assert "not saved" in out and overheads.load() is None
 

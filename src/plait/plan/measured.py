@@ -44,6 +44,9 @@ CATEGORIES = ("forward", "backward", "send", "reduce", "gather", "step", "push",
 PAUSES = ("eval", "checkpoint")  # left out of the step (plait train's samples/s does too)
 GATHERS = ("allgather", "reduce_scatter", "wait")
 US = 1e6  # the trace's microseconds per second
+# us: a span that ends where the next begins (forward, then backward) may end a rounding
+# error after it (ts + dur in floating point): within this, they touch and do not nest
+TOUCH = 0.01
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ def self_times(events: list[Event]) -> list[tuple[int, float, str, float]]:
         stack: list[tuple[float, str | None, int]] = []
         for e in evs:
             start, end = e["ts"], e["ts"] + e.get("dur", 0.0)
-            while stack and stack[-1][0] <= start:
+            while stack and stack[-1][0] <= start + TOUCH:  # ended before this one began
                 stack.pop()
             w = windows[pid]
             i = bisect.bisect_right(w, (start, float("inf"))) - 1  # the last step begun
