@@ -108,6 +108,9 @@ def test_nested_spans_count_their_self_time_in_the_right_category():
         _x("comm", "allreduce", 62, 5, bytes=8),  # clipping's norm: fixed
         _x("compute", "optimizer", 70, 20),
         _x("comm", "allgather", 75, 8),  # ZeRO's gather inside the step: gather
+        _x("comm", "wait", 84, 1, collective="allgather"),  # waiting on a gather: gather
+        _x("comm", "wait", 60, 0, collective="reduce_scatter"),  # on a reduce-scatter
+        _x("comm", "reduce_scatter", 40, 3, tid=1),  # ZeRO's, on the comm thread: reduce
         _x("comm", "allreduce", 101, 3, bytes=4),  # the loss flush, between steps: fixed
         _x("eval", "eval", 105, 10),
         _x("comm", "allreduce", 106, 2, bytes=16),  # the evaluation's: left out
@@ -116,7 +119,7 @@ def test_nested_spans_count_their_self_time_in_the_right_category():
     for _rank, _ts, cat, t in self_times(events):
         got[cat] = got.get(cat, 0.0) + t
     assert got == {"forward": 20, "send": 6, "backward": 28, "overhead": 2, "fixed": 13,
-                   "step": 12, "gather": 8}  # fmt: skip
+                   "step": 11, "gather": 9, "reduce": 3}  # fmt: skip
 
 
 def fake_graph(plan, setting):
@@ -183,6 +186,10 @@ def test_cli_refuses_a_trace_the_planner_cannot_express(tmp_path, capsys):
     bare.write_text(json.dumps(doc))
     assert main(["plan", "--from-trace", str(bare)]) == 2
     assert "elastic=True, which the planner does not model" in capsys.readouterr().err
+    doc["otherData"]["options"] = {"model": "mlp", "workers": 2, "strategy": "ps", "servers": 3}
+    bare.write_text(json.dumps(doc))
+    assert main(["plan", "--from-trace", str(bare)]) == 2
+    assert "servers=3 (it models 2)" in capsys.readouterr().err
     assert main(["plan", "--from-trace", str(FIXTURE), "--link-rate", "1gbit"]) == 2
     assert "the traced run was on one host: give --hosts H" in capsys.readouterr().err
     assert main(["plan", "--save"]) == 2

@@ -29,10 +29,11 @@ from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, PlanRequest
 from plait.plan.profile import Profile
 from plait.plan.simulate import Setting
+from plait.train.parts_ps import DEFAULT_SERVERS
 
 # options a plan does not hold, at a value the simulator does not model
 UNMODELLED = {"elastic": True, "compile": True}
-UNMODELLED_SET = ("teacher", "servers")  # distillation's teacher; ps with several servers
+UNMODELLED_SET = ("teacher",)  # set at all: distillation's teacher
 # the verdict's words for the categories
 SAID = {"forward": "forward", "backward": "backward", "send": "sends", "reduce":
         "gradient reduction", "gather": "ZeRO gathers", "step": "optimizer step", "push":
@@ -116,7 +117,9 @@ def rebuild(
     if options.get("model") is None and options.get("workload") is None:
         raise ConfigError("the trace's options name neither a model nor a workload")
     bad = [f"{k}={options[k]}" for k, v in UNMODELLED.items() if options.get(k) == v]
-    bad += [f"{k}={options[k]}" for k in UNMODELLED_SET if options.get(k) not in (None, 1)]
+    bad += [f"{k}={options[k]}" for k in UNMODELLED_SET if options.get(k) is not None]
+    if options.get("strategy") == "ps" and options.get("servers") not in (None, DEFAULT_SERVERS):
+        bad.append(f"servers={options['servers']} (it models {DEFAULT_SERVERS})")
     if bad:
         raise ConfigError(
             f"the traced run used {', '.join(bad)}, which the planner does not model: it "

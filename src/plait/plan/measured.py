@@ -6,9 +6,11 @@ Each event of a rank is given a category (the design memo of issue 35, section 3
     pipeline F / compute forward                        forward
     pipeline B, W / compute backward                    backward
     comm recv (the wait for a neighbour's message)      send
-    comm allreduce in a step (a DataParallel bucket)    reduce
+    comm allreduce in a step (a DataParallel bucket),
+      reduce_scatter (ZeRO's)                           reduce
     comm send (issuing it), bucket packed/unpacked      overhead
-    comm allgather, reduce_scatter, wait                gather
+    comm allgather                                      gather
+    comm wait (ZeRO's, on one of the two)               reduce or gather
     compute optimizer                                   step
     ps push / ps pull (and ps wait) / server ...        push / pull / update
     data, compute clip, comm allreduce between steps    fixed (the loss flush)
@@ -42,7 +44,6 @@ Event = dict[str, Any]
 CATEGORIES = ("forward", "backward", "send", "reduce", "gather", "step", "push", "update",
               "pull", "fixed", "overhead")  # fmt: skip
 PAUSES = ("eval", "checkpoint")  # left out of the step (plait train's samples/s does too)
-GATHERS = ("allgather", "reduce_scatter", "wait")
 US = 1e6  # the trace's microseconds per second
 # us: a span that ends where the next begins (forward, then backward) may end a rounding
 # error after it (ts + dur in floating point): within this, they touch and do not nest
@@ -98,7 +99,11 @@ def category(e: Event, parents: list[str | None], in_step: bool) -> str | None:
         return "overhead"
     if name == "recv":  # its own, wherever it is (a pipeline action's wait for its input)
         return "send"
-    if name in GATHERS:
+    if name == "wait":  # blocked on one of ZeRO's asynchronous collectives
+        name = str(e.get("args", {}).get("collective", "allgather"))
+    if name == "reduce_scatter":
+        return "reduce"
+    if name == "allgather":
         return "gather"
     if name == "allreduce":
         if inherited is not None:
