@@ -7,7 +7,9 @@ step time, samples/s, peak memory per rank and bottleneck. `plait plan --workers
 --link-rate 1gbit` predicts a cluster this machine is not, and says so. `plait train --plan
 best` runs the best plan. `plait plan --calibrate` first fits this machine's overheads (what
 a real step pays beyond the profile) from a few short runs, and caches them: later plans
-predict with them (--no-overheads: without). See docs/planning.md.
+predict with them (--no-overheads: without). `plait plan --from-trace t.json` says where
+the prediction for a traced run (`plait train --trace t.json`) was wrong, and refits the
+machine's overheads to it (`--save` keeps them). See docs/planning.md.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = from_args(PlanConfig, args)
+        if config.from_trace is not None:
+            print(from_trace(config))
+            return 0
         req = config.request()
         if config.calibrate:
             return calibrate(req)
@@ -83,3 +88,37 @@ def calibrate(req: PlanRequest) -> int:
         return 130
     print(calibration.report(done))
     return 0
+
+
+def from_trace(config: PlanConfig) -> str:
+    """--from-trace: the comparison's table, then the refit (saved with --save).
+
+    Raises:
+        ConfigError: the trace cannot be read, or its run is not one the planner models.
+    """
+    from dataclasses import replace
+
+    from plait.plan import from_trace as traced
+    from plait.plan import overheads, trace_report
+    from plait.plan.simulate import simulate
+
+    assert config.from_trace is not None
+    doc = traced.load(config.from_trace)
+    hosts = config.hosts if config.hosts > 1 else None
+    plan, req = traced.rebuild(doc, hosts, config.link_rate, config.memory_bytes())
+    setting = traced.the_setting(req)
+    comparison = traced.compare(doc, plan, req, setting, config.warmup)
+    out = [trace_report.table(comparison, config.from_trace)]
+    try:
+        result = traced.refit(comparison, setting, config.from_trace)
+    except ValueError as e:  # no term this run constrains
+        out.append(f"no refit: {e}")
+        return "\n".join(out)
+    after = simulate(plan, replace(setting, overheads=result.overheads)).step_s
+    out.append(trace_report.refitted(comparison.predicted_s, after, comparison.measured.step_s,
+                                     result))  # fmt: skip
+    if config.save:
+        out.append(f"saved to {overheads.save(result.overheads)}")
+    else:
+        out.append("not saved (--save writes them to this machine's cache)")
+    return "\n".join(out)

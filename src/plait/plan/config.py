@@ -73,6 +73,21 @@ class PlanConfig:
         default=False,
         metadata=option("predict from the profile alone, without the cached overheads"),
     )
+    from_trace: str | None = field(
+        default=None,
+        metadata=option(
+            "compare the prediction for a traced run (plait train --trace FILE) with what it "
+            "measured, per category of events, and refit this machine's overheads to it",
+            metavar="FILE",
+        ),
+    )
+    warmup: int = field(
+        default=2, metadata=option("with --from-trace: the first steps left out", metavar="N")
+    )
+    save: bool = field(
+        default=False,
+        metadata=option("with --from-trace: write the refitted overheads to this machine's cache"),
+    )
 
     def __post_init__(self) -> None:
         if self.calibrate and self.hosts > 1:
@@ -89,7 +104,16 @@ class PlanConfig:
             raise ConfigError(f"top {self.top} < 1")
         if self.budget < 1:
             raise ConfigError(f"budget {self.budget} < 1")
-        self.request()  # its own checks
+        if self.warmup < 0:
+            raise ConfigError(f"warmup {self.warmup} < 0")
+        if self.calibrate and self.from_trace is not None:
+            raise ConfigError(
+                "--calibrate runs its own plans; --from-trace refits to a run you traced: give one"
+            )
+        if self.save and self.from_trace is None:
+            raise ConfigError("--save writes what --from-trace refitted: give --from-trace FILE")
+        if self.from_trace is None:  # (else the workers are the trace's)
+            self.request()  # its own checks
 
     def memory_bytes(self) -> int | None:
         if self.memory_per_rank is None:

@@ -81,6 +81,33 @@ class Plan:
             o["priority"] = True
         return o
 
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> Plan:
+        """The plan a run of these `plait train` options runs: the inverse of `options()`,
+        which also takes a run's full options (a trace's `otherData.options`, TrainConfig's
+        names, every one given), fields the plan does not vary being ignored.
+
+        Raises:
+            ConfigError: dp * pp * tp is not the workers.
+        """
+        o = {k: v for k, v in options.items() if v is not None}
+        workers = int(o.get("workers", 1))
+        pp, tp = int(o.get("pp", 1)), int(o.get("tp", 1))
+        dp = int(o.get("dp", workers // max(pp * tp, 1)))
+        if dp * pp * tp != workers:
+            raise ConfigError(f"dp {dp} x pp {pp} x tp {tp} is not the {workers} workers")
+        schedule = str(o.get("schedule", "1f1b")) if pp > 1 else "1f1b"
+        # plait train's defaults: 4 micro-batches; 2 parts per stage under interleaved
+        virtual = int(o.get("virtual", 2)) if schedule == "interleaved" else 1
+        return cls(
+            strategy=str(o.get("strategy", "allreduce")), dp=dp, pp=pp, tp=tp,
+            zero=int(o.get("zero", 0)), chunks=int(o.get("chunks", 4)) if pp > 1 else 1,
+            schedule=schedule, virtual=virtual,
+            checkpointing=bool(o.get("activation_checkpointing", False)),
+            precision=str(o.get("precision", "fp32")),
+            compression=str(o.get("compression", "none")), priority=bool(o.get("priority", False)),
+        )  # fmt: skip
+
     def train_args(self) -> list[str]:
         """The `plait train` flags that run this plan, e.g. ["--workers", "4", "--dp", "2",
         "--pp", "2", "--tp", "1", "--chunks", "4", "--schedule", "1f1b"]."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import platform
 import weakref
 from typing import Any
 
@@ -94,7 +95,7 @@ def payload(rec: Recorder) -> dict[str, Any]:
     off = rec.offset if rec.offset is not None else clock.Offset()
     return {"rank": rec.rank, "events": list(rec.events), "threads": dict(rec.threads),
             "offset": off.seconds, "uncertainty": off.uncertainty, "origin": rec.origin,
-            "main": chrome.main_ident()}  # fmt: skip
+            "main": chrome.main_ident(), "host": platform.node()}  # fmt: skip
 
 
 def _gather(comm: Any, mine: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -133,6 +134,8 @@ def merge(
             "offsets_us": [p["offset"] * chrome.US for p in by_rank],
             "uncertainty_us": [p["uncertainty"] * chrome.US for p in by_rank],
         },
+        # each rank's host (plait plan --from-trace counts the hosts; None: an older payload)
+        "hosts": [p.get("host") for p in by_rank],
         "world_size": len(parts),
         "events": len(merged),
         "metrics": metrics.summary(merged),

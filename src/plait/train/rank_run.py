@@ -114,6 +114,7 @@ class RankRun:
             clock += 1
             self.profiler.began(step)
             began = time.perf_counter()
+            cpu = time.process_time() if rec is not None else 0.0
             self.forward_backward(step, part)
             current = next(slices, None)  # first: the last slice's update is told so
             with trace.maybe(rec, "compute", "optimizer"):
@@ -121,7 +122,10 @@ class RankRun:
             self.straggler.delay(s.rank, s.world_size, clock, time.perf_counter() - began)
             self.profiler.ended(step)
             if rec is not None:
-                rec.complete("step", f"step {step}", began, time.perf_counter(), {"step": step})
+                # cpu_s: the process's CPU time in the step (all its threads): below the
+                # step's wall time where the rank waited, or shared its core with others
+                rec.complete("step", f"step {step}", began, time.perf_counter(),
+                             {"step": step, "cpu_s": time.process_time() - cpu})  # fmt: skip
             self.say("step", {"step": step})
             crossed = range(last + 1, step + 1)
             last = max(last, step)
@@ -169,7 +173,8 @@ class RankRun:
         loss = self.step.forward_backward(x, y, loss_fn)
         clip = self.config.recipe.grad_clip
         if clip > 0:
-            self.step.clip(clip)
+            with trace.maybe(self.rec, "compute", "clip"):
+                self.step.clip(clip)
         self.pending.append(loss)
 
     def batch_of(self, step: int, part: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,7 +216,8 @@ class RankRun:
             self.evaluate(self.steps)
         if self.out is not None and trained_last:
             self.save(self.steps)
-        self.tracing.finish(self.options)  # its metrics join the figures
+        # its metrics join the figures; the Step's memory figures join the trace
+        self.tracing.finish(self.options, self.step.figures)
         result = self.result(self.steps, train_s)
         figures = result.figures()
         if self.leads() and self.config.log.json:

@@ -7,6 +7,7 @@ the model's per-block forward and backward events (`watch_blocks`)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,6 +17,10 @@ from plait import env, trace
 from plait.comm import world
 from plait.trace import overstore
 from plait.train.errors import ConfigError
+
+# the figures of a Step's --json that say each rank's memory (DataParallel and mesh runs:
+# rank_memory; ZeRO: memory, its ranks)
+MEMORY = ("rank_memory", "memory")
 
 
 class Tracing:
@@ -53,17 +58,26 @@ class Tracing:
             self.recorder = trace.start(group, path)
             self.owned = True
 
-    def finish(self, options: dict[str, Any]) -> None:
-        """Every rank: gather and write the trace (rank 0); every rank gets its metrics."""
+    def finish(
+        self, options: dict[str, Any], figures: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
+        """Every rank: gather and write the trace (rank 0); every rank gets its metrics.
+        `figures`: the Step's --json figures (a collective, called on every rank), whose
+        memory (MEMORY) joins the trace's otherData next to the options, for `plait plan
+        --from-trace`; parameter-server runs report none."""
         if self.recorder is None or self.done:
             return
         self.done = True
+        other: dict[str, Any] = {"options": options}
+        if figures is not None and not self.over_store:
+            found = figures()
+            other.update({k: found[k] for k in MEMORY if k in found})
         if self.over_store:  # worker 0 merges; it alone reports, so it alone needs figures
             timeout_s = env.get("PLAIT_TIMEOUT")  # for a live worker's events
             doc = overstore.finish(self.group, self.path, {"options": options}, timeout_s)
             self.summary = doc["otherData"]["metrics"] if doc is not None else None
             return
-        doc = trace.finish(self.group, self.path, {"options": options}, detach=self.owned)
+        doc = trace.finish(self.group, self.path, other, detach=self.owned)
         metrics = doc["otherData"]["metrics"] if doc is not None else None
         self.summary = self.group.broadcast_object(metrics)  # the same figures everywhere
 
