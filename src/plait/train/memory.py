@@ -9,15 +9,13 @@ two moments: K = 8; SGD's momentum: K = 4):
     stage 2                  4 Ψ + (4 + K) Ψ / N
     stage 3                  (4 + 4 + K) Ψ / N   + the units gathered at once
 
-Activations are counted as the bytes autograd keeps from forward to backward
-(`saved_tensors_hooks`), each storage once; parameters (and their views) are not counted.
+Activations are counted as the bytes autograd keeps from forward to backward, the most
+held at once (`plait.saved_tensors`: each tensor's bytes once, parameters not counted, a
+checkpointed block's recomputation in backward included).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,31 +26,6 @@ if TYPE_CHECKING:
 
 OPTIMIZER_BYTES = {"adamw": 8, "sgd": 4, "lars": 4, "lamb": 8}  # K: fp32 state bytes per
 # parameter of each --optimizer (recipes.OPTIMIZERS): momentum, or Adam's two moments
-
-
-@dataclass
-class Kept:
-    total: int = 0
-    seen: set[int] = field(default_factory=set)
-
-
-@contextlib.contextmanager
-def saved_bytes() -> Iterator[Kept]:
-    """Count the bytes autograd saves for backward inside the block (each storage once,
-    leaf tensors that require grad and their views excluded: those are parameters)."""
-    kept = Kept()
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        base = t._base if t._base is not None else t
-        if not (base.is_leaf and base.requires_grad) and not isinstance(base, torch.nn.Parameter):
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in kept.seen and storage.nbytes():
-                kept.seen.add(storage.data_ptr())
-                kept.total += storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield kept
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
