@@ -277,6 +277,7 @@ def test_cli_says_when_no_plan_fits(capsys, fake_profiling):
     out = capsys.readouterr().out
     assert "0 fit in memory" in out and "no plan fits 1024 bytes per rank" in out
     assert "run the best" not in out
+    assert "the smallest's memory: " in out and "0% margin" in out and "over by" in out
 
 
 def test_a_pipeline_across_hosts_waits_on_the_network():

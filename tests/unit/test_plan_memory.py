@@ -9,6 +9,7 @@ from plait.plan.costs import Costs
 from plait.plan.fit import Observation
 from plait.plan.memory import MIN_MARGIN, fit_memory
 from plait.plan.overheads import Overheads
+from plait.plan.report import MiB, headroom
 from plait.plan.simulate import Setting, simulate
 from support.plan_profiles import fake
 
@@ -28,6 +29,13 @@ def test_a_plan_fits_only_with_its_margin_to_spare() -> None:
     assert simulate(plan, setting(int(peak * 1.1) + 1, memory_margin=0.1)).feasible
     more = simulate(plan, setting(memory_rank=5000.0))
     assert more.peak_bytes == [peak + 5000] * 2
+    # plait plan's report gives the margin and the bytes to spare (or over)
+    pred = simulate(plan, setting(MiB, memory_margin=0.5))
+    assert headroom(pred, MiB) == (
+        f"{peak / MiB:.1f} MiB per rank + 50% margin = {1.5 * peak / MiB:.1f} of 1.0 MiB: "
+        f"fits with {(MiB - 1.5 * peak) / MiB:.1f} MiB to spare"
+    )
+    assert headroom(pred, peak).endswith(f"over by {0.5 * peak / MiB:.1f} MiB")
 
 
 def test_fit_memory_finds_the_constant_and_the_margin_covers_the_worst() -> None:

@@ -143,11 +143,12 @@ def per_rank(plan: Plan, ranks: list[Rank]) -> list[int]:
     return [ranks[(r // plan.tp) % plan.pp].peak for r in range(plan.workers)]
 
 
-def breakdown(ranks: list[Rank]) -> dict[str, float]:
-    """The largest rank's bytes by part, for `Prediction.breakdown`."""
+def breakdown(ranks: list[Rank], s: Setting) -> dict[str, float]:
+    """The largest rank's bytes by part (the fitted constant with the activations, the
+    buffers not in the peak), and the margin a fit must leave, for `Prediction.breakdown`."""
     top = max(ranks, key=lambda r: r.peak)
     return {"states_bytes": top.states, "activations_bytes": top.activations + top.extra,
-            "buffers_bytes": top.buffers}  # fmt: skip
+            "buffers_bytes": top.buffers, "memory_margin": s.overheads.memory_margin}  # fmt: skip
 
 
 def fits(peak: int, s: Setting) -> bool:

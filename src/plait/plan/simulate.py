@@ -219,7 +219,7 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
     }
     held = memory.stages(plan, s)
     peak_bytes = memory.per_rank(plan, held)
-    breakdown.update(memory.breakdown(held))
+    breakdown.update(memory.breakdown(held, s))
     feasible = memory.fits(max(peak_bytes), s)
     if not feasible:
         bottleneck = "memory"
