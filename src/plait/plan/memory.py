@@ -162,7 +162,17 @@ def _params(layer: LayerCost, tp: int) -> int:
 
 
 def _saved(layer: LayerCost, micro: float, tp: int) -> float:
-    return at(layer.saved, micro) / (tp if tp > 1 and layer.tp_allreduces else 1)
+    """A layer's saved bytes on one tp rank. Megatron splits what lies between a section's
+    column- and row-parallel linears (heads, the MLP's hidden width) over tp, and keeps
+    whole each section's input and its layer norm's output, the input of the column-
+    parallel linear: 2 tensors of the layer's input size per allreduce section (Korthikanti
+    et al. 2022, section 4.2: the 10sbh of each layer that tp does not divide; without
+    dropout's masks, 8sbh in 2-byte words)."""
+    full = at(layer.saved, micro)
+    if tp == 1 or not layer.tp_allreduces:
+        return full
+    whole = min(full, 2.0 * layer.tp_allreduces * layer.input_bytes * micro)
+    return whole + (full - whole) / tp
 
 
 def fit_memory(
