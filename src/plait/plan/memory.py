@@ -16,10 +16,11 @@ checkpointed block only its input (Chen et al. 2016); while one of them runs its
 a checkpointed block is recomputed, on top of what that micro-batch still holds then (the
 layers before the block: the later ones are already freed).
 
-Communication buffers (the bucket being reduced, ZeRO-3's gathered units, the pipeline's
-messages in flight) are predicted in `breakdown` but not in the peak: the runtime does not
-count them, and a figure neither side counts cannot be checked. A plan fits when
-peak * (1 + memory_margin) <= the limit.
+ZeRO-3's whole parameters gathered at once are in the states, as the runtime counts them
+(memory.ranks' parameters). Communication buffers (the bucket being reduced, the
+pipeline's messages in flight) are predicted in `breakdown` but not in the peak: the
+runtime does not count them, and a figure neither side counts cannot be checked. A plan
+fits when peak * (1 + memory_margin) <= the limit.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ def stages(plan: Plan, s: Setting) -> list[Rank]:
             states = 8.0 * psi
         else:
             states = sum(formula(plan.zero, psi, dp, k_opt).values())
+        if plan.zero == 3 and dp > 1:  # whole parameters gathered, counted as the runtime
+            states += _gathered([layers[i] for i in mine], tp)  # counts them (parameters)
         kept = 0.0  # per micro-batch, all the stage's parts
         again = 0.0  # the most a part holds while a checkpointed block is recomputed
         for part in parts:
@@ -122,8 +125,6 @@ def stages(plan: Plan, s: Setting) -> list[Rank]:
         buffers = 0.0
         if dp > 1 and not plan.zero and plan.strategy == "allreduce":
             buffers += min(BUCKET_BYTES, 4.0 * psi)  # the bucket being reduced
-        if plan.zero == 3:  # the largest layer gathered, and the next prefetched
-            buffers += 2 * 4.0 * max((_params(layers[i], tp) for i in mine), default=0)
         if stage > 0:  # the gradient of a received activation, sent back
             buffers += layers[groups[stage][0]].input_bytes * micro
         if stage < p - 1:  # an activation sent on, and its gradient received
@@ -155,6 +156,18 @@ def fits(peak: int, s: Setting) -> bool:
     """Whether `peak` bytes fit the setting's limit with the fitted margin to spare."""
     limit = s.memory_limit
     return limit is None or peak * (1.0 + s.overheads.memory_margin) <= limit
+
+
+def _gathered(mine: list[LayerCost], tp: int) -> float:
+    """ZeRO-3's whole parameters held at once (plait.sharded.units): the root unit (what is
+    in no repeated block: embeddings, the head), gathered for the whole step, and two
+    blocks, the one computing and the next prefetched. A model without blocks (mlp) is
+    taken as units of one layer each: two of the largest."""
+    blocks = [_params(layer, tp) for layer in mine if layer.repeated]
+    if not blocks:
+        return 2 * 4.0 * max((_params(layer, tp) for layer in mine), default=0)
+    root = sum(_params(layer, tp) for layer in mine if not layer.repeated)
+    return 4.0 * (root + sum(sorted(blocks)[-2:]))
 
 
 def _params(layer: LayerCost, tp: int) -> int:
