@@ -17,10 +17,10 @@ a checkpointed block is recomputed, on top of what that micro-batch still holds 
 layers before the block: the later ones are already freed).
 
 ZeRO-3's whole parameters gathered at once are in the states, as the runtime counts them
-(memory.ranks' parameters). Communication buffers (the bucket being reduced, the
-pipeline's messages in flight) are predicted in `breakdown` but not in the peak: the
-runtime does not count them, and a figure neither side counts cannot be checked. A plan
-fits when peak * (1 + memory_margin) <= the limit.
+(memory.ranks' parameters). Communication buffers are predicted in `breakdown`, not in the
+peak: DataParallel's buckets (which the runtime reports apart, rank_memory's `buffers`)
+and the pipeline's messages in flight (which it does not count). A plan fits when
+peak * (1 + memory_margin) <= the limit.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Protocol
 
-from plait.data_parallel.buckets import MiB
 from plait.pipeline.balance import split_sizes
 from plait.pipeline.schedule import build
 from plait.pipeline.timeline import simulate as simulate_timeline
@@ -67,7 +66,6 @@ class Observation(Protocol):
     def source(self) -> str: ...
 
 
-BUCKET_BYTES = 25 * MiB  # DataParallel(bucket_mb=25)'s default
 MIN_MARGIN = 0.05  # the least margin a fit leaves: a plan 5% under the limit is not sure
 
 
@@ -124,7 +122,9 @@ def stages(plan: Plan, s: Setting) -> list[Rank]:
         acts = max(n * kept / v, (n - 1) * kept / v + again)
         buffers = 0.0
         if dp > 1 and not plan.zero and plan.strategy == "allreduce":
-            buffers += min(BUCKET_BYTES, 4.0 * psi)  # the bucket being reduced
+            # DataParallel's buckets: a flat copy of every gradient, made once and kept
+            # (data_parallel/buckets.py), in the wire's dtype: fp16/bf16 halve them
+            buffers += (2.0 if plan.compression in ("fp16", "bf16") else 4.0) * psi
         if stage > 0:  # the gradient of a received activation, sent back
             buffers += layers[groups[stage][0]].input_bytes * micro
         if stage < p - 1:  # an activation sent on, and its gradient received

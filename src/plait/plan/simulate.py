@@ -42,12 +42,12 @@ from plait.pipeline.timeline import dependencies
 from plait.plan import memory
 from plait.plan.costs import Costs
 from plait.plan.graph import Graph
-from plait.plan.memory import BUCKET_BYTES
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, Prediction
 from plait.plan.profile import Profile, at
 from plait.train.parts_ps import DEFAULT_SERVERS
 
+BUCKET_BYTES = 25 * MiB  # DataParallel(bucket_mb=25)'s default
 SLICE_BYTES = 1 * MiB  # --slice-mb's default: P3's slices
 GAMMA = 1 / 4e9  # seconds per byte of an elementwise pass (comm's AlphaBeta.gamma)
 SERVERS = "servers"  # the parameter servers' compute queue (not a link)

@@ -38,19 +38,22 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-def held(module: torch.nn.Module, optimizer: Any, activations: int) -> dict[str, int]:
+def held(
+    module: torch.nn.Module, optimizer: Any, activations: int, buffers: int = 0
+) -> dict[str, int]:
     """This rank's model states counted from its tensors (parameters, their gradients as
     they stand, the optimizer's state), next to `activations`: the bytes of a `report` rank.
 
-    DataParallel's gradient buckets are not counted: they are communication buffers, and
-    ZeRO's formulas leave them out too.
+    DataParallel's gradient buckets are not in the model states: they are communication
+    buffers, and ZeRO's formulas leave them out too. `buffers` reports them apart (the
+    planner predicts them apart, plan/memory.py).
     """
     params = list(module.parameters())
     p = sum(t.numel() * t.element_size() for t in params)
     g = sum(t.grad.numel() * t.grad.element_size() for t in params if t.grad is not None)
     o = optimizer_bytes(optimizer)
     return {"parameters": p, "gradients": g, "optimizer": o, "model_states": p + g + o,
-            "activations": activations}  # fmt: skip
+            "activations": activations, "buffers": buffers}  # fmt: skip
 
 
 def formula(stage: int, psi: int, world: int, k: int) -> dict[str, float]:
