@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from plait import saved_tensors
+
 Policy = Callable[[str, nn.Module], bool]
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -132,4 +134,6 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     plain = type(self).forward.__get__(self)  # the class's forward, bound to this module
     if not torch.is_grad_enabled():
         return plain(*args, **kwargs)
-    return checkpoint(plain, *args, use_reentrant=False, **kwargs)
+    count = saved_tensors.current()  # a rank counting its activations: count recomputation
+    fn = plain if count is None else saved_tensors.recounting(plain, count)
+    return checkpoint(fn, *args, use_reentrant=False, **kwargs)

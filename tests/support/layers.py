@@ -66,6 +66,7 @@ LAYERS: list[set[str]] = [
     {"comm.core"},  # the vocabulary: Request, Channel, Link, Topology, ops, dtypes
     {"trace"},
     {"devices", "options", "lazy", "sizes", "files"},
+    {"saved_tensors"},  # the one count of activations' bytes: runtimes, profile, checkpoint
     {"env"},
     {"errors"},
 ]

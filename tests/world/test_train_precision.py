@@ -177,7 +177,9 @@ def test_activation_checkpointing_same_losses_fewer_bytes(
     assert ckpt["losses"] == plain["losses"]  # the same arithmetic, run again in backward
     assert ckpt["checkpointed_blocks"] == [f"blocks.{i}" for i in range(4)]
     assert plain["checkpointed_blocks"] == []
-    assert ckpt["activation_bytes"] < plain["activation_bytes"] / 4
+    # the blocks' inputs, and one block's activations again while backward recomputes it
+    # (counted since plait.saved_tensors): 4 blocks of gpt's 6 layers, 28% of the plain peak
+    assert ckpt["activation_bytes"] < plain["activation_bytes"] / 3
     # the pipeline's stages: the blocks checkpointed before the model is cut, fp16 agreed on
     # by both stages; the losses those of the one-process run, up to fp16's rounding
     pp = runs["gpt pp2 ckpt fp16"]

@@ -31,7 +31,8 @@ from plait.pipeline.p2p import recv_tensor, send_tensor
 from plait.pipeline.route import Route
 from plait.pipeline.schedule import Action
 from plait.pipeline.split import Cutter, Piece, Pieces, close, input_grad, leaf, weight_grad
-from plait.pipeline.stats import PipeStats, Saved
+from plait.pipeline.stats import PipeStats
+from plait.saved_tensors import Held
 from plait.trace.recorder import Recorder
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -52,7 +53,7 @@ class StepState:
     batch: int = 0  # the last stage's batch size: each micro-batch's loss weight is len / batch
     ins: dict[Key, torch.Tensor] = field(default_factory=dict)  # stage inputs, for backward
     outs: dict[Key, torch.Tensor] = field(default_factory=dict)  # stage outputs, ditto
-    kept: dict[Key, Saved] = field(default_factory=dict)  # checkpointed: the input, counted
+    kept: dict[Key, Held] = field(default_factory=dict)  # checkpointed: the input, counted
     # checkpointed micro-batches: the RNG states (CPU, and the stage's GPU) at their forward
     rng: dict[Key, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
     pieces: dict[Key, Pieces] = field(default_factory=dict)  # split backward: the cut graph
@@ -144,7 +145,7 @@ class StageActions:
             run.rng[key] = _rng_state(self.device)
             with torch.no_grad():
                 y = self._call(x, act.part)
-            run.kept[key] = Saved(x, stats)
+            run.kept[key] = stats.saved.hold(x)
         elif self._cutter is not None:  # split backward: cut at the layers, kept for B and W
             with stats.counting(), self._cutter.recording() as pieces:
                 y = self._call(x, act.part)

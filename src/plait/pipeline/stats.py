@@ -6,9 +6,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from plait.pipeline.schedule import Action
+from plait.saved_tensors import SavedBytes
 from plait.trace import metrics
 
 
@@ -26,10 +25,12 @@ class PipeStats:
         what `plait.trace.metrics.bubble` takes from every stage to measure the pipeline's
         bubble over one window (the mesh's `bubble_fraction`, the trace's `bubble`).
     peak_inflight: most micro-batches forwarded whose backward had not run yet.
-    peak_saved_bytes / saved_packs: from saved-tensor hooks, the peak bytes autograd held
-        for this stage's graphs and how many tensors it saved; mb_saved_bytes: the bytes
-        saved by each micro-batch's forward, so the peak divided by them cross-checks
-        peak_inflight.
+    saved: from saved-tensor hooks, the bytes autograd holds for this stage's graphs,
+        counted as plait.saved_tensors counts them (each tensor's bytes once, parameters
+        not at all, a checkpointed block's recomputation included): `peak_saved_bytes` the
+        most at once, `saved_live` now, `saved_packs` the tensors saved; mb_saved_bytes:
+        the bytes saved by each micro-batch's forward, so the peak divided by them
+        cross-checks peak_inflight.
     """
 
     times: dict[Action, tuple[float, float]] = field(default_factory=dict)
@@ -39,10 +40,20 @@ class PipeStats:
     extent: tuple[float, float, float] | None = None
     spans: list[tuple[float, float]] = field(default_factory=list)  # absolute (start, end)
     peak_inflight: int = 0
-    peak_saved_bytes: int = 0
-    saved_packs: int = 0
-    saved_live: int = 0
+    saved: SavedBytes = field(default_factory=SavedBytes)
     mb_saved_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def peak_saved_bytes(self) -> int:
+        return self.saved.peak
+
+    @property
+    def saved_live(self) -> int:
+        return self.saved.live
+
+    @property
+    def saved_packs(self) -> int:
+        return self.saved.packs
 
     def record(self, act: Action, start: float, end: float, t0: float) -> None:
         """Action `act` computed from `start` to `end` (perf_counter; the step began at t0)."""
@@ -58,26 +69,5 @@ class PipeStats:
             self.extent = metrics.extent(self.spans)
 
     def counting(self) -> contextlib.AbstractContextManager[Any]:
-        """Saved-tensor hooks under which every tensor autograd saves is counted (`Saved`)."""
-        return torch.autograd.graph.saved_tensors_hooks(lambda t: Saved(t, self), _unpack)
-
-
-class Saved:
-    """A tensor autograd (or a checkpointed stage) keeps; counts itself live until freed."""
-
-    __slots__ = ("nbytes", "stats", "tensor")
-
-    def __init__(self, tensor: torch.Tensor, stats: PipeStats) -> None:
-        self.tensor = tensor
-        self.stats = stats
-        self.nbytes = tensor.numel() * tensor.element_size()
-        stats.saved_live += self.nbytes
-        stats.saved_packs += 1
-        stats.peak_saved_bytes = max(stats.peak_saved_bytes, stats.saved_live)
-
-    def __del__(self) -> None:
-        self.stats.saved_live -= self.nbytes
-
-
-def _unpack(saved: Saved) -> torch.Tensor:
-    return saved.tensor
+        """Saved-tensor hooks under which every tensor autograd saves is counted."""
+        return self.saved.hooks()

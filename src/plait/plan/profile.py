@@ -150,7 +150,7 @@ def _time_layers(
     micro-batch of `samples`."""
     import torch
 
-    from plait.train.memory import saved_bytes
+    from plait.saved_tensors import counting
 
     x, target = workload.data.train_batch(torch.arange(samples) % workload.data.num_train)
     found = []
@@ -160,7 +160,7 @@ def _time_layers(
 
         def forward(x: torch.Tensor = x, layer: nn.Module = layer, last: bool = last) -> Any:
             xi = x.detach().requires_grad_(x.is_floating_point())
-            # a copy, not the leaf itself: saved_bytes does not count leaves (parameters)
+            # a copy of the input, as a layer of the model receives one (not a leaf)
             y = layer(xi.clone() if xi.requires_grad else xi)
             return xi, (workload.loss(y, target) if last else y), y
 
@@ -173,9 +173,9 @@ def _time_layers(
 
         f = _median_s(forward)
         b = max(0.0, _median_s(both) - f)
-        with saved_bytes() as kept:
+        with counting() as kept:
             _, _, y = forward()
-        found.append((f, b, float(kept.total), float(_bytes(x)), float(_bytes(y))))
+        found.append((f, b, float(kept.peak), float(_bytes(x)), float(_bytes(y))))
         x = y.detach()
     return found
 
@@ -210,7 +210,7 @@ def _precision_factors(
     """Per precision: the whole model's forward + backward time and saved bytes over fp32's."""
     import torch
 
-    from plait.train.memory import saved_bytes
+    from plait.saved_tensors import counting
     from plait.train.parts_compute import PRECISIONS
 
     x, target = workload.data.train_batch(torch.arange(samples) % workload.data.num_train)
@@ -220,11 +220,11 @@ def _precision_factors(
 
         def run(dtype: str = dtype, enabled: bool = enabled) -> float:
             cast = torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=enabled)
-            with saved_bytes() as kept, cast:
+            with counting() as kept, cast:
                 loss = workload.loss(model(x), target)
             loss.backward()
             model.zero_grad(set_to_none=True)
-            return float(kept.total)
+            return float(kept.peak)
 
         try:
             seconds = _median_s(run)

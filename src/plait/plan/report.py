@@ -87,13 +87,28 @@ def table(
             what.append(f"--batch-size {req.batch_size}")
         args = " ".join([*what, *preds[0].plan.train_args()])
         lines.append(f"run the best: plait train {args}")
+        if req.memory_per_rank is not None:
+            lines.append("the best's memory: " + headroom(preds[0], req.memory_per_rank))
     elif preds:
-        least = min(max(p.peak_bytes) for p in preds)
+        least = min(preds, key=lambda p: max(p.peak_bytes))
         lines.append(
             f"no plan fits {req.memory_per_rank} bytes per rank: the smallest needs "
-            f"{least} ({least / MiB:.1f} MiB)"
+            f"{max(least.peak_bytes)} ({max(least.peak_bytes) / MiB:.1f} MiB)"
         )
+        if req.memory_per_rank is not None:
+            lines.append("the smallest's memory: " + headroom(least, req.memory_per_rank))
     return "\n".join(lines)
+
+
+def headroom(pred: Prediction, limit: int) -> str:
+    """A plan's largest rank against the limit, with the fitted margin (plan/memory.py):
+    e.g. "18.7 MiB per rank + 5% margin = 19.7 of 24.0 MiB: fits with 4.3 MiB to spare"."""
+    margin = pred.breakdown.get("memory_margin", 0.0)
+    need = max(pred.peak_bytes) * (1 + margin)
+    left = (limit - need) / MiB
+    verdict = f"fits with {left:.1f} MiB to spare" if left >= 0 else f"over by {-left:.1f} MiB"
+    return (f"{max(pred.peak_bytes) / MiB:.1f} MiB per rank + {margin:.0%} margin = "
+            f"{need / MiB:.1f} of {limit / MiB:.1f} MiB: {verdict}")  # fmt: skip
 
 
 def to_json(

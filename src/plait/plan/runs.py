@@ -16,9 +16,11 @@ first `warmup`.
 
 Memory per rank: `rank_memory` (DataParallel and mesh runs) or `memory.ranks` (--zero), each
 rank's model states counted from the tensors it holds at the end (parameters, gradients,
-optimizer state) plus the activations autograd kept for backward (the first forward's, or
-on a pipeline stage the most held at once). That is what the planner predicts; process
-memory (ru_maxrss: torch's own libraries, allocator caches) is not compared. The parameter
+optimizer state) plus the most bytes autograd held at once for backward (plait.saved_tensors:
+each tensor once, parameters not counted, a checkpointed block's recomputation included;
+over the first step, or on a pipeline stage over the run). That is what the planner
+predicts as peak_bytes (plan/memory.py); communication buffers and process memory
+(ru_maxrss: torch's own libraries, allocator caches) are not compared. The parameter
 server reports none.
 """
 

@@ -39,28 +39,25 @@ allreduce or ZeRO reduce-scatter), "gather" (ZeRO's parameter gathers and all-ga
 step's fixed cost, the clipping barrier) and "overhead" (Python's own work on a compute
 queue: issuing a message, packing a bucket).
 
-Peak memory per rank: model states (ZeRO's formulas, train/memory.py) + activations of the
-micro-batches in flight at the schedule's peak + communication buffers; not the
-framework's own memory (a few hundred MB per process).
+Peak memory per rank: memory.py (model states + the activations autograd holds at the
+schedule's peak, as the runtime counts them; buffers apart).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import NamedTuple
 
 from plait.pipeline.balance import split_sizes
 from plait.pipeline.schedule import Action, build
 from plait.pipeline.timeline import dependencies
-from plait.pipeline.timeline import simulate as simulate_timeline
+from plait.plan import memory
 from plait.plan.costs import Costs
 from plait.plan.graph import Graph, Run
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, Prediction
 from plait.plan.profile import Profile, at
-from plait.plan.reductions import BUCKET_BYTES, FIRST, SERVERS, reductions
-from plait.train.memory import OPTIMIZER_BYTES, formula
+from plait.plan.reductions import FIRST, SERVERS, reductions
 from plait.train.parts_ps import DEFAULT_SERVERS
 
 
@@ -75,12 +72,6 @@ class Setting:
     memory_limit: int | None = None
     overheads: Overheads = field(default_factory=Overheads)  # fitted costs beyond the profile
     clipping: bool = False  # the recipe clips the gradients' norm: a barrier across stages
-
-
-@lru_cache(maxsize=512)
-def _in_flight(schedule: str, stages: int, chunks: int, parts: int) -> tuple[int, ...]:
-    """Micro-batches each stage holds at its peak (timeline.py counts them)."""
-    return tuple(simulate_timeline(build(schedule, stages, chunks, parts)).peak_activations)
 
 
 def simulate(plan: Plan, s: Setting) -> Prediction:
@@ -127,11 +118,8 @@ class _Step(NamedTuple):
 
     graph: Graph
     reduced: dict[int, int]  # layer -> the task after which its reduced gradient is here
-    groups: list[list[int]]  # layers of each virtual stage
     fwd: list[float]  # each layer's forward, seconds
     grads: list[int]  # each layer's gradient elements on one rank
-    micro: float  # samples per micro-batch
-    afac: float  # the precision's factor on saved activations
 
 
 def _build(plan: Plan, s: Setting, slow: float) -> _Step:
@@ -142,7 +130,7 @@ def _build(plan: Plan, s: Setting, slow: float) -> _Step:
     layers = prof.layers
     sizes = split_sizes(len(layers), p * v)
     groups = [list(range(sum(sizes[:k]), sum(sizes[: k + 1]))) for k in range(p * v)]
-    tfac, afac = prof.precisions[plan.precision]
+    tfac = prof.precisions[plan.precision][0]
 
     def rank(d: int, stage: int, t: int = 0) -> int:  # comm/mesh.py's layout
         return (d * p + stage) * tp + t
@@ -241,13 +229,13 @@ def _build(plan: Plan, s: Setting, slow: float) -> _Step:
             raise ValueError(f"schedule {plan.schedule} deadlocks in the planner's graph")
 
     reduced = reductions(plan, g, s, grads, grad_ready, groups, rank, slow)
-    return _Step(g, reduced, groups, fwd, grads, micro, afac)
+    return _Step(g, reduced, fwd, grads)
 
 
 def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
     """`simulate` with every rank's compute slowed by `slow`."""
-    g, reduced, groups, fwd, grads, micro, afac = _build(plan, s, slow)
-    prof, p, tp = s.profile, plan.pp, plan.tp
+    g, reduced, fwd, grads = _build(plan, s, slow)
+    prof, p = s.profile, plan.pp
     full = g.run()
     computes = {f"s{stage}" for stage in range(p)}
     links = {r: t for r, t in full.busy.items() if r not in computes and r != SERVERS}
@@ -267,9 +255,10 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
         "compute_total_s": sum(full.busy[f"s{k}"] for k in range(p)),  # all stages, in order
         "slowdown": slow,
     }
-    peaks = _memory(plan, s, groups, grads, afac, micro)
-    peak_bytes = [peaks[(r // tp) % p] for r in range(plan.workers)]
-    feasible = s.memory_limit is None or max(peak_bytes) <= s.memory_limit
+    held = memory.stages(plan, s)
+    peak_bytes = memory.per_rank(plan, held)
+    breakdown.update(memory.breakdown(held, s))
+    feasible = memory.fits(max(peak_bytes), s)
     if not feasible:
         bottleneck = "memory"
     else:
@@ -300,42 +289,3 @@ def _overlapped(
     for j, f in enumerate(fwd):
         t = max(t, spans[reduced[j]][1] if j in reduced else 0.0) + steps[j] + f
     return max(free, t - sum(fwd) - sum(steps))
-
-
-def _memory(
-    plan: Plan, s: Setting, groups: list[list[int]], grads: list[int], afac: float,
-    micro: float,
-) -> list[int]:  # fmt: skip
-    """Peak bytes of a rank of each stage: model states + activations in flight + buffers."""
-    prof = s.profile
-    p, v, dp, tp = plan.pp, plan.virtual, plan.dp, plan.tp
-    k = OPTIMIZER_BYTES.get(prof.optimizer, 8)
-    in_flight = _in_flight(plan.schedule, p, plan.chunks, v)
-    peaks = []
-    for stage in range(p):
-        mine = sorted(i for kk in range(stage, p * v, p) for i in groups[kk])
-        psi = sum(grads[i] for i in mine)
-        if plan.strategy == "ps":  # parameters and gradients; the servers hold the rest
-            states = 8.0 * psi
-        else:
-            states = sum(formula(plan.zero, psi, dp, k).values())
-        kept = 0.0  # per micro-batch, all the stage's parts
-        again = 0.0  # a checkpointed block's activations while it is recomputed
-        for i in mine:
-            layer = prof.layers[i]
-            full = at(layer.saved, micro) * afac / (tp if tp > 1 and layer.tp_allreduces else 1)
-            if plan.checkpointing and layer.repeated:
-                kept += layer.input_bytes * micro
-                again = max(again, full)
-            else:
-                kept += full
-        acts = in_flight[stage] * kept / v + again
-        buffers = 0.0
-        if dp > 1 and not plan.zero and plan.strategy == "allreduce":
-            buffers += min(BUCKET_BYTES, 4.0 * psi)  # the bucket being reduced
-        if plan.zero == 3:  # the largest layer gathered, and the next prefetched
-            buffers += 2 * 4.0 * max((grads[i] for i in mine), default=0)
-        if p > 1:  # a received activation and a gradient on their way
-            buffers += 2 * prof.layers[groups[stage][-1]].output_bytes * micro
-        peaks.append(int(states + acts + buffers))
-    return peaks

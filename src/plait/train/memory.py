@@ -9,15 +9,13 @@ two moments: K = 8; SGD's momentum: K = 4):
     stage 2                  4 Ψ + (4 + K) Ψ / N
     stage 3                  (4 + 4 + K) Ψ / N   + the units gathered at once
 
-Activations are counted as the bytes autograd keeps from forward to backward
-(`saved_tensors_hooks`), each storage once; parameters (and their views) are not counted.
+Activations are counted as the bytes autograd keeps from forward to backward, the most
+held at once (`plait.saved_tensors`: each tensor's bytes once, parameters not counted, a
+checkpointed block's recomputation in backward included).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,31 +28,6 @@ OPTIMIZER_BYTES = {"adamw": 8, "sgd": 4, "lars": 4, "lamb": 8}  # K: fp32 state 
 # parameter of each --optimizer (recipes.OPTIMIZERS): momentum, or Adam's two moments
 
 
-@dataclass
-class Kept:
-    total: int = 0
-    seen: set[int] = field(default_factory=set)
-
-
-@contextlib.contextmanager
-def saved_bytes() -> Iterator[Kept]:
-    """Count the bytes autograd saves for backward inside the block (each storage once,
-    leaf tensors that require grad and their views excluded: those are parameters)."""
-    kept = Kept()
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        base = t._base if t._base is not None else t
-        if not (base.is_leaf and base.requires_grad) and not isinstance(base, torch.nn.Parameter):
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in kept.seen and storage.nbytes():
-                kept.seen.add(storage.data_ptr())
-                kept.total += storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield kept
-
-
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the tensors in the optimizer's state (0-dim step counters included)."""
     return sum(
@@ -65,19 +38,22 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-def held(module: torch.nn.Module, optimizer: Any, activations: int) -> dict[str, int]:
+def held(
+    module: torch.nn.Module, optimizer: Any, activations: int, buffers: int = 0
+) -> dict[str, int]:
     """This rank's model states counted from its tensors (parameters, their gradients as
     they stand, the optimizer's state), next to `activations`: the bytes of a `report` rank.
 
-    DataParallel's gradient buckets are not counted: they are communication buffers, and
-    ZeRO's formulas leave them out too.
+    DataParallel's gradient buckets are not in the model states: they are communication
+    buffers, and ZeRO's formulas leave them out too. `buffers` reports them apart (the
+    planner predicts them apart, plan/memory.py).
     """
     params = list(module.parameters())
     p = sum(t.numel() * t.element_size() for t in params)
     g = sum(t.grad.numel() * t.grad.element_size() for t in params if t.grad is not None)
     o = optimizer_bytes(optimizer)
     return {"parameters": p, "gradients": g, "optimizer": o, "model_states": p + g + o,
-            "activations": activations}  # fmt: skip
+            "activations": activations, "buffers": buffers}  # fmt: skip
 
 
 def formula(stage: int, psi: int, world: int, k: int) -> dict[str, float]:

@@ -7,7 +7,8 @@ each Step holds (`Compute`), so that every strategy applies them in the same ord
                          with autocast around it; DataParallel goes around that, with
                          `compression` for its buckets (--compression, or --reduce-dtype)
     forward_backward     the loss, scaled for backward (fp16); the first call counts the
-                         bytes autograd keeps for backward (not with --compile: a compiled
+                         bytes autograd keeps for backward, the most at once through its
+                         backward (plait.saved_tensors; not with --compile: a compiled
                          graph saves its tensors out of the counting hooks' sight)
     unscale_, step       before clipping; the optimizer step, skipped on an fp16 overflow
 
@@ -22,11 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from plait import trace
+from plait import saved_tensors, trace
 from plait.activations import blocks_worth_checkpointing, checkpoint_blocks
 from plait.comm.communicator import Communicator
+from plait.saved_tensors import SavedBytes
 from plait.sharded import ShardedDataParallel
-from plait.train import compile, memory, precision
+from plait.train import compile, precision
 from plait.train.config import TrainConfig
 from plait.train.errors import ConfigError
 from plait.train.workload import LossFn
@@ -56,9 +58,15 @@ class Compute:
         self.compression = c.wire  # DataParallel's: "none", "bf16", "topk:0.01", ...
         self.scaler = precision.LossScaler(c.loss_scale, comm) if c.precision == "fp16" else None
         self.blocks: list[str] = []  # the checkpointed blocks' names
-        self.activation_bytes: int | None = None  # kept for backward by the first forward
+        self._saved: SavedBytes | None = None  # what the first step kept for backward
         if c.compile:
             compile.check(device.type)
+
+    @property
+    def activation_bytes(self) -> int | None:
+        """The most bytes autograd held at once for the first step (None before it, or
+        with --compile): its forward's, or more while backward recomputes a block."""
+        return None if self._saved is None else self._saved.peak
 
     def checkpoint(self, model: nn.Module) -> None:
         """--activation-checkpointing: checkpoint the model's repeated blocks in place.
@@ -124,11 +132,10 @@ class Compute:
     def _forward(
         self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
     ) -> torch.Tensor:
-        if self.activation_bytes is None and not self.options.compile:  # once: shapes repeat
-            with memory.saved_bytes() as kept:
-                loss = loss_fn(module(x), y)
-            self.activation_bytes = kept.total
-            return loss
+        if self._saved is None and not self.options.compile:  # once: shapes repeat
+            # counted on through this step's backward: its figures keep moving until then
+            with saved_tensors.counting() as self._saved:
+                return loss_fn(module(x), y)
         return loss_fn(module(x), y)
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:

@@ -148,7 +148,8 @@ class DataParallelStep(AllreduceStep):
         # step's gradient collectives took from each rank (compression.py's table)
         # rank_memory: each rank's model states and activations (a collective; `plait
         # bench plan` compares them with the planner's prediction)
-        mine = memory.held(self.model, self.optimizer, self.compute.activation_bytes or 0)
-        return {**self.compute.figures(), "allreduce_bytes": sum(self.wrapped.bucket_sizes),
+        buckets = sum(self.wrapped.bucket_sizes)
+        mine = memory.held(self.model, self.optimizer, self.compute.activation_bytes or 0, buckets)
+        return {**self.compute.figures(), "allreduce_bytes": buckets,
                 "sent_bytes": self.wrapped.sent_bytes,
                 "rank_memory": self.comm.allgather_object(mine)}  # fmt: skip

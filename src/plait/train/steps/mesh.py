@@ -124,7 +124,9 @@ class MeshStep(AllreduceStep):
                 optimizer_name=self.config.optimizer,
             )  # fmt: skip
         else:  # each rank's model states and its stage's activations, as --zero reports them
-            mine = memory.held(self.model.module, self.optimizer, self.model.peak_saved)
+            dp = self.model.dp  # its gradient buckets: buffers, apart from the states
+            buckets = sum(dp.bucket_sizes) if isinstance(dp, DataParallel) else 0
+            mine = memory.held(self.model.module, self.optimizer, self.model.peak_saved, buckets)
             found["rank_memory"] = self.comm.allgather_object(mine)
         return found
 
