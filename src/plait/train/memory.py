@@ -65,9 +65,10 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-def held(module: torch.nn.Module, optimizer: Any, activations: int) -> dict[str, int]:
+def held(module: torch.nn.Module, optimizer: Any | None, activations: int) -> dict[str, int]:
     """This rank's model states counted from its tensors (parameters, their gradients as
-    they stand, the optimizer's state), next to `activations`: the bytes of a `report` rank.
+    they stand, the optimizer's state: None where the rank holds none, a parameter server's
+    worker), next to `activations`: the bytes of a `report` rank.
 
     DataParallel's gradient buckets are not counted: they are communication buffers, and
     ZeRO's formulas leave them out too.
@@ -75,7 +76,7 @@ def held(module: torch.nn.Module, optimizer: Any, activations: int) -> dict[str,
     params = list(module.parameters())
     p = sum(t.numel() * t.element_size() for t in params)
     g = sum(t.grad.numel() * t.grad.element_size() for t in params if t.grad is not None)
-    o = optimizer_bytes(optimizer)
+    o = optimizer_bytes(optimizer) if optimizer is not None else 0
     return {"parameters": p, "gradients": g, "optimizer": o, "model_states": p + g + o,
             "activations": activations}  # fmt: skip
 
