@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Protocol
 
 from plait.data_parallel.buckets import FIRST_BUCKET_BYTES, MiB
@@ -153,31 +154,49 @@ def _ps(
     grad_ready: dict[int, int], slow: float,
 ) -> dict[int, int]:  # fmt: skip
     """A parameter-server worker's exchange after its backward (see the module's
-    docstring); returns, per layer, the task after which its new values are written."""
+    docstring); returns, per layer, the task after which its new values are written.
+
+    The busiest server sets the pace: it takes its share from every worker over its own
+    link, updates it, and sends it back to every worker (`costs.to_servers`, one server).
+    """
     costs, o, dp = s.costs, s.overheads, plan.dp
-    servers = DEFAULT_SERVERS
     n = sum(grads[i] for i in mine)
+    busiest = server_share(tuple(grads[i] for i in mine), DEFAULT_SERVERS)  # parameters
     after = [grad_ready[i] for i in mine]  # the whole backward
     if o.step_fixed:  # the loop's own work and the worker's clipping, before it pushes
         after = [g.add(f"fixed s{stage}", f"s{stage}", o.step_fixed, after, cat="fixed")]
-    move = costs.to_servers(4.0 * n, dp, servers) + o.ps_request
-    push = g.add(f"push s{stage}", "servers' links", move, after, cat="push")
-    # a server's update: add up the dp pushes (a pass each), then its optimizer step
-    apply = n / servers * (s.profile.step_per_param * o.compute_scale + dp * 4 * GAMMA)
+    move = costs.to_servers(4.0 * busiest, dp, 1)
+    push = g.add(f"push s{stage}", "servers' links", move + o.ps_request, after, cat="push")
+    # the server adds up the dp pushes as they come (a pass each), then steps its share
+    apply = busiest * (s.profile.step_per_param * o.compute_scale + dp * 4 * GAMMA)
     update = g.add(f"update s{stage}", SERVERS, apply, [push], cat="update")
     write = 4 * GAMMA * slow * o.compute_scale  # seconds per value written into a parameter
     if not plan.priority:  # one reply per server; the worker writes every value, then goes on
-        t = costs.to_servers(4.0 * n, dp, servers) + o.ps_request + n * write
+        t = move + o.ps_request + n * write
         pull = g.add(f"pull s{stage}", "servers' links", t, [update], cat="pull")
         return {i: pull for i in mine}
-    # key by key in the forward's order, the request's latency paid once, by the first
-    alpha = costs.to_servers(0.0, dp, servers) + o.ps_request
+    # key by key in the forward's order; the request's latency paid once, by the first
+    alpha = costs.to_servers(0.0, dp, 1)
     done: dict[int, int] = {}
     for i in mine:
-        t = costs.to_servers(4.0 * grads[i], dp, servers) - costs.to_servers(0.0, dp, servers)
-        t += grads[i] * write + (alpha if not done else 0.0)
-        done[i] = g.add(f"pull L{i}", "servers' links", t, [update], float(i), "pull")
+        t = (move - alpha) * grads[i] / max(1, n) + grads[i] * write
+        first = alpha + o.ps_request if not done else 0.0
+        done[i] = g.add(f"pull L{i}", "servers' links", t + first, [update], float(i), "pull")
     return done
+
+
+@lru_cache(maxsize=64)
+def server_share(params: tuple[int, ...], servers: int) -> int:
+    """The parameters the busiest of `servers` holds, each entry of `params` taken as one
+    fp32 tensor (a layer's), cut and packed into keys as plait.ps.sharding does: a model
+    under PSConfig's slice (4 MiB, 1M fp32 values) is one key, on one server."""
+    import torch  # (sharding's dtypes; the planner imports torch only where it needs it)
+
+    from plait.ps.config import PSConfig
+    from plait.ps.sharding import ParamSpec, make_plan
+
+    specs = [ParamSpec(f"L{i}", (n,), torch.float32) for i, n in enumerate(params)]
+    return max(make_plan(specs, servers, PSConfig().slice_bytes).bytes_per_server) // 4
 
 
 def _step(

@@ -13,10 +13,11 @@ first --warmup; the plan's is the median over repeats.
 
 Memory per rank: `rank_memory` (DataParallel, mesh and ps runs: a ps run's workers) or
 `memory.ranks` (--zero), each rank's model states counted from the tensors it holds at the
-end (parameters, gradients, optimizer state) plus the activations autograd kept for backward (the first forward's, or
-on a pipeline stage the most held at once). That is what the planner predicts; process
-memory (ru_maxrss: torch's own libraries, allocator caches) is not compared. A CPU run has
-no memory cap, so "runs out of memory" means "this figure exceeds --memory-per-rank".
+end (parameters, gradients, optimizer state) plus the activations autograd kept for
+backward (the first forward's, or on a pipeline stage the most held at once). That is
+what the planner predicts; process memory (ru_maxrss: torch's own libraries, allocator
+caches) is not compared. A CPU run has no memory cap, so "runs out of memory" means "this
+figure exceeds --memory-per-rank".
 """
 
 from __future__ import annotations
