@@ -11,11 +11,13 @@ backward. `update()` runs after the whole backward and after the worker clips it
 gradient (train/rank_run.py: forward_backward, clip, update), and `Client.push_pull` sends
 the whole gradient at once, one request per server (ps/client.py). Each of the
 `DEFAULT_SERVERS` servers (train/config.py's default) waits for every worker's push (a sync
-round, ps/consistency.py), adds them up as they come, and steps its 1/servers of the
-parameters (ps/server.py `apply_push`, `update`); then it answers every worker's pull, and
-the worker writes the values into its parameters before its next forward (`push_pull`
-waits). With --priority (`push_pull_async`, `Client.wait_per_layer`) the servers answer the
-pull key by key in the order the forward consumes them, and each layer of the next forward
+round, ps/consistency.py), adds them up as they come, and steps its keys (ps/server.py
+`apply_push`, `update`; its keys as ps/sharding.py cuts and spreads them, so the busiest
+server sets the pace); then it answers every worker's pull, and the worker writes the
+values into its parameters before its next forward (`push_pull` waits). The servers take
+no share of the workers' cores (simulate.py): they wait while the workers compute. With
+--priority (`push_pull_async`, `Client.wait_per_layer`) the servers answer the pull key by
+key in the order the forward consumes them, and each layer of the next forward
 waits for its own values only (simulate.py's `_overlapped`).
 
 The machine's overheads (overheads.py), each added only where it is not zero: packing a
@@ -205,7 +207,7 @@ def _step(
 ) -> None:  # fmt: skip
     """The stage's fixed cost per step (clipping's barrier) and its optimizer step."""
     o, dp = s.overheads, plan.dp
-    if o.step_fixed or (s.clipping and plan.priority and plan.strategy != "ps"):
+    if o.step_fixed or (s.clipping and plan.priority):
         # (clipping under P3 waits for every slice, train/steps/data_parallel.py)
         ends = [g.add(f"fixed s{stage}", f"s{stage}", o.step_fixed, ends, cat="fixed")]
     if plan.priority:  # P3 steps in the next forward: simulate.py's `_overlapped`
