@@ -106,6 +106,12 @@ def test_plait_train_ps_end_to_end(ran: Ran) -> None:
     # every step averages both workers' gradients, nothing is stale
     assert data["max_staleness"] == 0 and data["worker_steps"] == 30
     assert data["applied_gradients"] == 60
+    # each worker's memory, as the other strategies report it: its parameters, its
+    # gradients, no optimizer state (the server's), its first forward's activations
+    rows = data["rank_memory"]
+    assert len(rows) == 2 and rows[0] == rows[1]
+    assert rows[0]["parameters"] == rows[0]["gradients"] > 0 and rows[0]["optimizer"] == 0
+    assert rows[0]["model_states"] == 2 * rows[0]["parameters"] and rows[0]["activations"] > 0
     assert "summary:" in res.stdout and "[rank 0]" not in res.stdout
 
 

@@ -58,7 +58,6 @@ from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, Prediction
 from plait.plan.profile import Profile, at
 from plait.plan.reductions import FIRST, SERVERS, reductions
-from plait.train.parts_ps import DEFAULT_SERVERS
 
 
 @dataclass(frozen=True)
@@ -93,16 +92,17 @@ def graph(plan: Plan, s: Setting) -> tuple[Graph, Run]:
 
 
 def _chosen(plan: Plan, s: Setting) -> tuple[float, Prediction]:
-    """(the compute's slowdown, the prediction at it): see `simulate`."""
-    servers = DEFAULT_SERVERS if plan.strategy == "ps" else 0
+    """(the compute's slowdown, the prediction at it): see `simulate`. Parameter servers
+    take no share and their workers no refinement: in sync mode the servers wait in their
+    poll while the workers compute, and the workers all wait at once while the servers
+    update (reductions.py), so no worker's wait frees a core for another's compute."""
     hosts = max(1, plan.workers // s.costs.local)
     per_host = plan.workers / hosts
-    slow = _slowdown((per_host + servers / hosts) / s.cores, s.overheads.share)
+    slow = _slowdown(per_host / s.cores, s.overheads.share)
     pred = _simulate(plan, s, slow)
-    if slow > 1.0:
+    if slow > 1.0 and plan.strategy != "ps":
         busy = pred.breakdown["compute_total_s"] / (plan.pp * pred.step_s)
-        shared = _slowdown((per_host * min(1.0, busy) + servers / hosts) / s.cores,
-                           s.overheads.share)  # fmt: skip
+        shared = _slowdown(per_host * min(1.0, busy) / s.cores, s.overheads.share)
         if shared < slow:
             return shared, _simulate(plan, s, shared)
     return slow, pred

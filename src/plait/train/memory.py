@@ -39,10 +39,11 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def held(
-    module: torch.nn.Module, optimizer: Any, activations: int, buffers: int = 0
+    module: torch.nn.Module, optimizer: Any | None, activations: int, buffers: int = 0
 ) -> dict[str, int]:
     """This rank's model states counted from its tensors (parameters, their gradients as
-    they stand, the optimizer's state), next to `activations`: the bytes of a `report` rank.
+    they stand, the optimizer's state: None where the rank holds none, a parameter server's
+    worker), next to `activations`: the bytes of a `report` rank.
 
     DataParallel's gradient buckets are not in the model states: they are communication
     buffers, and ZeRO's formulas leave them out too. `buffers` reports them apart (the
@@ -51,7 +52,7 @@ def held(
     params = list(module.parameters())
     p = sum(t.numel() * t.element_size() for t in params)
     g = sum(t.grad.numel() * t.grad.element_size() for t in params if t.grad is not None)
-    o = optimizer_bytes(optimizer)
+    o = optimizer_bytes(optimizer) if optimizer is not None else 0
     return {"parameters": p, "gradients": g, "optimizer": o, "model_states": p + g + o,
             "activations": activations, "buffers": buffers}  # fmt: skip
 

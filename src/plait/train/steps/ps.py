@@ -45,6 +45,7 @@ begins).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -57,7 +58,7 @@ from torch import nn
 
 from plait import env
 from plait.comm.bootstrap.store import barrier
-from plait.train import device, ps_checkpoint
+from plait.train import device, memory, ps_checkpoint
 from plait.train.config import TrainConfig
 from plait.train.evaluate import evaluate_alone
 from plait.train.models import count_parameters
@@ -68,7 +69,7 @@ from plait.train.workload import LossFn, Workload
 if TYPE_CHECKING:
     from plait.ps import Role
 
-KEY = "plait-train/"  # the store keys of a run: ready, claimed, finished
+KEY = "plait-train/"  # the store keys of a run: ready, claimed, finished, memory/RANK
 WAIT_POLL_S = 0.1  # worker 0 looking for the others' end: once a step of theirs, about
 
 
@@ -181,20 +182,35 @@ class ParameterServerStep(Step):
                 "mesh": None}  # fmt: skip
 
     def figures(self) -> dict[str, Any]:
-        """The consistency settings, this worker's steps, and (worker 0) the servers' stats."""
+        """The consistency settings, this worker's steps, and (worker 0) the servers' stats
+        and every finished worker's memory (`rank_memory`, published in `finish`)."""
         p = self.ps
         return {
             "ps_mode": p.mode, "servers": self.config.servers,
             "staleness": None if p.mode == "sync" else p.staleness,  # it bounds nothing there
             "stale_policy": p.stale_policy, "warm_start_steps": p.warm_start_steps,
             "worker_steps": self.worker_steps, **(self.client.stats() if self.reports else {}),
-            **self.compute.figures(),
+            **self.compute.figures(), **(self.rank_memory() if self.reports else {}),
         }  # fmt: skip
+
+    def rank_memory(self) -> dict[str, Any]:
+        """Every finished worker's `held` (a dead one's is missing): the reporter's only, as
+        another worker's store may be gone by then (worker 0 hosts it)."""
+        keys = [KEY + f"memory/{r}" for r in range(self.world_size)]
+        return {"rank_memory": [json.loads(self.store.get(k)) for k in keys
+                                if self.store.check([k])]}  # fmt: skip
+
+    def held(self) -> dict[str, int]:
+        """This worker's model states, as `memory.held` counts them: its parameters and
+        gradients (the servers hold the optimizer's state), and its first forward's
+        activations."""
+        return memory.held(self.model, None, self.compute.activation_bytes or 0)
 
     def finish(self) -> None:
         """Count this worker finished; worker 0 then waits until every worker has finished
         or been found dead by the servers, and pulls: every live worker's last update.
         --elastic: nothing to wait for (every worker pulled the last round's values)."""
+        self.store.set(KEY + f"memory/{self.rank}", json.dumps(self.held()))
         if self.elastic:
             return
         self.store.add(KEY + "finished", 1)
