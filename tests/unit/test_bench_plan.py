@@ -57,6 +57,7 @@ class FakeRequest:
     batch_size: int | None = None
     workload: Any = None
     cores_per_host: int | None = None
+    device: str = "cpu"
 
 
 def predictions(feasible: list[bool]) -> list[FakePrediction]:

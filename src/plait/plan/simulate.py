@@ -18,8 +18,8 @@ queue) and one queue per link:
   server a push to and a pull from the servers, who apply the optimizer in between;
 - the optimizer step, after the stage's last reduction.
 
-A compute task lasts its profiled time (profile.py) at the micro-batch size, times the
-precision's measured factor, times the ranks' share of the host's cores when ranks
+A compute task lasts its profiled time in the plan's precision (profile.py's layer_cost)
+at the micro-batch size, times the ranks' share of the host's cores when ranks
 outnumber them; a tp-split layer takes 1/tp of it plus its Megatron allreduces (Shoeybi
 et al. 2019: one per attention and per MLP forward, as many in backward). Activation
 checkpointing adds each repeated block's forward to its backward (Chen et al. 2016).
@@ -46,7 +46,7 @@ from plait.plan.costs import Costs
 from plait.plan.graph import Graph
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, Prediction
-from plait.plan.profile import Profile, at
+from plait.plan.profile import Profile, layer_cost
 from plait.train.memory import OPTIMIZER_BYTES, formula
 from plait.train.parts_ps import DEFAULT_SERVERS
 
@@ -119,7 +119,6 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
     layers = prof.layers
     sizes = split_sizes(len(layers), p * v)
     groups = [list(range(sum(sizes[:k]), sum(sizes[: k + 1]))) for k in range(p * v)]
-    tfac, afac = prof.precisions[plan.precision]
 
     def rank(d: int, stage: int, t: int = 0) -> int:  # comm/mesh.py's layout
         return (d * p + stage) * tp + t
@@ -130,8 +129,9 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
     fwd, bwd, grads = [], [], []
     for i, layer in enumerate(layers):
         split = tp > 1 and layer.tp_allreduces > 0
-        f = at(layer.forward, micro) * tfac * slow / (tp if split else 1)
-        b = at(layer.backward, micro) * tfac * slow / (tp if split else 1)
+        f, b, _ = layer_cost(prof, layer, plan.precision, micro)
+        f = f * slow / (tp if split else 1)
+        b = b * slow / (tp if split else 1)
         if split:  # Megatron: its allreduces of the (micro, seq, hidden) output, both ways
             tp_ranks = [rank(0, stage_of(i), t) for t in range(tp)]
             c = layer.tp_allreduces * costs.allreduce(layer.output_bytes * micro, tp_ranks)
@@ -226,7 +226,7 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
         "compute_total_s": sum(full.busy[r] for r in computes),  # all stages together
         "slowdown": slow,
     }
-    peaks = _memory(plan, s, groups, grads, afac, micro)
+    peaks = _memory(plan, s, groups, grads, micro)
     peak_bytes = [peaks[(r // tp) % p] for r in range(plan.workers)]
     feasible = s.memory_limit is None or max(peak_bytes) <= s.memory_limit
     if not feasible:
@@ -327,9 +327,8 @@ def _overlapped(
 
 
 def _memory(
-    plan: Plan, s: Setting, groups: list[list[int]], grads: list[int], afac: float,
-    micro: float,
-) -> list[int]:  # fmt: skip
+    plan: Plan, s: Setting, groups: list[list[int]], grads: list[int], micro: float
+) -> list[int]:
     """Peak bytes of a rank of each stage: model states + activations in flight + buffers."""
     prof = s.profile
     p, v, dp, tp = plan.pp, plan.virtual, plan.dp, plan.tp
@@ -347,7 +346,8 @@ def _memory(
         again = 0.0  # a checkpointed block's activations while it is recomputed
         for i in mine:
             layer = prof.layers[i]
-            full = at(layer.saved, micro) * afac / (tp if tp > 1 and layer.tp_allreduces else 1)
+            saved = layer_cost(prof, layer, plan.precision, micro)[2]
+            full = saved / (tp if tp > 1 and layer.tp_allreduces else 1)
             if plan.checkpointing and layer.repeated:
                 kept += layer.input_bytes * micro
                 again = max(again, full)

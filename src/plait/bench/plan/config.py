@@ -52,6 +52,14 @@ class PlanBenchConfig:
     batch_size: int | None = field(
         default=None, metadata=option("global batch", default_text="the model's recipe")
     )
+    device: str = field(
+        default="cpu",
+        metadata=option(
+            "where the ranks compute: cpu, or cuda (the planner profiles the GPU; every run "
+            "gets --device cuda)",
+            choices=("cpu", "cuda"),  # plait.plan.plan.DEVICES (the planner: imported late)
+        ),
+    )
     top: int = field(default=5, metadata=option("the planner's best plans to run"))
     sample: int = field(
         default=10, metadata=option("other feasible plans to run, drawn at random (seeded)")

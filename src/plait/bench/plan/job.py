@@ -56,7 +56,7 @@ def predict(config: PlanBenchConfig) -> list[Any]:
         link_rate=config.link_rate, memory_per_rank=config.memory_bytes,
         # the simulated hosts are namespaces of this machine: they share its cores
         cores_per_host=cores if config.hosts > 1 else None,
-        batch_size=config.batch_size, workload=None,
+        batch_size=config.batch_size, workload=None, device=config.device,
     )  # fmt: skip
     found = planner.search(request)
     if not any(p.feasible for p in found):

@@ -62,6 +62,8 @@ def train_argv(plan_args: Sequence[str], config: PlanBenchConfig, json_path: str
             "--json", json_path]  # fmt: skip
     if config.batch_size is not None:
         argv += ["--batch-size", str(config.batch_size)]
+    if config.device != "cpu":
+        argv += ["--device", config.device]
     return argv
 
 
