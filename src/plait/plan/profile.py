@@ -3,9 +3,10 @@ parameters, and the bytes autograd keeps, as lines in the micro-batch size.
 
 A layer is a pipeline layer (`GPT.layers()`, an `nn.Sequential`'s children:
 `plait.train.workload.stages`), the unit a pipeline stage is cut from. Each is timed on
-the output of the one before, on one thread (as a worker runs: OMP_NUM_THREADS=1), the
-fastest of `REPEATS` runs after one warm-up (others' load only adds), the last layer
-with the workload's loss. This happens at two micro-batch sizes, `lo` and `hi`; every
+the output of the one before, on one thread (as a worker runs: OMP_NUM_THREADS=1), in
+that thread's CPU time (time the scheduler gave others is not counted), the fastest of
+`REPEATS` runs after one warm-up (others' load only adds), the last layer with the
+workload's loss. This happens at two micro-batch sizes, `lo` and `hi`; every
 figure at another size is the line through those two (seconds = a + c * samples: a fixed
 cost per call plus a cost per sample), clamped at zero slope where noise made the larger
 size faster. Every layer is measured so under each precision that runs here too (bf16 and
@@ -172,12 +173,20 @@ def cached(workload: Workload, lo: int, hi: int, optimizer: str, device: str = "
 def _fastest_s(runs: list[Any], device: torch.device) -> list[float]:
     """Seconds of each of `runs`: the fastest of REPEATS after a warm-up, taken in turns
     (run 1, run 2, ..., run 1, ...), so that each one's repeats are spread over the whole
-    profile and a burst of others' load reaches only some of them. On a GPU each is timed
-    to when the device has finished (kernels run asynchronously)."""
+    profile and a burst of others' load reaches only some of them.
+
+    On the CPU the clock is this thread's CPU time (torch runs on the calling thread, one
+    thread here, backward included): time the scheduler gave to other processes is not
+    counted, so a loaded machine measures what an idle one does (the simulator adds the
+    sharing of cores itself). On a GPU it is the wall clock up to when the device has
+    finished (kernels run asynchronously)."""
     import torch
 
+    gpu = device.type == "cuda"
+    clock = time.perf_counter if gpu else time.thread_time
+
     def sync() -> None:
-        if device.type == "cuda":
+        if gpu:
             torch.cuda.synchronize(device)
 
     for run in runs:
@@ -186,11 +195,11 @@ def _fastest_s(runs: list[Any], device: torch.device) -> list[float]:
     best = [math.inf] * len(runs)
     for _ in range(REPEATS):
         for i, run in enumerate(runs):
-            start = time.perf_counter()
+            start = clock()
             run()
             sync()
-            # the least disturbed run: other processes on a shared machine only ever add time
-            best[i] = min(best[i], time.perf_counter() - start)
+            # the least disturbed run: others' load (caches, memory bandwidth) only adds
+            best[i] = min(best[i], clock() - start)
     return best
 
 
@@ -314,6 +323,9 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
     where = devices.resolve(device)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    # exact fp32 matmuls and convolutions, as `plait train` runs on CUDA without --tf32
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         model = workload.build_model(0).to(where)
         layers = stages(model)
@@ -367,6 +379,7 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
         step_per_param = _optimizer_cost(model, optimizer, where)
     finally:
         torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     return Profile(workload.name, costs, optimizer, step_per_param, _factors(costs, own), device)
 
 
