@@ -25,9 +25,10 @@ def caveat(req: PlanRequest) -> str:
             f"measured: each host taken to be like this one ({cores} cores, its profile), "
             f"linked at {req.link_rate or '1gbit'}"
         )
+    where = f"{cores} cores" if req.device == "cpu" else "this machine's GPUs (NCCL links)"
     return (
         f"predicted (simulated from each layer's profile on this machine, not measured): "
-        f"{req.workers} local rank{'s' if req.workers > 1 else ''} on {cores} cores"
+        f"{req.workers} local rank{'s' if req.workers > 1 else ''} on {where}"
     )
 
 
