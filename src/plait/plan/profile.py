@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from plait.train.workload import Workload
 
 REPEATS = 5
+LONG_S = 0.05  # a run this long is timed twice only (fp16 on a CPU: most of a profile's time)
 VERSION = 4  # of the cached JSON's meaning: a profile of another version is measured again
 # (3: `repeated` only where --activation-checkpointing accepts the model: blocks, not layers;
 # 4: lines per layer for each precision, `LayerCost.by_precision`)
@@ -171,9 +172,10 @@ def cached(workload: Workload, lo: int, hi: int, optimizer: str, device: str = "
 
 
 def _fastest_s(runs: list[Any], device: torch.device) -> list[float]:
-    """Seconds of each of `runs`: the fastest of REPEATS after a warm-up, taken in turns
-    (run 1, run 2, ..., run 1, ...), so that each one's repeats are spread over the whole
-    profile and a burst of others' load reaches only some of them.
+    """Seconds of each of `runs`: the fastest of REPEATS (of 2 for a run of LONG_S or more)
+    after a warm-up, taken in turns (run 1, run 2, ..., run 1, ...), so that each one's
+    repeats are spread over the whole profile and a burst of others' load reaches only some
+    of them.
 
     On the CPU the clock is this thread's CPU time (torch runs on the calling thread, one
     thread here, backward included): time the scheduler gave to other processes is not
@@ -193,8 +195,10 @@ def _fastest_s(runs: list[Any], device: torch.device) -> list[float]:
         run()  # warm-up: first calls allocate and dispatch slowly
     sync()
     best = [math.inf] * len(runs)
-    for _ in range(REPEATS):
+    for repeat in range(REPEATS):
         for i, run in enumerate(runs):
+            if repeat >= 2 and best[i] >= LONG_S:
+                continue  # long enough that its fastest of 2 is as good as of 5
             start = clock()
             run()
             sync()
