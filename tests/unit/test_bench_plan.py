@@ -58,6 +58,7 @@ class FakeRequest:
     batch_size: int | None = None
     workload: Any = None
     cores_per_host: int | None = None
+    device: str = "cpu"
 
 
 def predictions(feasible: list[bool]) -> list[FakePrediction]:
@@ -157,7 +158,7 @@ def test_the_job_runs_the_chosen_plans_in_rounds_and_writes_the_report(
     fake = types.ModuleType("plait.plan")
     fake.PlanRequest = FakeRequest  # type: ignore[attr-defined]
     fake.search = search  # type: ignore[attr-defined]
-    fake.overheads = types.SimpleNamespace(load=lambda: None)  # type: ignore[attr-defined]
+    fake.overheads = types.SimpleNamespace(load=lambda device="cpu": None)  # type: ignore[attr-defined]
     fake.calibrate = types.SimpleNamespace(calibrated=lambda o, what: set())  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "plait.plan", fake)
     monkeypatch.setattr(plait, "plan", fake, raising=False)  # (where the real one was loaded)

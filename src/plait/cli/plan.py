@@ -54,9 +54,15 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"plait plan: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    used = None if config.no_overheads else overheads.load()
+    used = None if config.no_overheads else overheads.load(config.device)
     print(
-        report.table(req, preds, config.top, how, report.overheads_line(used, config.no_overheads))
+        report.table(
+            req,
+            preds,
+            config.top,
+            how,
+            report.overheads_line(used, config.no_overheads, config.device),
+        )
     )
     if config.json is not None:
         report.write_json(config.json, report.to_json(req, preds, how, used))
@@ -118,7 +124,7 @@ def from_trace(config: PlanConfig) -> str:
     out.append(trace_report.refitted(comparison.predicted_s, after, comparison.measured.step_s,
                                      result))  # fmt: skip
     if config.save:
-        out.append(f"saved to {overheads.save(result.overheads)}")
+        out.append(f"saved to {overheads.save(result.overheads, req.device)}")
     else:
         out.append("not saved (--save writes them to this machine's cache)")
     return "\n".join(out)

@@ -48,6 +48,8 @@ def choose(
         memory_per_rank=memory_per_rank,
         batch_size=options.get("batch_size"),
         workload=options.get("workload"),
+        # a run asked onto the GPUs is planned for them (auto is planned for the CPU)
+        device="cuda" if options.get("device") == "cuda" else "cpu",
     )
     for pred in search(req):
         if not pred.feasible:

@@ -197,7 +197,7 @@ def calibrate(
         rank_bytes, margin, rows = fit_memory(observations)
         fitted = replace(fitted, memory_rank=rank_bytes, memory_margin=margin)
         memory_rows = tuple(tuple(r) for r in rows)
-    path = overheads.save(fitted)
+    path = overheads.save(fitted, req.device)
     return Calibration(fitted, time_fit, memory_rows, path, tuple(skipped),
                        time.perf_counter() - began)  # fmt: skip
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from plait.errors import ConfigError
 from plait.options import option
-from plait.plan.plan import BUDGET, SEED, PlanRequest
+from plait.plan.plan import BUDGET, DEVICES, SEED, PlanRequest
 from plait.sizes import parse_size
 from plait.train.recipes import MODELS
 
@@ -51,6 +51,14 @@ class PlanConfig:
     batch_size: int | None = field(
         default=None,
         metadata=option("the global batch", default_text="the model's recipe's"),
+    )
+    device: str = field(
+        default="cpu",
+        metadata=option(
+            "where the ranks compute: cpu, or cuda (profile the model on this machine's GPU "
+            "and cost the links as NCCL's; an error where there is no GPU)",
+            choices=DEVICES,
+        ),
     )
     top: int = field(default=10, metadata=option("print the K best plans", metavar="K"))
     json: str | None = field(
@@ -144,6 +152,7 @@ class PlanConfig:
             memory_per_rank=self.memory_bytes(),
             batch_size=self.batch_size,
             workload=self.workload,
+            device=self.device,
         )
 
     def beyond_this_machine(self) -> bool:

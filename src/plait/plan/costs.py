@@ -9,6 +9,11 @@ measurements at that world size when there are any, else the alpha-beta formulas
 whose ranks span hosts is costed as plait's two-level allreduce (`hierarchical.allreduce_cost`).
 Point-to-point sends inside a host cost a shared-memory synchronisation plus the bytes at
 `SHM_BETA`; across hosts, the network's alpha + n beta.
+
+On GPUs (`plait plan --device cuda`) the local level is NCCL between the host's GPUs: the
+calibration's measurements of CUDA tensors at that world size where `plait bench
+collectives --calibrate` took them on a GPU machine, else `NCCL`, a default that is NOT
+calibrated (order-of-magnitude figures, see its comment). A send is alpha + n beta on it.
 """
 
 from __future__ import annotations
@@ -19,15 +24,24 @@ from plait.comm.algorithms import hierarchical, shm
 from plait.comm.algorithms.model import DEFAULT, NETWORK, AlphaBeta
 from plait.comm.dispatch import auto, calibration
 
+#: NCCL between one host's GPUs where nothing was calibrated on CUDA tensors. NOT measured:
+#: ~20 us to launch and synchronise a collective or send, and 50 GB/s per link, between
+#: PCIe 4.0 x16 (~25 GB/s) and NVLink (hundreds of GB/s); elementwise work at 500 GB/s
+#: (HBM). Calibrate (`plait bench collectives --calibrate --device cuda`) to replace it.
+NCCL = AlphaBeta(alpha=20e-6, beta=1 / 50e9, gamma=1 / 500e9, native_alpha=20e-6,
+                 native_beta=1 / 50e9)  # fmt: skip
 
-def _local_allreduce(n: int, p: int) -> float:
-    """Seconds of the best flat allreduce of n bytes over p ranks of one host."""
-    key = calibration.world_key(p, 1)
+
+def _local_allreduce(n: int, p: int, device: str = "cpu") -> float:
+    """Seconds of the best flat allreduce of n bytes over p ranks of one host (their tensors
+    on `device`)."""
+    key = calibration.world_key(p, 1, device)
     measured = calibration.load_calibration().get(key, {}).get("allreduce", {})
     times = [calibration.interpolate(points, n) for points in measured.values() if points]
     if times:
         return min(times)
-    return min(auto.predict(a, n, p, DEFAULT) for a in auto.FLAT["allreduce"])
+    link = NCCL if device == "cuda" else DEFAULT
+    return min(auto.predict(a, n, p, link) for a in auto.FLAT["allreduce"])
 
 
 @dataclass(frozen=True)
@@ -36,14 +50,20 @@ class Costs:
 
     local: int  # ranks per host
     network: AlphaBeta = NETWORK
+    device: str = "cpu"  # where the ranks' tensors are: cpu (shared memory) or cuda (NCCL)
 
     @classmethod
-    def of(cls, local: int, link_bytes_per_s: float | None) -> Costs:
+    def of(cls, local: int, link_bytes_per_s: float | None, device: str = "cpu") -> Costs:
         net = NETWORK
         if link_bytes_per_s is not None:
             beta = 1 / link_bytes_per_s
             net = replace(NETWORK, beta=beta, native_beta=beta)
-        return cls(local, net)
+        return cls(local, net, device)
+
+    @property
+    def inside(self) -> AlphaBeta:
+        """The alpha-beta constants between two ranks of one host."""
+        return NCCL if self.device == "cuda" else DEFAULT
 
     def host(self, rank: int) -> int:
         return rank // self.local
@@ -59,7 +79,7 @@ class Costs:
             return 0.0
         hosts = len({self.host(r) for r in ranks})
         if hosts == 1:
-            return _local_allreduce(int(n), p)
+            return _local_allreduce(int(n), p, self.device)
         return hierarchical.allreduce_cost(int(n), hosts, p // hosts, self.network)
 
     def allgather(self, n: float, ranks: list[int]) -> float:
@@ -67,7 +87,7 @@ class Costs:
         p = len(ranks)
         if p <= 1:
             return 0.0
-        link = DEFAULT if self.level(ranks) == "local" else self.network
+        link = self.inside if self.level(ranks) == "local" else self.network
         return (p - 1) * (link.alpha + n * link.beta)
 
     def to_servers(self, n: float, workers: int, servers: int) -> float:
@@ -78,6 +98,8 @@ class Costs:
 
     def send(self, n: float, src: int, dst: int) -> float:
         """Seconds of a point-to-point send of n bytes."""
+        if self.host(src) == self.host(dst) and self.device == "cuda":
+            return self.inside.alpha + n * self.inside.beta
         if self.host(src) == self.host(dst):
             return shm.SHM_SYNC + n * shm.SHM_BETA
         return self.network.alpha + n * self.network.beta

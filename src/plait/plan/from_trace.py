@@ -177,4 +177,4 @@ def the_setting(req: PlanRequest, profile: Profile | None = None) -> Setting:
     from plait.plan.search import setting
 
     s, _batch = setting(req, profile)
-    return replace(s, overheads=overheads.load() or Overheads())
+    return replace(s, overheads=overheads.load(req.device) or Overheads())

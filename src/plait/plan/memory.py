@@ -36,7 +36,7 @@ from plait.pipeline.schedule import build
 from plait.pipeline.timeline import simulate as simulate_timeline
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan
-from plait.plan.profile import LayerCost, Profile, at
+from plait.plan.profile import LayerCost, Profile, layer_cost
 from plait.train.memory import OPTIMIZER_BYTES, formula
 
 
@@ -89,7 +89,6 @@ def stages(plan: Plan, s: Setting) -> list[Rank]:
     layers = prof.layers
     p, v, m, dp, tp = plan.pp, plan.virtual, plan.chunks, plan.dp, plan.tp
     micro = s.batch / (dp * m)  # samples per micro-batch
-    afac = prof.precisions[plan.precision][1]
     sizes = split_sizes(len(layers), p * v)
     groups = [list(range(sum(sizes[:k]), sum(sizes[: k + 1]))) for k in range(p * v)]
     k_opt = OPTIMIZER_BYTES.get(prof.optimizer, 8)
@@ -110,7 +109,7 @@ def stages(plan: Plan, s: Setting) -> list[Rank]:
         for part in parts:
             before = 0.0  # what the part's earlier layers keep
             for i in part:
-                full = _saved(layers[i], micro, tp) * afac
+                full = _saved(prof, layers[i], plan.precision, micro, tp)
                 if plan.checkpointing and layers[i].repeated:
                     again = max(again, before + full)
                     keep = layers[i].input_bytes * micro
@@ -174,14 +173,14 @@ def _params(layer: LayerCost, tp: int) -> int:
     return layer.params // tp if tp > 1 and layer.tp_allreduces > 0 else layer.params
 
 
-def _saved(layer: LayerCost, micro: float, tp: int) -> float:
-    """A layer's saved bytes on one tp rank. Megatron splits what lies between a section's
-    column- and row-parallel linears (heads, the MLP's hidden width) over tp, and keeps
+def _saved(prof: Profile, layer: LayerCost, precision: str, micro: float, tp: int) -> float:
+    """A layer's saved bytes in `precision` on one tp rank. Megatron splits what lies between
+    a section's column- and row-parallel linears (heads, the MLP's hidden width) over tp, and keeps
     whole each section's input and its layer norm's output, the input of the column-
     parallel linear: 2 tensors of the layer's input size per allreduce section (Korthikanti
     et al. 2022, section 4.2: the 10sbh of each layer that tp does not divide; without
     dropout's masks, 8sbh in 2-byte words)."""
-    full = at(layer.saved, micro)
+    full = layer_cost(prof, layer, precision, micro)[2]
     if tp == 1 or not layer.tp_allreduces:
         return full
     whole = min(full, 2.0 * layer.tp_allreduces * layer.input_bytes * micro)

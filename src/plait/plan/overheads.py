@@ -60,26 +60,28 @@ class Overheads:
         return cls(**data)
 
 
-def cache_path() -> Path:
-    """This machine's overheads file."""
+def cache_path(device: str = "cpu") -> Path:
+    """This machine's overheads file for `device` ("cpu" or "cuda": which GPU too)."""
     import torch
 
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     key = f"{platform.node()}-c{os.cpu_count()}-torch{torch.__version__}"
+    if device == "cuda":  # a GPU's overheads are not the CPU's, nor another GPU's
+        key += "-cuda-" + torch.cuda.get_device_name()
     return Path(base) / "plait" / "overheads" / (re.sub(r"[^\w.-]+", "_", key) + ".json")
 
 
-def load() -> Overheads | None:
+def load(device: str = "cpu") -> Overheads | None:
     """This machine's fitted overheads, or None where it was never calibrated."""
     try:
-        return Overheads.from_json(cache_path().read_text())
+        return Overheads.from_json(cache_path(device).read_text())
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
-def save(overheads: Overheads) -> Path:
+def save(overheads: Overheads, device: str = "cpu") -> Path:
     """Write this machine's overheads (atomically); returns the file."""
-    path = cache_path()
+    path = cache_path(device)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(overheads.to_json())

@@ -17,6 +17,7 @@ from plait.errors import ConfigError
 
 BUDGET = 2000  # Metropolis-Hastings proposals (search.py), by default
 SEED = 0  # its seed
+DEVICES = ("cpu", "cuda")  # where a request's ranks compute (plait plan --device)
 
 
 def parse_rate(text: str) -> float:
@@ -186,8 +187,11 @@ class PlanRequest:
     # each host's cores; None: this machine's (simulated hosts on one machine share its
     # cores: plait bench plan passes cpu_count // hosts)
     cores_per_host: int | None = None
+    device: str = "cpu"  # where the ranks compute: cpu, or cuda (profiled on this GPU)
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ConfigError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.cores_per_host is not None and self.cores_per_host < 1:
             raise ConfigError(f"cores_per_host {self.cores_per_host} < 1")
         if self.workers < 1:
@@ -225,7 +229,8 @@ class PlanRequest:
         return None if self.link_rate is None else parse_rate(self.link_rate)
 
     def train_options(self) -> dict[str, Any]:
-        """The options of `plait train` that this request fixes (model or workload, batch)."""
+        """The options of `plait train` that this request fixes (model or workload, batch,
+        a device other than the CPU)."""
         o: dict[str, Any] = {}
         if self.workload is not None:
             o["workload"] = self.workload
@@ -233,4 +238,6 @@ class PlanRequest:
             o["model"] = self.model
         if self.batch_size is not None:
             o["batch_size"] = self.batch_size
+        if self.device != "cpu":
+            o["device"] = self.device
         return o

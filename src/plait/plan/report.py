@@ -27,13 +27,14 @@ def caveat(req: PlanRequest) -> str:
             f"measured: each host taken to be like this one ({cores} cores, its profile), "
             f"linked at {req.link_rate or '1gbit'}"
         )
+    where = f"{cores} cores" if req.device == "cpu" else "this machine's GPUs (NCCL links)"
     return (
         f"predicted (simulated from each layer's profile on this machine, not measured): "
-        f"{req.workers} local rank{'s' if req.workers > 1 else ''} on {cores} cores"
+        f"{req.workers} local rank{'s' if req.workers > 1 else ''} on {where}"
     )
 
 
-def overheads_line(used: Overheads | None, left_out: bool = False) -> str:
+def overheads_line(used: Overheads | None, left_out: bool = False, device: str = "cpu") -> str:
     """What the predictions add to the profile: this machine's fitted overheads, when and
     from how many runs, or none (`left_out`: by --no-overheads; else how to fit them)."""
     if left_out:
@@ -41,10 +42,10 @@ def overheads_line(used: Overheads | None, left_out: bool = False) -> str:
     if used is None:
         return "overheads: none: run plait plan --calibrate"
     try:
-        when = time.strftime("%Y-%m-%d", time.localtime(cache_path().stat().st_mtime))
+        when = time.strftime("%Y-%m-%d", time.localtime(cache_path(device).stat().st_mtime))
     except OSError:
         when = "?"
-    return f"overheads: fitted {when} from {len(used.fitted_from)} runs ({cache_path()})"
+    return f"overheads: fitted {when} from {len(used.fitted_from)} runs ({cache_path(device)})"
 
 
 def table(

@@ -178,6 +178,28 @@ class Space:
         return self.make(fields)
 
 
+def _check_cuda(req: PlanRequest) -> None:
+    """Raise, before anything is measured, where `--device cuda` cannot profile here.
+
+    Raises:
+        ConfigError: no CUDA GPU is visible (what was asked, what this machine has).
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    build = (
+        f"torch {torch.__version__} is a CPU-only build"
+        if torch.version.cuda is None
+        else f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU"
+    )
+    raise ConfigError(
+        f"--device cuda asks to profile {req.model or req.workload} on a CUDA GPU and plan "
+        f"for GPUs, but this machine has none ({build}; {os.cpu_count()} CPU cores): run "
+        "it where the GPUs are, or plan for the CPU (--device cpu)"
+    )
+
+
 def setting(
     req: PlanRequest, profile: Profile | None = None, *, fitted: bool = True
 ) -> tuple[Setting, int]:
@@ -189,6 +211,8 @@ def setting(
         ConfigError: a request `plait train` would refuse (an unknown model, a batch that
             does not split over the workers ...), or a workload that does not load.
     """
+    if profile is None and req.device == "cuda":  # now, before anything is built
+        _check_cuda(req)
     # one worker: whether the batch splits over a plan's replicas is each plan's own check
     config = TrainConfig.from_options({**req.train_options(), "workers": 1})
     batch = config.batch_size
@@ -197,11 +221,15 @@ def setting(
         from plait.train.workloads import resolve
 
         lo, hi = min(PROFILE_SAMPLES[0], batch), min(PROFILE_SAMPLES[1], batch)
-        profile = cached(resolve(config), lo, hi, config.optimizer)
-    costs = Costs.of(req.local, req.link_bytes_per_s)
+        profile = cached(resolve(config), lo, hi, config.optimizer, req.device)
+    costs = Costs.of(req.local, req.link_bytes_per_s, req.device)
     cores = req.cores_per_host or os.cpu_count() or 1
+    if req.device == "cuda" and req.cores_per_host is None:
+        import torch  # on GPUs the ranks share GPUs, not cores: a rank per GPU runs alone
+
+        cores = max(1, torch.cuda.device_count())
     clipping = config.recipe.grad_clip > 0  # a barrier across the stages (simulate.py)
-    found = overheads.load() if fitted else None
+    found = overheads.load(req.device) if fitted else None
     o = Overheads() if found is None else found
     setting = Setting(profile, batch, costs, cores, req.memory_per_rank, o, clipping=clipping)
     return setting, batch

@@ -14,8 +14,8 @@ queue) and one queue per link:
 - ZeRO 3's gathers of the stage's parameters before the forward and before the backward;
 - the gradients' reductions and the optimizer steps (reductions.py).
 
-A compute task lasts its profiled time (profile.py) at the micro-batch size, times the
-precision's measured factor, times the ranks' share of the host's cores when ranks
+A compute task lasts its profiled time in the plan's precision (profile.py's layer_cost)
+at the micro-batch size, times the ranks' share of the host's cores when ranks
 outnumber them; a tp-split layer takes 1/tp of it plus its Megatron allreduces (Shoeybi
 et al. 2019: one per attention and per MLP forward, as many in backward). Activation
 checkpointing adds each repeated block's forward to its backward (Chen et al. 2016).
@@ -56,7 +56,7 @@ from plait.plan.costs import Costs
 from plait.plan.graph import Graph, Run
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, Prediction
-from plait.plan.profile import Profile, at
+from plait.plan.profile import Profile, layer_cost
 from plait.plan.reductions import FIRST, SERVERS, reductions
 
 
@@ -130,7 +130,6 @@ def _build(plan: Plan, s: Setting, slow: float) -> _Step:
     layers = prof.layers
     sizes = split_sizes(len(layers), p * v)
     groups = [list(range(sum(sizes[:k]), sum(sizes[: k + 1]))) for k in range(p * v)]
-    tfac = prof.precisions[plan.precision][0]
 
     def rank(d: int, stage: int, t: int = 0) -> int:  # comm/mesh.py's layout
         return (d * p + stage) * tp + t
@@ -141,8 +140,9 @@ def _build(plan: Plan, s: Setting, slow: float) -> _Step:
     fwd, bwd, grads = [], [], []
     for i, layer in enumerate(layers):
         split = tp > 1 and layer.tp_allreduces > 0
-        f = at(layer.forward, micro) * tfac * slow * o.compute_scale / (tp if split else 1)
-        b = at(layer.backward, micro) * tfac * slow * o.compute_scale / (tp if split else 1)
+        f, b, _ = layer_cost(prof, layer, plan.precision, micro)
+        f = f * slow * o.compute_scale / (tp if split else 1)
+        b = b * slow * o.compute_scale / (tp if split else 1)
         if split:  # Megatron: its allreduces of the (micro, seq, hidden) output, both ways
             tp_ranks = [rank(0, stage_of(i), t) for t in range(tp)]
             c = layer.tp_allreduces * (

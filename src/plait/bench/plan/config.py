@@ -67,6 +67,14 @@ class PlanBenchConfig:
     batch_size: int | None = field(
         default=None, metadata=option("global batch", default_text="the model's recipe")
     )
+    device: str = field(
+        default="cpu",
+        metadata=option(
+            "where the ranks compute: cpu, or cuda (the planner profiles the GPU; every run "
+            "gets --device cuda)",
+            choices=("cpu", "cuda"),  # plait.plan.plan.DEVICES (the planner: imported late)
+        ),
+    )
     top: int = field(default=5, metadata=option("the planner's best plans to run"))
     sample: int = field(
         default=10, metadata=option("other feasible plans to run, drawn at random (seeded)")
@@ -115,7 +123,11 @@ class PlanBenchConfig:
         what: dict[str, Any] = (
             {"workload": self.workload} if self.workload else {"model": self.model or "mlp"}
         )
-        return what if self.batch_size is None else {**what, "batch_size": self.batch_size}
+        if self.batch_size is not None:
+            what["batch_size"] = self.batch_size
+        if self.device != "cpu":
+            what["device"] = self.device
+        return what
 
     @property
     def memory_bytes(self) -> int | None:

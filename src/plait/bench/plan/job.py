@@ -64,9 +64,9 @@ def predict(config: PlanBenchConfig) -> tuple[list[Any], Any, set[str]]:
         link_rate=config.link_rate, memory_per_rank=config.memory_bytes,
         # the simulated hosts are namespaces of this machine: they share its cores
         cores_per_host=cores if config.hosts > 1 else None,
-        batch_size=config.batch_size, workload=config.workload,
+        batch_size=config.batch_size, workload=config.workload, device=config.device,
     )  # fmt: skip
-    used = overheads.load()  # what search's setting() predicts with
+    used = overheads.load(config.device)  # what search's setting() predicts with
     found = planner.search(request)
     if not any(p.feasible for p in found):
         raise BenchFailed(1, f"the planner found no feasible plan for {request}")
