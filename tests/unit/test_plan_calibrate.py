@@ -58,7 +58,8 @@ def fake_train(step_ms: dict[str, float], fail: str | None = None) -> measuring.
 STEPS = {"allreduce w1 pp1 m1 z0": 10.0, "allreduce w2 pp1 m1 z0": 12.0,
          "allreduce w4 pp1 m1 z0": 20.0, "allreduce w2 pp2 m1 z0": 14.0,
          "allreduce w2 pp2 m8 z0": 30.0, "allreduce w2 pp1 m1 z3": 16.0,
-         "ps w2 pp1 m1 z0": 25.0}  # fmt: skip
+         "ps w2 pp1 m1 z0": 25.0, "allreduce w4 pp2 m8 z0": 40.0,
+         "allreduce w4 pp2 m4 z3": 45.0}  # fmt: skip
 
 
 @pytest.fixture
@@ -94,17 +95,27 @@ def test_calibrate_runs_each_term_s_plans_fits_them_and_caches_the_result(
     assert "OMP_NUM_THREADS" not in os.environ  # only while the runs start
     out, err = capsys.readouterr()
     # the fake model splits no layer: no tp2 run; every other term has its runs
-    labels = ["dp1", "dp2", "dp4", "dp1 pp2 gpipe m1", "dp1 pp2 1f1b m8", "dp2 zero3", "ps x2"]
+    labels = [
+        "dp1",
+        "dp2",
+        "dp4",
+        "dp1 pp2 gpipe m1",
+        "dp1 pp2 1f1b m8",
+        "dp2 zero3",
+        "ps x2",
+        "dp2 pp2 1f1b m8",
+        "dp2 pp2 1f1b m4 zero3",
+    ]
     timed, memory = fits
     assert [o.plan.label() for o in timed] == labels and memory == timed
     assert [o.source for o in timed] == [f"calibrate mlp: {x}" for x in labels]
     assert [o.step_s for o in timed] == pytest.approx([s / 1e3 for s in STEPS.values()])
-    assert timed[0].peak_bytes == (4 * MIB,) and timed[-1].peak_bytes is None  # ps: none
+    assert timed[0].peak_bytes == (4 * MIB,) and timed[6].peak_bytes is None  # ps: none
     assert timed[0].setting.overheads == Overheads()  # the fit starts from the profile alone
-    assert "[7/7] ps x2 (ps_request): 25.00 ms/step" in err and "skipped dp1 tp2" in err
+    assert "[7/9] ps x2 (ps_request): 25.00 ms/step" in err and "skipped dp1 tp2" in err
     cached = overheads.load()
     assert cached is not None and cached.action == 2e-4 and cached.memory_rank == 3.5 * MIB
-    assert cached.memory_margin == 0.05 and len(cached.fitted_from) == 7
+    assert cached.memory_margin == 0.05 and len(cached.fitted_from) == 9
     assert calibration.calibrated(cached, "mlp") == set(labels)
     assert calibration.calibrated(cached, "gpt") == set()  # another model's plans: unseen
     assert "action           0.2  ms per pipeline action" in out

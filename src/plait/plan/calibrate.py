@@ -61,6 +61,10 @@ PLANS: tuple[tuple[dict[str, Any], str], ...] = (
     ({"shape": (2, 1, 1), "zero": 3}, "collective"),
     ({"shape": (1, 1, 2)}, "collective (tensor parallel)"),
     ({"shape": (2, 1, 1), "strategy": "ps"}, "ps_request"),
+    # four ranks on the cores, many calls a step: the per-call costs where ranks share cores
+    ({"shape": (2, 2, 1), "chunks": 8}, "action, message (4 ranks)"),
+    ({"shape": (1, 2, 2), "chunks": 8}, "collective (tensor parallel, 4 ranks)"),
+    ({"shape": (2, 2, 1), "chunks": 4, "zero": 3}, "collective (ZeRO 3 per action, 4 ranks)"),
 )
 PLAIN: dict[str, Any] = {
     "strategy": "allreduce", "zero": 0, "chunks": 1, "schedule": "1f1b", "virtual": 1,
@@ -203,12 +207,10 @@ def calibrate(
 
 
 def _memory_fit() -> Callable[[list[Observation]], tuple[float, float, Sequence[Any]]] | None:
-    """memory.fit_memory, where the memory model has it (issue 35 builds it in parallel)."""
-    try:
-        from plait.plan.memory import fit_memory  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return fit_memory  # type: ignore[no-any-return,unused-ignore]
+    """memory.fit_memory (looked up here, so that a test can stand in for it)."""
+    from plait.plan.memory import fit_memory
+
+    return fit_memory
 
 
 def terms(o: Overheads) -> list[tuple[str, str, str]]:
@@ -235,10 +237,6 @@ def _table(
     ]  # fmt: skip
 
 
-def _cell(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 def report(c: Calibration) -> str:
     """The fitted terms, each run's prediction before and after the fit against what was
     measured (the residuals), and where the cache is."""
@@ -261,10 +259,17 @@ def report(c: Calibration) -> str:
     if errors:
         lines.append(f"mean absolute error after the fit: {100 * statistics.mean(errors):.1f}%")
     if c.memory_rows:
-        lines += ["", "memory (memory.fit_memory's rows):"]
-        lines += ["  " + "  ".join(_cell(v) for v in r) for r in c.memory_rows]
+        lines += [
+            "",
+            "each run's largest rank: predicted with the fitted bytes per rank, and "
+            "measured (the margin covers the largest under-prediction, at least 5%)",
+        ]
+        mem = [(str(src), f"{pred / MiB:.2f}", f"{meas / MiB:.2f}",
+                f"{100 * (pred - meas) / meas:+.1f}%" if meas else "")
+               for src, pred, meas in c.memory_rows]  # fmt: skip
+        lines += _table(("run", "predicted MiB", "measured MiB", "err"), mem)
     else:
-        lines += ["", "memory: not fitted (the memory model's fit is not built here)"]
+        lines += ["", "memory: not fitted (no run reported its memory per rank)"]
     lines += [f"skipped {s}" for s in c.skipped]
     lines.append(f"cached: {c.path} (plait plan and plait bench plan predict with it; "
                  "plait plan --no-overheads without)")  # fmt: skip

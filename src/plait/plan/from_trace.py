@@ -34,11 +34,13 @@ from plait.train.parts_ps import DEFAULT_SERVERS
 # options a plan does not hold, at a value the simulator does not model
 UNMODELLED = {"elastic": True, "compile": True}
 UNMODELLED_SET = ("teacher",)  # set at all: distillation's teacher
+CLOSE = 0.05  # a step within this of the prediction: "took what was planned"
 # the verdict's words for the categories
-SAID = {"forward": "forward", "backward": "backward", "send": "sends", "reduce":
+SAID = {"forward": "forward", "backward": "backward", "wait": "waits for a peer (bubbles, "
+        "transfers, the slowest rank)", "send": "sends", "reduce":
         "gradient reduction", "gather": "ZeRO gathers", "step": "optimizer step", "push":
         "pushes", "update": "servers' updates", "pull": "pulls", "fixed":
-        "fixed costs (data, clipping, the loss flush)", "overhead": "overheads"}  # fmt: skip
+        "fixed costs (data, clipping)", "overhead": "overheads"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,12 @@ class Comparison:
         """(category, simulated s, measured s, difference s, share of the step's miss) for
         each category either side has, the largest difference first."""
         miss = self.measured.step_s - self.predicted_s
+        small = abs(miss) < CLOSE * self.predicted_s  # shares of a near-zero miss say nothing
         out: list[tuple[str, float, float, float, float | None]] = []
         for cat in CATEGORIES:
             sim, got = self.simulated.get(cat, 0.0), self.measured.by_cat.get(cat, 0.0)
             if sim or got:
-                share = (got - sim) / miss if miss else None
+                share = None if small or not miss else (got - sim) / miss
                 out.append((cat, sim, got, got - sim, share))
         return sorted(out, key=lambda r: -abs(r[3]))
 
@@ -71,6 +74,11 @@ class Comparison:
         rel = miss / self.predicted_s
         word = "slower" if miss > 0 else "faster"
         head = f"the run is {abs(rel):.0%} {word} than planned"
+        if abs(rel) < CLOSE:
+            largest = [f"{r[0]} {r[3] * 1e3:+.1f} ms" for r in self.rows()[:2] if r[3]]
+            return (f"the run took what was planned ({abs(rel):.0%} {word})" + (
+                "; the categories that differ most (they may offset): " + ", ".join(largest)
+                if largest else ""))  # fmt: skip
         same = [r for r in self.rows() if r[4] is not None and r[4] > 0.05]
         if not same:
             return head + "; no category of events explains it (time outside every event)"
@@ -143,12 +151,18 @@ def rebuild(
 
 
 def simulated(plan: Plan, setting: Setting) -> dict[str, float]:
-    """Seconds per step per rank of each category of the simulated step's tasks."""
+    """Seconds per step per rank of each category of the simulated step's tasks, and each
+    stage's idle time on its compute queue as "wait" (a rank sees a transfer to it as a
+    wait, so the links' "send" tasks are counted there, not on their own)."""
     g, run = simulating.graph(plan, setting)
     out: dict[str, float] = {}
+    busy: dict[str, float] = {}
     for task, (start, end) in zip(g.tasks, run.spans, strict=True):
-        if task.cat:
+        if task.resource.startswith("s") and task.resource[1:].isdigit():  # a stage's queue
+            busy[task.resource] = busy.get(task.resource, 0.0) + (end - start)
+        if task.cat and task.cat != "send":
             out[task.cat] = out.get(task.cat, 0.0) + (end - start)
+    out["wait"] = sum(max(0.0, run.makespan - t) for t in busy.values())
     # one replica's pp stages are simulated; every rank of a stage does its stage's work
     return {c: t / plan.pp for c, t in out.items()}
 

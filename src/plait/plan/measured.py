@@ -5,7 +5,7 @@ Each event of a rank is given a category (the design memo of issue 35, section 3
 
     pipeline F / compute forward                        forward
     pipeline B, W / compute backward                    backward
-    comm recv (the wait for a neighbour's message)      send
+    comm recv (the wait for a neighbour's message)      wait
     comm allreduce in a step (a DataParallel bucket),
       reduce_scatter (ZeRO's)                           reduce
     comm send (issuing it), bucket packed/unpacked      overhead
@@ -13,7 +13,8 @@ Each event of a rank is given a category (the design memo of issue 35, section 3
     comm wait (ZeRO's, on one of the two)               reduce or gather
     compute optimizer                                   step
     ps push / ps pull (and ps wait) / server ...        push / pull / update
-    data, compute clip, comm allreduce between steps    fixed (the loss flush)
+    data, compute clip                                  fixed
+    comm allreduce between steps (the loss flush)       wait (for the slowest rank)
 
 A collective inside another categorised span (tensor parallelism's allreduce inside a
 pipeline action, clipping's norm inside `clip`) belongs to that span, except a gather,
@@ -41,8 +42,10 @@ from typing import Any
 from plait.errors import ConfigError
 
 Event = dict[str, Any]
-CATEGORIES = ("forward", "backward", "send", "reduce", "gather", "step", "push", "update",
-              "pull", "fixed", "overhead")  # fmt: skip
+CATEGORIES = ("forward", "backward", "wait", "send", "reduce", "gather", "step", "push",
+              "update", "pull", "fixed", "overhead")  # fmt: skip
+# "wait": a rank idle on its compute thread for a peer (a pipeline's bubble and transfers,
+# the loss flush waiting for the slowest rank); the simulator's is each stage's idle time
 PAUSES = ("eval", "checkpoint")  # left out of the step (plait train's samples/s does too)
 US = 1e6  # the trace's microseconds per second
 # us: a span that ends where the next begins (forward, then backward) may end a rounding
@@ -98,7 +101,7 @@ def category(e: Event, parents: list[str | None], in_step: bool) -> str | None:
     if name == "send":  # issuing it (asynchronous): the simulator's message overhead
         return "overhead"
     if name == "recv":  # its own, wherever it is (a pipeline action's wait for its input)
-        return "send"
+        return "wait"
     if name == "wait":  # blocked on one of ZeRO's asynchronous collectives
         name = str(e.get("args", {}).get("collective", "allgather"))
     if name == "reduce_scatter":
@@ -108,7 +111,7 @@ def category(e: Event, parents: list[str | None], in_step: bool) -> str | None:
     if name == "allreduce":
         if inherited is not None:
             return inherited
-        return "reduce" if in_step else "fixed"
+        return "reduce" if in_step else "wait"  # the loss flush: waits for the slowest
     return None
 
 

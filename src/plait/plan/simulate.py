@@ -45,7 +45,7 @@ schedule's peak, as the runtime counts them; buffers apart).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from plait.pipeline.balance import split_sizes
@@ -122,8 +122,20 @@ class _Step(NamedTuple):
     grads: list[int]  # each layer's gradient elements on one rank
 
 
+def _slowed(o: Overheads, slow: float) -> Overheads:
+    """`o` with its per-call costs slowed by `slow` too: they are Python's work on the
+    rank's CPU (issuing a message, packing a bucket, a collective's bookkeeping and its wait
+    for a peer that shares the cores), which shares the cores as the compute does."""
+    if slow == 1.0:
+        return o
+    return replace(o, action=o.action * slow, message=o.message * slow, bucket=o.bucket * slow,
+                   collective=o.collective * slow, ps_request=o.ps_request * slow,
+                   step_fixed=o.step_fixed * slow)  # fmt: skip
+
+
 def _build(plan: Plan, s: Setting, slow: float) -> _Step:
     """One replica's step as a task graph, every rank's compute slowed by `slow`."""
+    s = replace(s, overheads=_slowed(s.overheads, slow))
     prof, costs, o = s.profile, s.costs, s.overheads
     p, v, m, tp, dp = plan.pp, plan.virtual, plan.chunks, plan.tp, plan.dp
     micro = s.batch / (dp * m)  # samples per micro-batch
@@ -171,13 +183,20 @@ def _build(plan: Plan, s: Setting, slow: float) -> _Step:
         ranks = (rank(0, src), rank(0, dst))
         return "network" if costs.level(list(ranks)) == "network" else f"p2p s{src}>s{dst}"
 
+    def gather(layers_: list[int], stage: int) -> float:  # ZeRO 3's all-gather of them
+        ranks = [rank(d, stage) for d in range(dp)]
+        t = costs.allreduce(4 * sum(grads[i] for i in layers_), ranks) / 2
+        return t + o.collective * len(layers_)  # a call per unit
+
+    # ZeRO 3 frees a unit after its forward and gathers it again before every forward and
+    # backward (sharded/gather_schedule.py): with micro-batches or parts, once per action,
+    # each after the stage's action before it (the pre-hook starts it), not before the step
+    per_action = plan.zero == 3 and dp > 1 and (m > 1 or v > 1)
     pending = [list(acts) for acts in sched]
     for stage in range(p):
         mine = [i for k in range(stage, p * v, p) for i in groups[k]]
-        if plan.zero == 3 and dp > 1:  # gather the stage's parameters for F and for B
-            ranks = [rank(d, stage) for d in range(dp)]
-            t = costs.allreduce(4 * sum(grads[i] for i in mine), ranks) / 2
-            t += o.collective * len(mine)  # a call per unit
+        if plan.zero == 3 and dp > 1 and not per_action:  # the stage's, for F and for B
+            t = gather(mine, stage)
             gathers[stage] = [g.add(f"gather {ab} s{stage}", f"dp s{stage}", t, cat="gather")
                               for ab in "FB"]  # fmt: skip
     # place actions once everything they wait for is placed (the deps' ids must exist)
@@ -195,6 +214,9 @@ def _build(plan: Plan, s: Setting, slow: float) -> _Step:
                 before = [ids[prev]] if (prev := _previous(sched, a)) is not None else []
                 if stage in gathers:
                     before.append(gathers[stage][0 if a.kind == "F" else 1])
+                elif per_action and a.kind in "FB":
+                    before.append(g.add(f"gather {a}", f"dp s{stage}", gather(groups[k], stage),
+                                        before[:1], cat="gather"))  # fmt: skip
                 for d in deps:
                     if d.stage == a.stage:
                         before.append(ids[d])
