@@ -20,6 +20,7 @@ from plait.plan.costs import NCCL, Costs
 from plait.plan.profile import LayerCost, Profile, at, layer_cost
 from plait.plan.runs import train_argv
 from plait.plan.simulate import Setting, simulate
+from plait.plan.simulate import graph as simulate_graph
 from plait.train.data.base import TensorData
 from plait.train.workload import ACCURACY, Workload
 from support.plan_profiles import fake
@@ -64,6 +65,20 @@ def test_profile_json_keeps_the_per_precision_lines_and_the_device():
     assert back == prof and back.layers[0].by_precision["bf16"][2] == (0.0, 100.0)
 
 
+def test_zero_bubble_splits_the_backward_as_profiled():
+    prof = fake(layers=2, f=1.0, b=2.0)
+    for layer in prof.layers:  # B 1.5 s, W 1.0 s: more than the backward's 2 together
+        layer.halves = ((1.5, 0.0), (1.0, 0.0))
+    s = Setting(prof, 8, Costs.of(8, None), cores=8)
+    g, run = simulate_graph(Plan(pp=2, chunks=1, schedule="zb-h1"), s)
+    took = {t.name: end - start for t, (start, end) in zip(g.tasks, run.spans, strict=True)}
+    assert took["B0"] == 1.5 and took["W0 L1"] == 1.0  # stage 1's layer 1: its own halves
+    unsplit = replace(prof, layers=[replace(x, halves=None) for x in prof.layers])
+    g, run = simulate_graph(Plan(pp=2, chunks=1, schedule="zb-h1"), replace(s, profile=unsplit))
+    took = {t.name: end - start for t, (start, end) in zip(g.tasks, run.spans, strict=True)}
+    assert took["B0"] == 1.0 and took["W0 L1"] == 1.0  # without them: half the backward each
+
+
 def _tiny() -> Workload:
     x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
     data = TensorData("tiny", x[:30], y[:30], x[30:], y[30:])
@@ -82,6 +97,9 @@ def _measured(device: str) -> Profile:
         assert sorted(layer.by_precision) == sorted(low)
         for lines in layer.by_precision.values():
             assert all(a >= 0 and c >= 0 for a, c in lines)
+        assert layer.halves is not None  # zero-bubble's B and W, each timed on its own
+        assert all(a >= 0 and c >= 0 for a, c in layer.halves)
+    assert Profile.from_json(prof.to_json()) == prof  # the halves' lines kept as tuples
     return prof
 
 

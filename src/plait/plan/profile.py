@@ -46,9 +46,10 @@ if TYPE_CHECKING:
 
 REPEATS = 5
 LONG_S = 0.05  # a run this long is timed twice only (fp16 on a CPU: most of a profile's time)
-VERSION = 4  # of the cached JSON's meaning: a profile of another version is measured again
+VERSION = 5  # of the cached JSON's meaning: a profile of another version is measured again
 # (3: `repeated` only where --activation-checkpointing accepts the model: blocks, not layers;
-# 4: lines per layer for each precision, `LayerCost.by_precision`)
+# 4: lines per layer for each precision, `LayerCost.by_precision`; 5: zero-bubble's B and W
+# halves, `LayerCost.halves`)
 Line = tuple[float, float]  # (a, c): a + c * samples
 Lines = tuple[Line, Line, Line]  # forward seconds, backward seconds, saved bytes
 MIDDLE = 8  # samples at which the whole model's factors (`Profile.precisions`) are read
@@ -83,6 +84,9 @@ class LayerCost:
     # precision (not fp32: the fields above) -> its (forward, backward, saved) measured under
     # that precision's autocast; one missing: fp32's lines times `Profile.precisions`' factors
     by_precision: dict[str, Lines] = field(default_factory=dict)
+    # fp32's zero-bubble halves (B: the input's gradient, W: the weights'), each its own
+    # autograd pass as pipeline/split.py runs them; None: half the backward each
+    halves: tuple[Line, Line] | None = None
 
 
 @dataclass
@@ -114,6 +118,8 @@ class Profile:
             fields: dict[str, Any] = {
                 k: tuple(v) if isinstance(v, list) else v for k, v in layer.items()
             }  # JSON's lists back to the lines' tuples
+            if fields.get("halves") is not None:
+                fields["halves"] = (tuple(fields["halves"][0]), tuple(fields["halves"][1]))
             fields["by_precision"] = {
                 name: (tuple(f), tuple(b), tuple(s))
                 for name, (f, b, s) in fields.get("by_precision", {}).items()
@@ -217,6 +223,8 @@ class _Probe:
 
     forward: Any  # runs its forward (the loss too on the last layer)
     both: Any  # runs its forward and backward
+    inputs_only: Any  # its forward and the input's gradient only (a zero-bubble B)
+    weights_only: Any  # its forward and the weights' gradients only (a zero-bubble W)
     saved: float  # bytes autograd keeps
     input_bytes: float
     output_bytes: float
@@ -252,16 +260,28 @@ def _probes(
             y = layer(xi.clone() if xi.requires_grad else xi)
             return xi, (workload.loss(y, target) if last else y), y
 
-        def both(forward: Any = forward, params: list[Any] = params) -> None:
+        def grads(forward: Any, params: list[Any], inputs: bool) -> None:
             xi, out, _ = forward()
-            wrt = ([xi] if xi.requires_grad else []) + params
+            wrt = ([xi] if xi.requires_grad and inputs else []) + params
             if out.requires_grad and wrt:
                 grad = None if out.dim() == 0 else torch.ones_like(out)
                 torch.autograd.grad(out, wrt, grad, allow_unused=True)
 
+        def both(forward: Any = forward, params: list[Any] = params) -> None:
+            grads(forward, params, True)
+
+        # zero-bubble's halves, each its own autograd pass as pipeline/split.py runs them:
+        # both walk the chain inside the layer, so together they cost more than `both`
+        def inputs_only(forward: Any = forward) -> None:
+            grads(forward, [], True)
+
+        def weights_only(forward: Any = forward, params: list[Any] = params) -> None:
+            grads(forward, params, False)
+
         with counting() as kept:
             _, _, y = forward()
-        found.append(_Probe(forward, both, float(kept.peak), float(_bytes(x)), float(_bytes(y))))
+        found.append(_Probe(forward, both, inputs_only, weights_only, float(kept.peak),
+                            float(_bytes(x)), float(_bytes(y))))  # fmt: skip
         x = y.detach()
     return found
 
@@ -347,13 +367,29 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
             probes.update(both)
         order = [(key, i) for key, found in probes.items() for i in range(len(found))]
         runs = [r for key, i in order for r in (probes[key][i].forward, probes[key][i].both)]
+        halves = [(n, i) for n in (lo, hi) for i in range(len(layers))]  # fp32's B and W
+        runs += [
+            r
+            for n, i in halves
+            for r in (probes[("fp32", n)][i].inputs_only, probes[("fp32", n)][i].weights_only)
+        ]
         seconds = _fastest_s(runs, where)
+        split_s = seconds[2 * len(order) :]
+        seconds = seconds[: 2 * len(order)]
         # (precision, samples, layer) -> (forward s, backward s, saved bytes)
         figures = {
             (*key, i): (f, max(0.0, fb - f), probes[key][i].saved)
             for (key, i), f, fb in zip(order, seconds[0::2], seconds[1::2], strict=True)
         }
         names = sorted({name for name, _ in probes}, key=list(PRECISIONS).index)
+        # (samples, layer) -> (B s, W s): each half's pass less the forward
+        halved = {
+            (n, i): (
+                max(0.0, b - figures[("fp32", n, i)][0]),
+                max(0.0, w - figures[("fp32", n, i)][0]),
+            )
+            for (n, i), b, w in zip(halves, split_s[0::2], split_s[1::2], strict=True)
+        }
 
         def lines(name: str, i: int) -> Lines:
             s, g = figures[(name, lo, i)], figures[(name, hi, i)]
@@ -378,6 +414,10 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
                     tp_allreduces=_tp_allreduces(layer),
                     tp_units=_tp_units(layer),
                     by_precision=own[-1],
+                    halves=(
+                        _line(lo, halved[(lo, i)][0], hi, halved[(hi, i)][0]),
+                        _line(lo, halved[(lo, i)][1], hi, halved[(hi, i)][1]),
+                    ),
                 )
             )
         step_per_param = _optimizer_cost(model, optimizer, where)

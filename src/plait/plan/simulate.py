@@ -56,7 +56,7 @@ from plait.plan.costs import Costs
 from plait.plan.graph import Graph, Run
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, Prediction
-from plait.plan.profile import Profile, layer_cost
+from plait.plan.profile import Profile, at, layer_cost
 from plait.plan.reductions import FIRST, SERVERS, reductions
 
 
@@ -150,19 +150,28 @@ def _build(plan: Plan, s: Setting, slow: float) -> _Step:
         return next(k for k, g in enumerate(groups) if i in g) % p
 
     fwd, bwd, grads = [], [], []
+    halves: list[tuple[float, float] | None] = []  # a zero-bubble B and W, where profiled
     for i, layer in enumerate(layers):
         split = tp > 1 and layer.tp_allreduces > 0
         f, b, _ = layer_cost(prof, layer, plan.precision, micro)
         f = f * slow * o.compute_scale / (tp if split else 1)
         b = b * slow * o.compute_scale / (tp if split else 1)
+        whole = at(layer.backward, micro)
+        profiled = layer.halves is not None and whole > 0
+        hb = hw = 0.0
+        if profiled:  # fp32's halves (profile.py), scaled as `b` was
+            hb, hw = (at(line, micro) * b / whole for line in layer.halves or ())
+        c = 0.0
         if split:  # Megatron: its allreduces of the (micro, seq, hidden) output, both ways
             tp_ranks = [rank(0, stage_of(i), t) for t in range(tp)]
             c = layer.tp_allreduces * (
                 costs.allreduce(layer.output_bytes * micro, tp_ranks) + o.collective
             )
             f, b = f + c, b + c
-        if plan.checkpointing and layer.repeated:
-            b += f  # recomputed before its backward
+        again = f if plan.checkpointing and layer.repeated else 0.0
+        b += again  # recomputed before its backward
+        # a zero-bubble B carries the input gradient's allreduces and the recomputation
+        halves.append((hb + c + again, hw) if profiled else None)
         fwd.append(f)
         bwd.append(b)
         grads.append(layer.params // tp if split else layer.params)
@@ -237,13 +246,19 @@ def _build(plan: Plan, s: Setting, slow: float) -> _Step:
                     took = sum(fwd[i] for i in names) + o.action
                     ids[a] = g.add(str(a), f"s{stage}", took, before, cat="forward")
                     continue
-                share = 0.5 if split_w else 1.0  # a B and a W share the backward
+
+                def part(i: int, kind: str = a.kind) -> float:  # of layer i's backward
+                    if not split_w:
+                        return bwd[i]
+                    h = halves[i]  # a B and a W: as profiled, else half each
+                    return 0.5 * bwd[i] if h is None else h[0] if kind == "B" else h[1]
+
                 if last_bwd.get((a.stage, a.part)) != a:
-                    took = share * sum(bwd[i] for i in names) + o.action
+                    took = sum(part(i) for i in names) + o.action
                     ids[a] = g.add(str(a), f"s{stage}", took, before, cat="backward")
                     continue
                 for n, i in enumerate(reversed(names)):  # the last backward layer by layer,
-                    took = share * bwd[i] + (0.0 if n else o.action)  # last first
+                    took = part(i) + (0.0 if n else o.action)  # last first
                     before = [g.add(f"{a} L{i}", f"s{stage}", took, before, cat="backward")]
                     grad_ready[i] = before[0]
                 ids[a] = before[0]
