@@ -151,6 +151,23 @@ def test_infeasible_plans_are_flagged_and_ranked_last():
     assert all(max(p.peak_bytes) <= limit for p in preds if p.feasible)
 
 
+def test_search_leaves_out_a_pipeline_rank_without_parameters():
+    # a cnn-like model: parameters, then pooling and activations, then parameters again;
+    # plait train refuses a pipeline rank with nothing to train (train/preflight.py)
+    prof = fake(layers=4, params=1000)
+    prof.layers[1].params = prof.layers[2].params = 0
+    req = PlanRequest(model="mlp", workers=4)
+    _, batch = setting(req, prof)
+    space = Space(req, prof, batch)
+    assert not space.valid(Plan(pp=4, chunks=4))  # ranks 1 and 2: one parameterless layer each
+    assert space.valid(Plan(pp=2, chunks=4))  # [L0 L1] and [L2 L3]: each holds one with some
+    prof.layers[2].params, prof.layers[3].params = 1000, 0  # parameters in L0 and L2 only
+    space = Space(req, prof, batch)
+    assert space.valid(Plan(pp=2, chunks=4))
+    # interleaved: rank 0 holds parts 0 and 2 (L0, L2), rank 1 parts 1 and 3: no parameters
+    assert not space.valid(Plan(pp=2, chunks=4, schedule="interleaved", virtual=2))
+
+
 def test_search_lists_every_valid_plan_ranked_and_deterministic():
     prof = fake(layers=4, params=1000)
     req = PlanRequest(model="mlp", workers=2)

@@ -15,7 +15,10 @@ low precision, backward outside autocast, outputs handed on as fp32), giving it 
 its own per precision: autocast's gain or loss differs by layer kind and by size (on a CPU
 bf16 matmuls can be several times *slower* than fp32, an embedding barely changes), so one
 factor for the whole model at one size misjudged bf16/fp16 plans by up to 2x. `layer_cost`
-is what the simulator reads.
+is what the simulator reads. A zero-bubble schedule's B and W are timed too, each in its own
+autograd pass as pipeline/split.py runs them (`LayerCost.halves`, fp32): inside a layer both
+walk its chain of activations, so together they cost more than one backward. The timing
+itself (the probes, the clock) is probes.py's.
 
 With `device="cuda"` the layers run on the GPU (`plait plan --device cuda`): timed with a
 `torch.cuda.synchronize()` before the clock stops, autocast "cuda", the optimizer's step on
@@ -33,7 +36,6 @@ import math
 import os
 import platform
 import re
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +47,6 @@ if TYPE_CHECKING:
     from plait.train.workload import Workload
 
 REPEATS = 5
-LONG_S = 0.05  # a run this long is timed twice only (fp16 on a CPU: most of a profile's time)
 VERSION = 5  # of the cached JSON's meaning: a profile of another version is measured again
 # (3: `repeated` only where --activation-checkpointing accepts the model: blocks, not layers;
 # 4: lines per layer for each precision, `LayerCost.by_precision`; 5: zero-bubble's B and W
@@ -177,115 +178,6 @@ def cached(workload: Workload, lo: int, hi: int, optimizer: str, device: str = "
     return found
 
 
-def _fastest_s(runs: list[Any], device: torch.device) -> list[float]:
-    """Seconds of each of `runs`: the fastest of REPEATS (of 2 for a run of LONG_S or more)
-    after a warm-up, taken in turns (run 1, run 2, ..., run 1, ...), so that each one's
-    repeats are spread over the whole profile and a burst of others' load reaches only some
-    of them.
-
-    On the CPU the clock is this thread's CPU time (torch runs on the calling thread, one
-    thread here, backward included): time the scheduler gave to other processes is not
-    counted, so a loaded machine measures what an idle one does (the simulator adds the
-    sharing of cores itself). On a GPU it is the wall clock up to when the device has
-    finished (kernels run asynchronously)."""
-    import torch
-
-    gpu = device.type == "cuda"
-    clock = time.perf_counter if gpu else time.thread_time
-
-    def sync() -> None:
-        if gpu:
-            torch.cuda.synchronize(device)
-
-    for run in runs:
-        run()  # warm-up: first calls allocate and dispatch slowly
-    sync()
-    best = [math.inf] * len(runs)
-    for repeat in range(REPEATS):
-        for i, run in enumerate(runs):
-            if repeat >= 2 and best[i] >= LONG_S:
-                continue  # long enough that its fastest of 2 is as good as of 5
-            start = clock()
-            run()
-            sync()
-            # the least disturbed run: others' load (caches, memory bandwidth) only adds
-            best[i] = min(best[i], clock() - start)
-    return best
-
-
-def _bytes(t: torch.Tensor) -> int:
-    return t.nelement() * t.element_size()
-
-
-@dataclass
-class _Probe:
-    """One layer on one micro-batch in one precision: what to time, and its byte figures."""
-
-    forward: Any  # runs its forward (the loss too on the last layer)
-    both: Any  # runs its forward and backward
-    inputs_only: Any  # its forward and the input's gradient only (a zero-bubble B)
-    weights_only: Any  # its forward and the weights' gradients only (a zero-bubble W)
-    saved: float  # bytes autograd keeps
-    input_bytes: float
-    output_bytes: float
-
-
-def _probes(
-    workload: Workload, layers: list[nn.Module], samples: int, precision: str,
-    device: torch.device,
-) -> list[_Probe]:  # fmt: skip
-    """Every layer on a micro-batch of `samples` in `precision`, each fed the one before's
-    output and wrapped as `plait train` wraps its model (`train.precision.Autocast`: forward
-    under autocast, fp32 out, backward outside).
-
-    Raises:
-        RuntimeError: this torch cannot autocast to `precision` on `device`.
-    """
-    import torch
-
-    from plait.saved_tensors import counting
-    from plait.train.precision import Autocast, dtype
-
-    x, target = workload.data.train_batch(torch.arange(samples) % workload.data.num_train)
-    x, target = x.to(device), target.to(device)
-    found = []
-    for i, plain in enumerate(layers):
-        last = i == len(layers) - 1
-        params = [p for p in plain.parameters() if p.requires_grad]
-        layer = plain if precision == "fp32" else Autocast(plain, device.type, dtype(precision))
-
-        def forward(x: torch.Tensor = x, layer: nn.Module = layer, last: bool = last) -> Any:
-            xi = x.detach().requires_grad_(x.is_floating_point())
-            # a copy of the input, as a layer of the model receives one (not a leaf)
-            y = layer(xi.clone() if xi.requires_grad else xi)
-            return xi, (workload.loss(y, target) if last else y), y
-
-        def grads(forward: Any, params: list[Any], inputs: bool) -> None:
-            xi, out, _ = forward()
-            wrt = ([xi] if xi.requires_grad and inputs else []) + params
-            if out.requires_grad and wrt:
-                grad = None if out.dim() == 0 else torch.ones_like(out)
-                torch.autograd.grad(out, wrt, grad, allow_unused=True)
-
-        def both(forward: Any = forward, params: list[Any] = params) -> None:
-            grads(forward, params, True)
-
-        # zero-bubble's halves, each its own autograd pass as pipeline/split.py runs them:
-        # both walk the chain inside the layer, so together they cost more than `both`
-        def inputs_only(forward: Any = forward) -> None:
-            grads(forward, [], True)
-
-        def weights_only(forward: Any = forward, params: list[Any] = params) -> None:
-            grads(forward, params, False)
-
-        with counting() as kept:
-            _, _, y = forward()
-        found.append(_Probe(forward, both, inputs_only, weights_only, float(kept.peak),
-                            float(_bytes(x)), float(_bytes(y))))  # fmt: skip
-        x = y.detach()
-    return found
-
-
 def _tp_units(layer: nn.Module) -> int:
     """The gcd of the layer's attention heads and MLP hidden sizes (the checks of
     plait.tensor_parallel.parallelize: every tp rank holds whole heads, equal slices)."""
@@ -341,6 +233,7 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
 
     from plait import devices
     from plait.activations import blocks_worth_checkpointing
+    from plait.plan.probes import Probe, fastest_s, probes
     from plait.train.parts_compute import PRECISIONS
     from plait.train.workload import stages
 
@@ -357,31 +250,31 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
             blocks = [m for _, m in blocks_worth_checkpointing(model)]
         except ValueError:  # --activation-checkpointing refuses this model: never proposed
             blocks = []
-        # (precision, samples) -> its layers' probes: fp32, then the others where they run
-        probes: dict[tuple[str, int], list[_Probe]] = {}
+        # (precision, samples) -> its layers' probed: fp32, then the others where they run
+        probed: dict[tuple[str, int], list[Probe]] = {}
         for name in PRECISIONS:
             try:
-                both = {(name, n): _probes(workload, layers, n, name, where) for n in (lo, hi)}
+                both = {(name, n): probes(workload, layers, n, name, where) for n in (lo, hi)}
             except RuntimeError:  # this torch cannot autocast to it here: not a candidate
                 continue
-            probes.update(both)
-        order = [(key, i) for key, found in probes.items() for i in range(len(found))]
-        runs = [r for key, i in order for r in (probes[key][i].forward, probes[key][i].both)]
+            probed.update(both)
+        order = [(key, i) for key, found in probed.items() for i in range(len(found))]
+        runs = [r for key, i in order for r in (probed[key][i].forward, probed[key][i].both)]
         halves = [(n, i) for n in (lo, hi) for i in range(len(layers))]  # fp32's B and W
         runs += [
             r
             for n, i in halves
-            for r in (probes[("fp32", n)][i].inputs_only, probes[("fp32", n)][i].weights_only)
+            for r in (probed[("fp32", n)][i].inputs_only, probed[("fp32", n)][i].weights_only)
         ]
-        seconds = _fastest_s(runs, where)
+        seconds = fastest_s(runs, where, REPEATS)
         split_s = seconds[2 * len(order) :]
         seconds = seconds[: 2 * len(order)]
         # (precision, samples, layer) -> (forward s, backward s, saved bytes)
         figures = {
-            (*key, i): (f, max(0.0, fb - f), probes[key][i].saved)
+            (*key, i): (f, max(0.0, fb - f), probed[key][i].saved)
             for (key, i), f, fb in zip(order, seconds[0::2], seconds[1::2], strict=True)
         }
-        names = sorted({name for name, _ in probes}, key=list(PRECISIONS).index)
+        names = sorted({name for name, _ in probed}, key=list(PRECISIONS).index)
         # (samples, layer) -> (B s, W s): each half's pass less the forward
         halved = {
             (n, i): (
@@ -397,7 +290,7 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
 
         costs, own = [], []
         for i, layer in enumerate(layers):
-            g = probes[("fp32", hi)][i]
+            g = probed[("fp32", hi)][i]
             forward, backward, saved = lines("fp32", i)
             inside = {id(m) for m in layer.modules()}
             own.append({name: lines(name, i) for name in names if name != "fp32"})
@@ -438,6 +331,8 @@ def _optimizer_cost(model: nn.Module, optimizer: str, device: torch.device) -> f
     opt = maker(model.parameters(), 1e-3, 0.0, None)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-    (seconds,) = _fastest_s([opt.step], device)
+    from plait.plan.probes import fastest_s
+
+    (seconds,) = fastest_s([opt.step], device, REPEATS)
     model.zero_grad(set_to_none=True)
     return seconds / max(1, sum(p.numel() for p in model.parameters()))

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from plait.errors import ConfigError
+from plait.pipeline.balance import split_sizes
+from plait.pipeline.route import Route
 from plait.pipeline.schedule import SCHEDULES, VIRTUAL, ScheduleError, build
 from plait.plan import overheads
 from plait.plan.costs import Costs
@@ -90,6 +92,7 @@ class Space:
         prof = profile.layers
         layers = len(prof)
         self.layers = layers
+        self.params = [x.params for x in prof]  # per layer: a stage without any cannot train
         self.values: dict[str, tuple[Any, ...]] = {
             "strategy": tuple(STRATEGIES),
             "shape": tuple(shapes(req.workers, layers, _units(prof))),
@@ -130,7 +133,7 @@ class Space:
         return self._valid[plan]
 
     def _check(self, plan: Plan) -> bool:
-        if plan.pp * plan.virtual > self.layers:
+        if plan.pp * plan.virtual > self.layers or self._idle_rank(plan):
             return False
         try:
             TrainConfig.from_options({**self.base, **plan.options()})
@@ -138,6 +141,20 @@ class Space:
         except (ConfigError, ScheduleError, TypeError):  # TypeError: an option train lacks
             return False
         return True
+
+    def _idle_rank(self, plan: Plan) -> bool:
+        """Whether a pipeline rank would hold only layers without parameters, cut as the
+        Pipeline cuts (`plait train` refuses it before any worker starts: preflight.py)."""
+        if plan.pp == 1:
+            return False
+        parts = plan.pp * plan.virtual
+        sizes, route = split_sizes(self.layers, parts), Route(plan.pp, plan.virtual)
+        starts = [sum(sizes[:k]) for k in range(parts + 1)]
+        for rank in range(plan.pp):
+            held = [route.virtual(rank, part) for part in range(plan.virtual)]
+            if not any(self.params[i] for k in held for i in range(starts[k], starts[k + 1])):
+                return True
+        return False
 
     def _plans(self) -> Iterator[Plan]:
         """Every plan of the field values, normalised (`make`), each once."""
