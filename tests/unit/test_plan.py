@@ -25,7 +25,8 @@ from plait.plan.costs import Costs
 from plait.plan.graph import Graph
 from plait.plan.profile import Profile
 from plait.plan.search import Space, setting
-from plait.plan.simulate import Setting, simulate
+from plait.plan.setting import Setting
+from plait.plan.simulate import simulate
 from support.plan_profiles import fake
 
 # the alpha-beta model's defaults, not whatever this machine calibrated; a fresh cache

@@ -1,7 +1,7 @@
 """`plait plan --calibrate`: the runs chosen, what the fit is given, the cache, the report.
 
 No run starts: the launcher writes the JSON `plait train` would (a made-up step time per
-plan), and the fits (fit.fit, memory.fit_memory: other parts of issue 35) are stand-ins
+plan), and the fits (fit.fit, fit.fit_memory) are stand-ins
 that record what they were given. The profile is tests/support/plan_profiles.fake.
 """
 
@@ -64,7 +64,7 @@ STEPS = {"allreduce w1 pp1 m1 z0": 10.0, "allreduce w2 pp1 m1 z0": 12.0,
 
 @pytest.fixture
 def fits(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[Observation]]:
-    """fit.fit and memory.fit_memory replaced by stand-ins; what each was given. The runs'
+    """fit.fit and fit.fit_memory replaced by stand-ins; what each was given. The runs'
     folder under tmp_path."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     given: list[list[Observation]] = []
@@ -81,7 +81,7 @@ def fits(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[Observati
         return 3.5 * MIB, 0.05, [("calibrate mlp: dp1", 4 * MIB, 4 * MIB)]
 
     monkeypatch.setattr(fitting, "fit", fit)
-    monkeypatch.setattr(calibration, "_memory_fit", lambda: fit_memory)
+    monkeypatch.setattr(fitting, "fit_memory", fit_memory)
     return given
 
 

@@ -16,7 +16,8 @@ from plait.plan.costs import Costs
 from plait.plan.fit import TERMS, Observation, fit
 from plait.plan.overheads import Overheads
 from plait.plan.profile import Profile
-from plait.plan.simulate import Setting, graph, simulate
+from plait.plan.setting import Setting
+from plait.plan.simulate import graph, simulate
 from support.plan_profiles import fake
 
 pytestmark = pytest.mark.usefixtures("no_calibration")

@@ -6,11 +6,11 @@ import pytest
 
 from plait.plan import Plan
 from plait.plan.costs import Costs
-from plait.plan.fit import Observation
-from plait.plan.memory import MIN_MARGIN, fit_memory
+from plait.plan.fit import MIN_MARGIN, Observation, fit_memory
 from plait.plan.overheads import Overheads
 from plait.plan.report import MiB, headroom
-from plait.plan.simulate import Setting, simulate
+from plait.plan.setting import Setting
+from plait.plan.simulate import simulate
 from support.plan_profiles import fake
 
 

@@ -19,8 +19,9 @@ from plait.plan import profile as profiling
 from plait.plan.costs import NCCL, Costs
 from plait.plan.profile import LayerCost, Profile, at, layer_cost
 from plait.plan.runs import train_argv
-from plait.plan.simulate import Setting, simulate
+from plait.plan.setting import Setting
 from plait.plan.simulate import graph as simulate_graph
+from plait.plan.simulate import simulate
 from plait.train.data.base import TensorData
 from plait.train.workload import ACCURACY, Workload
 from support.plan_profiles import fake

@@ -13,7 +13,8 @@ from torch import nn
 from plait.plan import Plan
 from plait.plan.costs import Costs
 from plait.plan.reductions import server_share
-from plait.plan.simulate import Setting, graph, simulate
+from plait.plan.setting import Setting
+from plait.plan.simulate import graph, simulate
 from plait.train.steps.ps import KEY, ParameterServerStep
 from support.plan_profiles import fake
 

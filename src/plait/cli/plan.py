@@ -106,13 +106,14 @@ def from_trace(config: PlanConfig) -> str:
 
     from plait.plan import from_trace as traced
     from plait.plan import overheads, trace_report
+    from plait.plan.search import setting as search_setting
     from plait.plan.simulate import simulate
 
     assert config.from_trace is not None
     doc = traced.load(config.from_trace)
     hosts = config.hosts if config.hosts > 1 else None
     plan, req = traced.rebuild(doc, hosts, config.link_rate, config.memory_bytes())
-    setting = traced.the_setting(req)
+    setting, _batch = search_setting(req)  # with this machine's overheads, if fitted
     comparison = traced.compare(doc, plan, req, setting, config.warmup)
     out = [trace_report.table(comparison, config.from_trace)]
     try:

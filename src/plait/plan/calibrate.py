@@ -16,7 +16,7 @@ a handful of plans of the request's model run for real, each chosen to move one 
 Each is `plait train PLAN --steps STEPS --log-every 1 --eval-every 0 --json` measured as
 `plait bench plan` measures (runs.py: the median step after WARMUP, memory per rank), every
 rank on one thread (`one_thread`); the
-step times go to `fit.fit` (the time terms) and the memories to `memory.fit_memory` (the
+step times go to `fit.fit` (the time terms) and the memories to `fit.fit_memory` (the
 bytes every rank holds beyond the model's count, and the margin a plan keeps below a
 limit). The result is cached for this machine (`overheads.save`), where every later
 `plait plan` and `plait bench plan` predicts with it. Only when every run and the fit
@@ -33,7 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -44,7 +44,7 @@ from plait.plan.overheads import Overheads
 from plait.plan.plan import SEED, Plan, PlanRequest
 
 if TYPE_CHECKING:  # torch's (the simulator's): imported when a calibration runs
-    from plait.plan.fit import Fit, Observation
+    from plait.plan.fit import Fit
 
 STEPS = 30  # per run: start-up (~8 s a run here) costs far more than mlp's steps
 WARMUP = 5  # steps left out of each run's median
@@ -163,7 +163,7 @@ def calibrate(
         ValueError: the fit found nothing to fit (fit.fit); nothing is cached.
     """
     from plait.plan import overheads
-    from plait.plan.fit import Observation, fit
+    from plait.plan.fit import Observation, fit, fit_memory
     from plait.plan.search import Space, setting
 
     began = time.perf_counter()
@@ -196,21 +196,13 @@ def calibrate(
     if not fitted.fitted_from:
         fitted = replace(fitted, fitted_from=tuple(o.source for o in observations))
     memory_rows: tuple[tuple[Any, ...], ...] = ()
-    fit_memory = _memory_fit()
-    if fit_memory is not None:
+    if any(o.peak_bytes for o in observations):
         rank_bytes, margin, rows = fit_memory(observations)
         fitted = replace(fitted, memory_rank=rank_bytes, memory_margin=margin)
         memory_rows = tuple(tuple(r) for r in rows)
     path = overheads.save(fitted, req.device)
     return Calibration(fitted, time_fit, memory_rows, path, tuple(skipped),
                        time.perf_counter() - began)  # fmt: skip
-
-
-def _memory_fit() -> Callable[[list[Observation]], tuple[float, float, Sequence[Any]]] | None:
-    """memory.fit_memory (looked up here, so that a test can stand in for it)."""
-    from plait.plan.memory import fit_memory
-
-    return fit_memory
 
 
 def terms(o: Overheads) -> list[tuple[str, str, str]]:

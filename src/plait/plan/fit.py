@@ -8,19 +8,24 @@ measured: each round takes each term's sensitivity by a finite difference, solve
 least-squares problem within the terms' bounds (`_bounded_lstsq`, an active-set method
 after Lawson & Hanson, "Solving Least Squares Problems", 1974, ch. 23), and halves the
 step until the error falls. A term no observation is sensitive to keeps `start`'s value;
-so do the memory terms (fitted with the memory model, not here).
+so do the memory terms, which `fit_memory` fits from the same observations' peak bytes
+against the memory model (memory.py).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from plait.plan import memory
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan
-from plait.plan.simulate import Setting, simulate
+from plait.plan.setting import Setting
+from plait.plan.simulate import simulate
 
 CAP = 0.5  # s: the most an additive term may be (a step's Python cost is milliseconds)
 BOUNDS = {"compute_scale": (0.5, 5.0), "share": (0.0, 3.0)}  # the rest: (0, CAP)
@@ -159,3 +164,47 @@ def _bounded_lstsq(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray)
             return x
         free[int(np.argmax(np.where(wants, np.abs(grad), -1.0)))] = True
     return x
+
+
+MIN_MARGIN = 0.05  # the least margin a fit leaves: a plan 5% under the limit is not sure
+
+
+def fit_memory(
+    observations: Sequence[Observation],
+) -> tuple[float, float, list[tuple[str, float, float]]]:
+    """The bytes every rank holds beyond the model's count, and the margin to leave.
+
+    memory_rank: the median of measured - predicted over every measured rank (at least 0:
+    a rank holds no fewer bytes than it counts); margin: the largest relative
+    under-prediction left after adding it, (measured - predicted) / predicted, at least
+    MIN_MARGIN, so that every observed plan predicted to fit does fit.
+
+    Returns:
+        (memory_rank, margin, rows): a row per observation, (source, predicted peak of its
+        largest rank after the fit, its measured peak).
+
+    Raises:
+        ValueError: no observation has measured peak bytes.
+    """
+    measured = [o for o in observations if o.peak_bytes]
+    if not measured:
+        raise ValueError("no observation has measured peak bytes to fit memory to")
+    pairs = []  # (observation, predicted per rank without the constant)
+    for o in measured:
+        ranks = memory.stages(o.plan, _neutral(o.setting))
+        pairs.append((o, memory.per_rank(o.plan, ranks)))
+    residuals = [m - p for o, pred in pairs for m, p in zip(o.peak_bytes or (), pred, strict=False)]
+    extra = max(0.0, statistics.median(residuals))
+    margin = MIN_MARGIN
+    rows = []
+    for o, pred in pairs:
+        after = [p + extra for p in pred]
+        for m, p in zip(o.peak_bytes or (), after, strict=False):
+            margin = max(margin, (m - p) / p)
+        rows.append((o.source, max(after), float(max(o.peak_bytes or (0,)))))
+    return extra, margin, rows
+
+
+def _neutral(s: Setting) -> Setting:
+    """`s` with no fitted memory terms."""
+    return replace(s, overheads=replace(s.overheads, memory_rank=0.0, memory_margin=0.0))

@@ -17,18 +17,16 @@ otherwise.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from plait.errors import ConfigError
-from plait.plan import fit, overheads
+from plait.plan import fit
 from plait.plan import simulate as simulating
 from plait.plan.measured import CATEGORIES, Measured, measure
-from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, PlanRequest
-from plait.plan.profile import Profile
-from plait.plan.simulate import Setting
+from plait.plan.setting import Setting
 from plait.train.parts_ps import DEFAULT_SERVERS
 
 # options a plan does not hold, at a value the simulator does not model
@@ -184,11 +182,3 @@ def refit(comparison: Comparison, setting: Setting, source: str) -> fit.Fit:
         peak_bytes=comparison.measured.peak_bytes, source=f"trace: {source}",
     )  # fmt: skip
     return fit.fit([obs], start=setting.overheads)
-
-
-def the_setting(req: PlanRequest, profile: Profile | None = None) -> Setting:
-    """The request's setting with this machine's overheads (neutral where never fitted)."""
-    from plait.plan.search import setting
-
-    s, _batch = setting(req, profile)
-    return replace(s, overheads=overheads.load(req.device) or Overheads())

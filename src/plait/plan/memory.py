@@ -1,4 +1,5 @@
-"""A plan's peak memory per rank, predicted as the runtime counts it, and its fit.
+"""A plan's peak memory per rank, predicted as the runtime counts it (fit.py's `fit_memory`
+fits its two terms, memory_rank and memory_margin, to measured runs).
 
 One definition on both sides (`plait train --json`'s rank_memory / memory.ranks, which
 `plait bench plan` compares): a rank's peak is
@@ -25,48 +26,16 @@ peak * (1 + memory_margin) <= the limit.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
 
 from plait.pipeline.balance import split_sizes
 from plait.pipeline.schedule import build
 from plait.pipeline.timeline import simulate as simulate_timeline
-from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan
 from plait.plan.profile import LayerCost, Profile, layer_cost
+from plait.plan.setting import Setting
 from plait.train.memory import OPTIMIZER_BYTES, formula
-
-
-class Setting(Protocol):
-    """What of simulate.py's Setting the memory needs (simulate.py imports this module)."""
-
-    @property
-    def profile(self) -> Profile: ...
-    @property
-    def batch(self) -> int: ...
-    @property
-    def memory_limit(self) -> int | None: ...
-    @property
-    def overheads(self) -> Overheads: ...
-
-
-class Observation(Protocol):
-    """What of fit.py's Observation the memory's fit reads (fit.py imports simulate.py)."""
-
-    @property
-    def plan(self) -> Plan: ...
-    @property
-    def setting(self) -> Setting: ...
-    @property
-    def peak_bytes(self) -> tuple[int, ...] | None: ...
-    @property
-    def source(self) -> str: ...
-
-
-MIN_MARGIN = 0.05  # the least margin a fit leaves: a plan 5% under the limit is not sure
 
 
 @dataclass(frozen=True)
@@ -185,45 +154,3 @@ def _saved(prof: Profile, layer: LayerCost, precision: str, micro: float, tp: in
         return full
     whole = min(full, 2.0 * layer.tp_allreduces * layer.input_bytes * micro)
     return whole + (full - whole) / tp
-
-
-def fit_memory(
-    observations: Sequence[Observation],
-) -> tuple[float, float, list[tuple[str, float, float]]]:
-    """The bytes every rank holds beyond the model's count, and the margin to leave.
-
-    memory_rank: the median of measured - predicted over every measured rank (at least 0:
-    a rank holds no fewer bytes than it counts); margin: the largest relative
-    under-prediction left after adding it, (measured - predicted) / predicted, at least
-    MIN_MARGIN, so that every observed plan predicted to fit does fit.
-
-    Returns:
-        (memory_rank, margin, rows): a row per observation, (source, predicted peak of its
-        largest rank after the fit, its measured peak).
-
-    Raises:
-        ValueError: no observation has measured peak bytes.
-    """
-    measured = [o for o in observations if o.peak_bytes]
-    if not measured:
-        raise ValueError("no observation has measured peak bytes to fit memory to")
-    pairs = []  # (observation, predicted per rank without the constant)
-    for o in measured:
-        ranks = stages(o.plan, _neutral(o.setting))
-        pairs.append((o, per_rank(o.plan, ranks)))
-    residuals = [m - p for o, pred in pairs for m, p in zip(o.peak_bytes or (), pred, strict=False)]
-    extra = max(0.0, statistics.median(residuals))
-    margin = MIN_MARGIN
-    rows = []
-    for o, pred in pairs:
-        after = [p + extra for p in pred]
-        for m, p in zip(o.peak_bytes or (), after, strict=False):
-            margin = max(margin, (m - p) / p)
-        rows.append((o.source, max(after), float(max(o.peak_bytes or (0,)))))
-    return extra, margin, rows
-
-
-def _neutral(s: Setting) -> Setting:
-    """`s` (simulate.py's Setting, a dataclass) with no fitted memory terms."""
-    neutral = replace(s.overheads, memory_rank=0.0, memory_margin=0.0)
-    return replace(s, overheads=neutral)  # type: ignore[type-var]

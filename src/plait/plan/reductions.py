@@ -33,14 +33,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Protocol
 
 from plait.data_parallel.buckets import FIRST_BUCKET_BYTES, MiB
-from plait.plan.costs import Costs
 from plait.plan.graph import Graph
-from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan
-from plait.plan.profile import Profile
+from plait.plan.setting import Setting
 from plait.train.parts_ps import DEFAULT_SERVERS
 
 BUCKET_BYTES = 25 * MiB  # DataParallel(bucket_mb=25)'s default
@@ -48,19 +45,6 @@ SLICE_BYTES = 1 * MiB  # --slice-mb's default: P3's slices
 GAMMA = 1 / 4e9  # seconds per byte of an elementwise pass (comm's AlphaBeta.gamma)
 SERVERS = "servers"  # the parameter servers' compute queue (not a link)
 FIRST = -1.0  # the priority of Python's own work on a compute queue: it runs when ready
-
-
-class Setting(Protocol):
-    """What of simulate.py's `Setting` the reductions read."""
-
-    @property
-    def profile(self) -> Profile: ...
-    @property
-    def costs(self) -> Costs: ...
-    @property
-    def overheads(self) -> Overheads: ...
-    @property
-    def clipping(self) -> bool: ...
 
 
 def compression(method: str, params: int) -> tuple[float, float, bool]:

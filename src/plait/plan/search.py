@@ -29,16 +29,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from plait.errors import ConfigError
-from plait.pipeline.balance import split_sizes
-from plait.pipeline.route import Route
 from plait.pipeline.schedule import SCHEDULES, VIRTUAL, ScheduleError, build
 from plait.plan import overheads
 from plait.plan.costs import Costs
 from plait.plan.overheads import Overheads
 from plait.plan.plan import BUDGET, SEED, Plan, PlanRequest, Prediction
 from plait.plan.profile import LayerCost, Profile
-from plait.plan.simulate import Setting, simulate
+from plait.plan.setting import Setting
+from plait.plan.simulate import simulate
 from plait.train.config import TrainConfig
+from plait.train.preflight import idle_rank
 from plait.train.strategies import STRATEGIES
 
 RUNNABLE_SCHEDULES = tuple(SCHEDULES)  # what the runtime runs; more join as it learns them
@@ -143,18 +143,10 @@ class Space:
         return True
 
     def _idle_rank(self, plan: Plan) -> bool:
-        """Whether a pipeline rank would hold only layers without parameters, cut as the
-        Pipeline cuts (`plait train` refuses it before any worker starts: preflight.py)."""
-        if plan.pp == 1:
-            return False
-        parts = plan.pp * plan.virtual
-        sizes, route = split_sizes(self.layers, parts), Route(plan.pp, plan.virtual)
-        starts = [sum(sizes[:k]) for k in range(parts + 1)]
-        for rank in range(plan.pp):
-            held = [route.virtual(rank, part) for part in range(plan.virtual)]
-            if not any(self.params[i] for k in held for i in range(starts[k], starts[k + 1])):
-                return True
-        return False
+        """Whether a pipeline rank would hold only layers without parameters (`plait train`
+        refuses it before any worker starts: train/preflight.py)."""
+        trains = [n > 0 for n in self.params]
+        return plan.pp > 1 and idle_rank(trains, plan.pp, plan.virtual) is not None
 
     def _plans(self) -> Iterator[Plan]:
         """Every plan of the field values, normalised (`make`), each once."""

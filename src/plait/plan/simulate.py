@@ -45,32 +45,19 @@ schedule's peak, as the runtime counts them; buffers apart).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import NamedTuple
 
 from plait.pipeline.balance import split_sizes
 from plait.pipeline.schedule import Action, build
 from plait.pipeline.timeline import dependencies
 from plait.plan import memory
-from plait.plan.costs import Costs
 from plait.plan.graph import Graph, Run
 from plait.plan.overheads import Overheads
 from plait.plan.plan import Plan, Prediction
-from plait.plan.profile import Profile, at, layer_cost
+from plait.plan.profile import at, layer_cost
 from plait.plan.reductions import FIRST, SERVERS, reductions
-
-
-@dataclass(frozen=True)
-class Setting:
-    """What every candidate of a search shares."""
-
-    profile: Profile
-    batch: int  # global batch
-    costs: Costs
-    cores: int  # per host (the profiled machine's)
-    memory_limit: int | None = None
-    overheads: Overheads = field(default_factory=Overheads)  # fitted costs beyond the profile
-    clipping: bool = False  # the recipe clips the gradients' norm: a barrier across stages
+from plait.plan.setting import Setting
 
 
 def simulate(plan: Plan, s: Setting) -> Prediction:

@@ -147,19 +147,31 @@ def _check_fits(config: TrainConfig, model: Any) -> None:
 
 def _without_parameters(layers: list[Any], pp: int, virtual: int) -> tuple[int, list[str]] | None:
     """(a pipeline rank, the layers it holds) when that rank's stages hold no trainable
-    parameter, cut as the Pipeline cuts (split_sizes; part j of rank r is virtual stage
-    j * pp + r: pipeline/route.py); None when every rank holds some."""
+    parameter; None when every rank holds some."""
+    trains = [any(p.requires_grad for p in layer.parameters()) for layer in layers]
+    found = idle_rank(trains, pp, virtual)
+    if found is None:
+        return None
+    rank, held = found
+    return rank, [type(layers[i]).__name__ for i in held]
+
+
+def idle_rank(trains: list[bool], pp: int, virtual: int) -> tuple[int, list[int]] | None:
+    """(a pipeline rank, the indices of the layers it holds) when none of them trains
+    (`trains[i]`: layer i has a trainable parameter), cut as the Pipeline cuts
+    (split_sizes; part j of rank r is virtual stage j * pp + r: pipeline/route.py); None
+    when every rank holds one that trains. The planner's search leaves such plans out."""
     from plait.pipeline.balance import split_sizes
     from plait.pipeline.route import Route
 
-    sizes, route = split_sizes(len(layers), pp * virtual), Route(pp, virtual)
+    sizes, route = split_sizes(len(trains), pp * virtual), Route(pp, virtual)
     for rank in range(pp):
-        held = []
+        held: list[int] = []
         for part in range(virtual):
             v = route.virtual(rank, part)
-            held += layers[sum(sizes[:v]) : sum(sizes[: v + 1])]
-        if not any(p.requires_grad for layer in held for p in layer.parameters()):
-            return rank, [type(layer).__name__ for layer in held]
+            held += range(sum(sizes[:v]), sum(sizes[: v + 1]))
+        if not any(trains[i] for i in held):
+            return rank, held
     return None
 
 
