@@ -38,6 +38,8 @@ LAYERS: list[set[str]] = [
     {"plan"},
     {"infer"},
     {"train"},
+    # per-layer parallelism (issue 36): each layer its own split, over the strategies below
+    {"parallel"},
     # the strategies: none imports another, but sharded/ takes data_parallel/'s replica check;
     # launch/ beside them, above comm/: the ranks it starts meet through comm's bootstrap,
     # with the job secret comm/secret.py defines once (docs/architecture.md)

@@ -9,7 +9,7 @@ from plait.tensor_parallel.layers import (
     sharded_parameters,
 )
 from plait.tensor_parallel.loss import vocab_parallel_cross_entropy
-from plait.tensor_parallel.parallelize import parallelize
+from plait.tensor_parallel.parallelize import parallelize, units
 
 __all__ = [
     "ColumnParallelLinear",
@@ -22,5 +22,6 @@ __all__ = [
     "reduce_from_tp",
     "sharded_parameters",
     "split_to_tp",
+    "units",
     "vocab_parallel_cross_entropy",
 ]

@@ -12,6 +12,8 @@ out the same on every tp rank, because every rank sees the same activations.
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from plait.comm.communicator import Communicator
@@ -50,6 +52,23 @@ def _uneven(where: str, kind: str, module: nn.Module, size: int) -> str | None:
     if hidden % size:
         return f"{where}: hidden size {hidden} % tp {size} = {hidden % size} != 0"
     return None
+
+
+def units(model: nn.Module) -> int:
+    """The gcd of the attention heads and MLP hidden sizes in `model` (a tp size must
+    divide it: every rank holds whole heads and equal slices); 0 where nothing splits."""
+    found = 0
+    for module in model.modules():
+        kind = _kind(module)
+        if kind == "attention":
+            q = module.q
+            assert isinstance(q, nn.Linear)
+            found = math.gcd(found, q.out_features // int(module.head_dim))  # type: ignore[arg-type]
+        elif kind == "mlp":
+            fc = module.fc
+            assert isinstance(fc, nn.Linear)
+            found = math.gcd(found, fc.out_features)
+    return found
 
 
 def check(model: nn.Module, size: int) -> None:
