@@ -2,7 +2,7 @@
 
 One world per size, all started at once, each running every plan of four small models
 (an MLP, a CNN, transformer blocks between linears, a tiny GPT): float64, plain SGD (no
-momentum, no clipping, so a gradient scale error shows), 3 steps; after each, every rank's
+momentum, no clipping, so a gradient scale error shows), 2 steps; after each, every rank's
 parameters must be its part of the one-process model's trained on the global batch. Each
 step's communication is counted: every rank issues exactly the plan's conversions'
 collectives (forward, and backward where a layer with parameters comes before them), the
@@ -29,11 +29,13 @@ from plait.parallel import LayerPlan, apply, layers_of
 from plait.parallel.convert import convert
 from plait.parallel.layout import CONVERSIONS, FULL_SUM, Conversion, conversion, rank_of
 from plait.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from support.cuda import gpu_env
 from support.layout_reps import LAYOUTS, gradient_of, gradient_parts, value_of, value_parts
-from support.world import worlds_at_once
+from support.world import run_world, worlds_at_once
 
 f64 = torch.float64
 ROWS = 2  # rows of the batch per rank
+STEPS = 2
 SIZES = (2, 3, 4)
 Batch = tuple[torch.Tensor, torch.Tensor]  # (input, target), the global batch
 
@@ -77,6 +79,11 @@ def _floats(shape: tuple[int, ...], out: int) -> Callable[[int, torch.Generator]
     return batch
 
 
+def _images(n: int, gen: torch.Generator) -> Batch:
+    return torch.randn(n, 2, 6, 6, generator=gen, dtype=f64), torch.randn(n, 12, generator=gen,
+                                                                          dtype=f64)  # fmt: skip
+
+
 def _ids(n: int, gen: torch.Generator) -> Batch:
     ids = torch.randint(0, 24, (n, 5), generator=gen)
     return ids[:, :4], ids[:, 1:]
@@ -92,8 +99,7 @@ def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[int, torch.Generator], Batch], Any]] = {
     "mlp": (_mlp, _floats((12,), 12), _mse),
-    "cnn": (_cnn, lambda n, g: (torch.randn(n, 2, 6, 6, generator=g, dtype=f64),
-                                torch.randn(n, 12, generator=g, dtype=f64)), _mse),  # fmt: skip
+    "cnn": (_cnn, _images, _mse),
     "blocks": (_blocks, _floats((4, 12), 12), _mse),
     "gpt": (_gpt, _ids, _ce),
 }
@@ -139,21 +145,26 @@ def _choices(plan: str, w: int) -> tuple[str, ...]:
 
 
 # ------------------------------------------------------------- training against one process
+def _mine(full: torch.Tensor, part: torch.Tensor, comm: Communicator) -> torch.Tensor:
+    """This rank's part of the one-process model's `full` tensor, shaped as `part` (a
+    sharded dim is the one whose size differs: this rank's block of it)."""
+    for dim in range(full.dim()):
+        if part.shape[dim] != full.shape[dim]:
+            full = full.chunk(comm.size, dim)[comm.rank]
+    assert part.shape == full.shape
+    return full
+
+
+def _pairs(part: nn.Module, ref: nn.Module) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """`part`'s parameters with the one-process layer's (none where another rank holds it)."""
+    mine = list(part.parameters())
+    return list(zip(mine, ref.parameters(), strict=True)) if mine else []
+
+
 def _worst(part: nn.Module, ref: nn.Module, comm: Communicator) -> float:
-    """Largest difference of `part`'s parameters to its part of `ref`'s (a sharded dim is
-    the one whose size differs: this rank's block of it)."""
-    worst = 0.0
-    mine, theirs = list(part.named_parameters()), list(ref.named_parameters())
-    if not mine:
-        return 0.0
-    for (name, p), (_, r) in zip(mine, theirs, strict=True):
-        want = r.detach()
-        for dim in range(r.dim()):
-            if p.shape[dim] != r.shape[dim]:
-                want = want.chunk(comm.size, dim)[comm.rank]
-        assert p.shape == want.shape, name
-        worst = max(worst, float((p.detach() - want).abs().max()))
-    return worst
+    """Largest difference of `part`'s parameters to its part of `ref`'s."""
+    diffs = [(p - _mine(r, p, comm)).detach().abs().max() for p, r in _pairs(part, ref)]
+    return max((float(d) for d in diffs), default=0.0)
 
 
 def _expected_calls(par: Any, choices: tuple[str, ...]) -> tuple[int, int]:
@@ -186,20 +197,21 @@ def _counting(comm: Communicator) -> list[int]:
     return sent
 
 
-def _train(comm: Communicator, model: str, choices: tuple[str, ...], sent: list[int]) -> dict:
+def _train(comm: Communicator, model: str, choices: tuple[str, ...], sent: list[int],
+           device: str = "cpu") -> dict:  # fmt: skip
     make, batch, loss_fn = MODELS[model]
     w, rank = comm.size, comm.rank
     torch.manual_seed(0)
-    ref = make().to(f64)
+    ref = make().to(device, f64)
     torch.manual_seed(0)
-    par = apply(make().to(f64), LayerPlan(choices, w), comm)
+    par = apply(make().to(device, f64), LayerPlan(choices, w), comm)
     ref_layers = layers_of(ref)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt = torch.optim.SGD(par.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(1)
     worst, calls = 0.0, []
-    for _ in range(3):
-        x, y = batch(ROWS * w, gen)
+    for _ in range(STEPS):
+        x, y = (t.to(device) for t in batch(ROWS * w, gen))
         opt_ref.zero_grad()
         loss_fn(ref(x), y).backward()
         opt_ref.step()
@@ -213,8 +225,9 @@ def _train(comm: Communicator, model: str, choices: tuple[str, ...], sent: list[
         for part, layer in zip(par.parts, ref_layers, strict=True):
             worst = max(worst, _worst(part, layer, comm))
     pairs = [(c.src, c.dst) for c in par.resolved.conversions]
+    devices = sorted({str(p.device) for p in par.parameters()})
     return {"worst": worst, "calls": calls, "want": _expected_calls(par, choices),
-            "pairs": pairs}  # fmt: skip
+            "pairs": pairs, "devices": devices}  # fmt: skip
 
 
 def _clipped(comm: Communicator) -> dict[str, float]:
@@ -234,13 +247,9 @@ def _clipped(comm: Communicator) -> dict[str, float]:
     got = float(par.clip_grad_norm_(0.01))
     worst = 0.0
     for part, layer in zip(par.parts, layers_of(ref), strict=True):
-        for (_, p), (_, r) in zip(part.named_parameters(), layer.named_parameters()):
-            g = r.grad
-            assert p.grad is not None and g is not None
-            for dim in range(r.dim()):
-                if p.shape[dim] != r.shape[dim]:
-                    g = g.chunk(w, dim)[comm.rank]
-            worst = max(worst, float((p.grad - g).abs().max()))
+        for p, r in _pairs(part, layer):
+            assert p.grad is not None and r.grad is not None
+            worst = max(worst, float((p.grad - _mine(r.grad, p, comm)).abs().max()))
     return {"norm": abs(got - want) / want, "grads": worst}
 
 
@@ -322,7 +331,7 @@ def test_every_plan_trains_like_one_process(world: list[dict[str, Any]]) -> None
 def test_each_step_issues_the_plans_collectives_and_no_more(world: list[dict[str, Any]]) -> None:
     for name in world[0]["runs"]:
         collectives, sends = world[0]["runs"][name]["want"]
-        for step in range(3):
+        for step in range(STEPS):
             got = [rank["runs"][name]["calls"][step] for rank in world]
             assert [c for c, _ in got] == [collectives] * len(world), (name, step)
             assert sum(s for _, s in got) == sends, (name, step)
@@ -371,3 +380,21 @@ def test_errors_say_what_was_expected(world: list[dict[str, Any]]) -> None:
         assert e["workers"].startswith(f"the plan is for {w + 1} ranks and the communicator")
         assert e["choice"].startswith(f"layer 0 (Linear(12, 13)) cannot run 'column' over {w}")
         assert "the batch's rows (dim 0)" in e["rows"] and "the same number" in e["rows"]
+
+
+def _on_gpu(comm: Communicator) -> dict[str, Any]:
+    import plait
+
+    device = str(plait.device())
+    return _train(comm, "blocks", _choices("row rank:0 data last", comm.size), _counting(comm),
+                  device)  # fmt: skip
+
+
+@pytest.mark.cuda
+def test_a_plan_trains_like_one_process_on_cuda_tensors() -> None:
+    """Two ranks on this machine's GPUs (sharing one where there is one): the conversions'
+    collectives, the placeholders and the gradient buckets on CUDA tensors."""
+    for rank in run_world(2, _on_gpu, env=gpu_env(), timeout=120):
+        assert rank["worst"] <= 1e-10, rank["worst"]
+        assert all(d.startswith("cuda") for d in rank["devices"]), rank["devices"]
+        assert [c for c, _ in rank["calls"]] == [rank["want"][0]] * STEPS
