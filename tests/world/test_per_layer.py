@@ -305,30 +305,28 @@ def _world(comm: Communicator) -> dict[str, Any]:
             "errors": _errors(comm)}  # fmt: skip
 
 
+Ranks = list[dict[str, Any]]
+
+
 @pytest.fixture(scope="module")
-def started() -> Iterator[dict[int, Future[list[dict[str, Any]]]]]:
-    """A world per size, all started at once (their ranks mostly wait for each other)."""
+def started() -> Iterator[dict[int, Future[Ranks]]]:
+    """Every world, started at once (their ranks mostly wait for each other's messages)."""
     with worlds_at_once({n: (n, _world, (), {"timeout": 120}) for n in SIZES}) as worlds:
         yield worlds
 
 
-@pytest.fixture(scope="module")
-def world(
-    request: pytest.FixtureRequest, started: dict[int, Future[list[dict[str, Any]]]]
-) -> list[dict[str, Any]]:
-    """The world of `request.param` ranks, spawned once for every test that asks for it."""
+@pytest.fixture(scope="module", params=SIZES)
+def world(request: pytest.FixtureRequest, started: dict[int, Future[Ranks]]) -> Ranks:
     return started[request.param].result()
 
 
-@pytest.mark.parametrize("world", SIZES, indirect=True)
-def test_every_plan_trains_like_one_process(world: list[dict[str, Any]]) -> None:
+def test_every_plan_trains_like_one_process(world: Ranks) -> None:
     for rank in world:
         bad = {k: r["worst"] for k, r in rank["runs"].items() if not r["worst"] <= 1e-10}
         assert not bad, bad
 
 
-@pytest.mark.parametrize("world", SIZES, indirect=True)
-def test_each_step_issues_the_plans_collectives_and_no_more(world: list[dict[str, Any]]) -> None:
+def test_each_step_issues_the_plans_collectives_and_no_more(world: Ranks) -> None:
     for name in world[0]["runs"]:
         collectives, sends = world[0]["runs"][name]["want"]
         for step in range(STEPS):
@@ -337,8 +335,7 @@ def test_each_step_issues_the_plans_collectives_and_no_more(world: list[dict[str
             assert sum(s for _, s in got) == sends, (name, step)
 
 
-@pytest.mark.parametrize("world", SIZES, indirect=True)
-def test_the_plans_convert_between_every_pair_of_layouts(world: list[dict[str, Any]]) -> None:
+def test_the_plans_convert_between_every_pair_of_layouts(world: Ranks) -> None:
     def kind(layout: str) -> str:
         return "rank" if rank_of(layout) is not None else layout
 
@@ -351,8 +348,7 @@ def test_the_plans_convert_between_every_pair_of_layouts(world: list[dict[str, A
     assert seen == want, (want - seen, seen - want)
 
 
-@pytest.mark.parametrize("world", SIZES, indirect=True)
-def test_every_conversion_is_exact_on_the_collectives(world: list[dict[str, Any]]) -> None:
+def test_every_conversion_is_exact_on_the_collectives(world: Ranks) -> None:
     w = len(world)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(2 * w, 3, 2 * w, dtype=f64, generator=gen)
@@ -365,15 +361,13 @@ def test_every_conversion_is_exact_on_the_collectives(world: list[dict[str, Any]
         assert float((back - g).abs().max()) < 1e-12, (src, dst, "backward")
 
 
-@pytest.mark.parametrize("world", SIZES, indirect=True)
-def test_clip_grad_norm_is_the_whole_models(world: list[dict[str, Any]]) -> None:
+def test_clip_grad_norm_is_the_whole_models(world: Ranks) -> None:
     for rank in world:
         assert rank["clip"]["norm"] < 1e-12
         assert rank["clip"]["grads"] < 1e-12
 
 
-@pytest.mark.parametrize("world", SIZES, indirect=True)
-def test_errors_say_what_was_expected(world: list[dict[str, Any]]) -> None:
+def test_errors_say_what_was_expected(world: Ranks) -> None:
     w = len(world)
     for rank in world:
         e = rank["errors"]
