@@ -3,7 +3,7 @@
 `layout.py` is the plan as data and the conversions it implies (no torch); `kinds.py` tells
 what each layer of a model is to a plan; `convert.py` runs one conversion over plait's
 collectives and `apply.py` a whole plan (`apply(model, plan, comm) -> LayerParallel`),
-imported on first use (they need the communicator; the planner reads layout.py alone).
+imported on first use.
 """
 
 from __future__ import annotations
