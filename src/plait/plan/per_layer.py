@@ -101,7 +101,8 @@ class ConversionCost:
 class LayerPrediction:
     """What the simulator predicts for one per-layer plan (see plan.py's `Prediction`).
 
-    `peak_bytes[r]` and `params[r]`: rank r's peak memory and the parameters it holds;
+    `peak_bytes[r]` and `params[r]`: rank r's peak memory and the parameters it holds
+    (`held[i][r]`: of layer i);
     `bottleneck`: "compute", "wait" (ranks idle while others compute, a rank:R layer),
     "link:<queue>" or "memory" (infeasible); `breakdown`: seconds by cause, each
     conversion's ("convert L<i> forward_s" / "backward_s", i: the layer it precedes) and
@@ -116,6 +117,7 @@ class LayerPrediction:
     breakdown: dict[str, float] = field(default_factory=dict)
     conversions: list[ConversionCost] = field(default_factory=list)
     params: list[int] = field(default_factory=list)
+    held: list[list[int]] = field(default_factory=list)  # per layer, per rank: parameters
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the plan (`LayerPlan.to_json`), its label and the figures."""
@@ -277,7 +279,9 @@ def _simulate(plan: LayerPlan, kinds: list[LayerKind], s: Setting, slow: float) 
         t = g.add(f"step r{r}", f"r{r}", params[r] * per_param, last[r] + syncs, cat="step")
         if o.step_fixed:
             g.add(f"fixed r{r}", f"r{r}", o.step_fixed, [t], cat="fixed")
-    return _predict(plan, kinds, s, g, params, priced, sync_s, slow)
+    pred = _predict(plan, kinds, s, g, params, priced, sync_s, slow)
+    pred.held = each
+    return pred
 
 
 def _predict(
