@@ -151,8 +151,10 @@ def _answer(monkeypatch, global_s: float, **kw) -> per_layer_search.LayerAnswer:
 def test_the_walk_finds_the_exhaustive_optimum_and_chosen_is_never_slower(monkeypatch):
     listed = _answer(monkeypatch, 1e9)
     assert len(listed.visited) == 5**3 and listed.how.startswith("exhaustive")
-    # syncing the big layer over the slow link costs more than moving its activations
-    assert listed.best_layers.plan.choices[1] != "data"
+    # syncing the big layer's 4 MB gradient over 100 Mbit/s (~0.3 s) costs far more than
+    # gathering its 64 kB input and scattering its output; the others, without parameters,
+    # run where the batch is
+    assert listed.best_layers.plan.choices == ("data", "column", "data")
     walked = _answer(monkeypatch, 1e9, exhaustive=0, budget=300, seed=1)
     assert walked.how.startswith("Metropolis-Hastings")
     assert walked.best_layers.plan == listed.best_layers.plan
