@@ -188,6 +188,12 @@ def test_cli_per_layer_prints_and_writes_json(tmp_path, capsys, fake_profiling):
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "best global plan: " in text and "Linear(64, 128)" in text
-    assert json.loads(out.read_text())["per_layer"]["kind"] == "per-layer"
+    doc = json.loads(out.read_text())["per_layer"]
+    assert doc["kind"] == "per-layer"
+    # one plan predicted again for the same request: the figures the file holds
+    plan = LayerPlan.from_json(doc)
+    again = per_layer_search.predict_layers(PlanRequest(model="mlp", workers=2), plan,
+                                            profile=fake(layers=4, params=1000))  # fmt: skip
+    assert again.step_s == pytest.approx(doc["predicted"]["step_s"])
     assert main(["plan", "--per-layer", "--calibrate"]) == 2
     assert "--per-layer" in capsys.readouterr().err
