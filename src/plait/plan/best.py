@@ -33,11 +33,6 @@ def choose(options: dict[str, Any], memory_per_rank: int | None = None) -> dict[
         ConfigError: an option the plan chooses given too, or no plan that runs with the
             other options.
     """
-    from plait.parallel.layout import LayerPlan
-    from plait.plan.per_layer_search import search_layers
-    from plait.plan.plan import PlanRequest
-    from plait.train.config import TrainConfig
-
     if options.get("plan") != BEST:
         return options
     given = [n for n in CHOSEN if n in options]
@@ -45,6 +40,11 @@ def choose(options: dict[str, Any], memory_per_rank: int | None = None) -> dict[
         shown = ", ".join(f"{flag(n)} {options[n]}".replace(" True", "") for n in given)
         verb = "chooses" if len(given) == 1 else "choose"
         raise ConfigError(f"--plan best {verb} {', '.join(flag(n) for n in given)}; drop {shown}")
+    from plait.parallel.layout import LayerPlan
+    from plait.plan.per_layer_search import search_layers
+    from plait.plan.plan import PlanRequest
+    from plait.train.config import TrainConfig
+
     req = PlanRequest(
         model=options.get("model", None if "workload" in options else "mlp"),
         workers=options.get("workers", TrainConfig.workers),
