@@ -100,9 +100,7 @@ def read(plan: str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise ConfigError(f"--plan {named}: not JSON ({e.msg}, line {e.lineno})") from None
     if isinstance(data, dict) and isinstance(data.get("per_layer"), dict):
-        data = data["per_layer"]  # plait plan --per-layer --json's file
-        if isinstance(data.get("plan"), dict):  # (a prediction that holds the plan)
-            data = data["plan"]
+        data = data["per_layer"]  # plait plan --per-layer --json's (the plan, its figures)
     if not isinstance(data, dict):
         raise ConfigError(f"--plan {named}: not a per-layer plan: a JSON {type(data).__name__}")
     try:
