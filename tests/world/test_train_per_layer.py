@@ -51,4 +51,4 @@ def test_a_per_layer_plan_trains_as_data_parallelism(tmp_path: Path) -> None:
     memory = split["rank_memory"]  # each rank half of each Linear's weight (row: bias on one)
     assert len(memory) == 2 and memory[0]["parameters"] < plain["rank_memory"][0]["parameters"]
     assert (tmp_path / "trace.json").is_file()
-    assert results[1]["losses"] == split["losses"]  # every rank reports the same
+    assert results[1]["split"]["losses"] == split["losses"]  # every rank reports the same
