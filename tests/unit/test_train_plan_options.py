@@ -128,4 +128,5 @@ def test_plan_best_runs_the_search_choice(
     runs = _searched(monkeypatch, Plan(dp=2, zero=1))  # the best global plan: its options
     assert main(argv) == 0
     assert runs[0] == {"workers": 2, "steps": 3, "zero": 1}
-    assert "plan: dp2 zero1 (--workers 2 --zero 1; predicted 2.0 ms/step)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "plan: dp2 zero1 (--workers 2 --zero 1; predicted 2.0 ms/step)" in err
