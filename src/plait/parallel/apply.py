@@ -127,6 +127,20 @@ def _replicated(part: nn.Module, choice: str) -> list[nn.Parameter]:
     return []
 
 
+def _broadcast(tensors: list[torch.Tensor], comm: Communicator) -> None:
+    """Make `tensors` rank 0's: one broadcast per dtype (and device), flattened."""
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for group in groups.values():
+            flat = comm.broadcast_(torch.cat([t.reshape(-1) for t in group]), 0)
+            at = 0
+            for t in group:
+                t.copy_(flat[at : at + t.numel()].view_as(t))
+                at += t.numel()
+
+
 class _Bucket:
     """One layer's "sum" gradients: one allreduce, started once the last one is in."""
 
@@ -135,11 +149,14 @@ class _Bucket:
         self.waiting = len(params)
         self.flat: torch.Tensor | None = None
         self.request: Request[torch.Tensor] | None = None
+        self.checked = False
 
     def start(self, comm: Communicator) -> None:
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
         self.flat = torch.cat([g.reshape(-1) for g in grads])
-        self.request = comm.allreduce_async_(self.flat)
+        # the ranks' buckets are checked to agree once; then they cannot differ (DataParallel)
+        self.request = comm.allreduce_async_(self.flat, check=not self.checked)
+        self.checked = True
 
     def finish(self) -> None:
         assert self.request is not None and self.flat is not None
@@ -181,10 +198,7 @@ class LayerParallel(nn.Module):
 
     def _sync(self, part: nn.Module, choice: str, same: list[nn.Parameter]) -> None:
         """Make `part`'s replicated tensors rank 0's; hook its "sum" gradients' bucket."""
-        with torch.no_grad():
-            tensors = [*same, *(part.buffers() if choice == "data" else ())]
-            for t in tensors:
-                self.comm.broadcast_(t.data, 0)
+        _broadcast([*same, *(part.buffers() if choice == "data" else ())], self.comm)
         summed = [p for p in same if p.requires_grad and choice in ("data", "row")]
         if summed:
             bucket = _Bucket(summed)
