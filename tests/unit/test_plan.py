@@ -19,12 +19,12 @@ from plait.cli.main import main
 from plait.comm.algorithms.model import NETWORK
 from plait.comm.dispatch import auto
 from plait.errors import ConfigError
-from plait.plan import Plan, PlanRequest, parse_rate, search
+from plait.plan import Plan, PlanRequest, parse_rate
 from plait.plan import profile as profiling
 from plait.plan.costs import Costs
 from plait.plan.graph import Graph
 from plait.plan.profile import Profile
-from plait.plan.search import Space, setting
+from plait.plan.search import Space, search, setting
 from plait.plan.setting import Setting
 from plait.plan.simulate import simulate
 from support.plan_profiles import fake

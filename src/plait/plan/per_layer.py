@@ -69,7 +69,7 @@ from plait.plan.costs import Costs
 from plait.plan.graph import Graph
 from plait.plan.profile import LayerCost, layer_cost
 from plait.plan.setting import Setting
-from plait.plan.simulate import refined, slowed
+from plait.plan.simulate import bottleneck_of, refined, slowed
 from plait.train.memory import OPTIMIZER_BYTES, formula
 
 PRECISION = "fp32"  # what a per-layer plan computes in
@@ -313,13 +313,8 @@ def _predict(
     peak = [r.peak for r in ranks]
     breakdown.update(memory.breakdown(ranks, s))
     feasible = memory.fits(max(peak), s)
-    if not feasible:
-        bottleneck = "memory"
-    else:
-        parts = {"compute": compute, "wait": breakdown["wait_s"], "comm": breakdown["comm_s"]}
-        bottleneck = max(parts, key=parts.__getitem__)
-        if bottleneck == "comm":
-            bottleneck = "link:" + max(links, key=links.__getitem__) if links else "compute"
+    parts = {"compute": compute, "wait": breakdown["wait_s"], "comm": breakdown["comm_s"]}
+    bottleneck = bottleneck_of(feasible, parts, links)
     convs = [ConversionCost(c, *priced[c.before]) for c in res.conversions]
     return LayerPrediction(plan, step, s.batch / step, peak, feasible, bottleneck, breakdown,
                            convs, params)  # fmt: skip

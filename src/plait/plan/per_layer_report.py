@@ -6,14 +6,14 @@ Every figure is a prediction (report.py's `caveat` says what of).
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from plait.parallel.layout import LayerPlan, Op, resolve
+from plait.plan.overheads import Overheads
 from plait.plan.per_layer import ConversionCost, LayerPrediction
 from plait.plan.per_layer_search import LayerAnswer
 from plait.plan.plan import PlanRequest
-from plait.plan.report import MiB, caveat
+from plait.plan.report import MiB, caveat, header
 
 HEAD = ("#", "layer", "choice", "computes in", "conversion before (forward / backward)",
         "convert ms", "parameters per rank")  # fmt: skip
@@ -109,7 +109,9 @@ def table(req: PlanRequest, answer: LayerAnswer, overheads: str = "") -> str:
     return "\n".join(lines)
 
 
-def to_json(req: PlanRequest, answer: LayerAnswer, overheads: Any = None) -> dict[str, Any]:
+def to_json(
+    req: PlanRequest, answer: LayerAnswer, overheads: Overheads | None = None
+) -> dict[str, Any]:
     """The --json document: "per_layer" is the chosen per-layer plan's `LayerPlan.to_json`
     (what `plait train --plan FILE` reads) with the predicted figures, the best global
     plan's, which of the two is chosen, and how the search went."""
@@ -124,11 +126,4 @@ def to_json(req: PlanRequest, answer: LayerAnswer, overheads: Any = None) -> dic
         "search": answer.how,
         "visited": len(answer.visited),
     }
-    return {
-        "predicted": True,
-        "overheads": None if overheads is None else asdict(overheads),
-        "cluster": req.hosts > 1,
-        "note": caveat(req),
-        "request": asdict(req),
-        "per_layer": per_layer,
-    }
+    return {**header(req, overheads), "per_layer": per_layer}

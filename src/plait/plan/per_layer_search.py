@@ -116,6 +116,19 @@ def search_layers(
     return LayerAnswer(best_global, best, chosen, visited, how, layers)
 
 
+def predict_layers(
+    req: PlanRequest, plan: LayerPlan, *, profile: Profile | None = None, fitted: bool = True
+) -> LayerPrediction:
+    """One per-layer plan's prediction for a request (what a benchmark compares a run of it
+    with), on the request's model's layers and setting (`search.setting`).
+
+    Raises:
+        ConfigError: see `search.setting`, `per_layer.simulate_layers`.
+    """
+    s, _batch = setting(req, profile, fitted=fitted)
+    return simulate_layers(plan, model_kinds(req), s)
+
+
 def start_plan(best: Plan, layers: list[LayerKind], workers: int) -> LayerPlan:
     """The global plan `best` as a per-layer plan, where it is one: one replica
     tensor-parallel over every worker splits the blocks (the rest data); anything else

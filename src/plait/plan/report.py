@@ -117,14 +117,18 @@ def to_json(
 ) -> dict[str, Any]:
     """Every prediction, ranked, with the request, what the figures are and the overheads
     they were predicted with (None: the profile alone)."""
+    return {**header(req, overheads), "search": how, "plans": [p.to_dict() for p in preds]}
+
+
+def header(req: PlanRequest, overheads: Overheads | None) -> dict[str, Any]:
+    """What every --json document of `plait plan` opens with: that its figures are
+    predicted, with which overheads, of what cluster, for which request."""
     return {
         "predicted": True,
         "overheads": None if overheads is None else asdict(overheads),
         "cluster": req.hosts > 1,
         "note": caveat(req),
         "request": asdict(req),
-        "search": how,
-        "plans": [p.to_dict() for p in preds],
     }
 
 

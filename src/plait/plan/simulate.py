@@ -300,14 +300,20 @@ def _simulate(plan: Plan, s: Setting, slow: float) -> Prediction:
     peak_bytes = memory.per_rank(plan, held)
     breakdown.update(memory.breakdown(held, s))
     feasible = memory.fits(max(peak_bytes), s)
-    if not feasible:
-        bottleneck = "memory"
-    else:
-        parts = {"compute": compute, "bubble": breakdown["bubble_s"], "comm": breakdown["comm_s"]}
-        bottleneck = max(parts, key=parts.__getitem__)
-        if bottleneck == "comm":
-            bottleneck = "link:" + max(links, key=links.__getitem__) if links else "compute"
+    parts = {"compute": compute, "bubble": breakdown["bubble_s"], "comm": breakdown["comm_s"]}
+    bottleneck = bottleneck_of(feasible, parts, links)
     return Prediction(plan, step, s.batch / step, peak_bytes, bottleneck, feasible, breakdown)
+
+
+def bottleneck_of(feasible: bool, parts: dict[str, float], links: dict[str, float]) -> str:
+    """ "memory" for a plan over the limit, else the largest of `parts` (seconds by
+    cause), exposed communication ("comm") named by its busiest link ("link:<queue>")."""
+    if not feasible:
+        return "memory"
+    found = max(parts, key=parts.__getitem__)
+    if found == "comm":
+        return "link:" + max(links, key=links.__getitem__) if links else "compute"
+    return found
 
 
 def _previous(sched: list[list[Action]], a: Action) -> Action | None:
