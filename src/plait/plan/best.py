@@ -10,6 +10,7 @@ ignored. `--plan FILE` is left to the run (plait/train/layer_plan.py).
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -58,7 +59,7 @@ def choose(options: dict[str, Any], memory_per_rank: int | None = None) -> dict[
     rest = {k: v for k, v in options.items() if k != "plan"}
     best_global = answer.best_global
     if isinstance(answer.chosen, LayerPlan):
-        chosen = {**rest, "plan": answer.chosen.dumps()}
+        chosen = {**rest, "plan": json.dumps(answer.chosen.to_json())}  # one line
         if _runs(chosen):
             beside = ""
             if best_global is not None:
