@@ -16,7 +16,7 @@ from plait.cli.main import main
 from plait.parallel.layout import LayerPlan
 from plait.plan.plan import Plan, Prediction
 from plait.train import preflight
-from plait.train.config import TrainConfig
+from plait.train.config import TrainConfig, check_given
 from plait.train.errors import ConfigError
 
 # mlp: Flatten, Linear(64, 128), ReLU, Linear(128, 10): Megatron's pair over 2 ranks
@@ -69,6 +69,7 @@ def test_a_bad_plan_file_is_one_line(tmp_path: Path, data: Any, message: str) ->
         ({"out": "run"}, "--out run: checkpoints of a per-layer run .* are not built yet"),
         ({"optimizer": "lamb"}, "--optimizer lamb yet"),
         ({"schedule": "gpipe"}, "--schedule gpipe applies to a pipeline"),
+        ({"chunks": 1, "plan_given": True}, "--chunks 1: the plan already says how each layer"),
         ({"batch_size": 9}, "--batch-size 9 % --workers 2 = 1 != 0"),
         ({"plan": "best"}, "--plan best runs the planner, which the `plait train` command"),
     ],
@@ -76,14 +77,12 @@ def test_a_bad_plan_file_is_one_line(tmp_path: Path, data: Any, message: str) ->
 def test_options_a_plan_does_not_run_with(
     tmp_path: Path, options: dict[str, Any], message: str
 ) -> None:
+    as_given = options.pop("plan_given", False)  # refused as given (job.configure's check)
     given = {"workers": 2, "plan": _file(tmp_path, MLP_PLAN.to_json()), **options}
     with pytest.raises(ConfigError, match=message):
-        preflight.check(TrainConfig.from_options(given))
-    if "schedule" in options:  # refused as given, too (job.configure)
-        from plait.train.config import check_given
-
-        with pytest.raises(ConfigError, match=message):
+        if as_given:
             check_given(given)
+        preflight.check(TrainConfig.from_options(given))
 
 
 @pytest.mark.parametrize(

@@ -434,6 +434,7 @@ def check_given(options: dict[str, Any]) -> None:
         ConfigError: naming exactly the flags given in vain.
     """
     DistillConfig.check_given(options)
+    layer_plan.check_given(options)
     MeshConfig.check_given(options)
     ElasticConfig.check_given(options)
     parts_ps.check_given(options)

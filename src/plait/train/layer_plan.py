@@ -83,6 +83,25 @@ def check_options(plan: str, options: dict[str, Any]) -> None:
         )
 
 
+MESH = ("dp", "pp", "tp", "chunks", "schedule", "virtual")  # the mesh's options, any value
+
+
+def check_given(options: dict[str, Any]) -> None:
+    """Refuse the mesh's options given with --plan, by what the user gave (config.check_given:
+    `--chunks 1` too), before MeshConfig's refusal of --chunks without --pp would suggest
+    adding --pp.
+
+    Raises:
+        ConfigError: naming --plan and the first mesh option given.
+    """
+    plan = options.get("plan")
+    given = [n for n in MESH if options.get(n) is not None]
+    if plan is not None and given:
+        name = given[0]
+        raise ConfigError(f"--plan {shown(plan)} does not run with {flag(name)} "
+                          f"{options[name]}: {SPLITS}")  # fmt: skip
+
+
 def read(plan: str) -> dict[str, Any]:
     """The per-layer plan `--plan plan` names, as LayerPlan.to_json gives it: read from the
     file `plan` (the plan's JSON, or a file with it under "per_layer", as `plait plan
