@@ -11,15 +11,18 @@ from __future__ import annotations
 import json
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
 
 from plait.bench import render
-from plait.bench.plan import per_layer, per_layer_tables
+from plait.bench.plan import per_layer, per_layer_tables, runs
 from plait.bench.plan.config import PlanBenchConfig
 from plait.cli.main import main
+from plait.errors import ConfigError
 from plait.parallel.layout import LayerPlan
 from plait.plan import overheads
 from plait.plan import runs as measuring
@@ -77,7 +80,10 @@ def planner(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     def search_layers(req: Any, **_: Any) -> Any:
         fake.requests.append(req)  # type: ignore[attr-defined]
-        return answers.pop(0)
+        found = answers.pop(0)
+        if isinstance(found, Exception):
+            raise found
+        return found
 
     fake.search_layers = search_layers  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "plait.plan.per_layer_search", fake)
@@ -198,3 +204,54 @@ def test_without_the_per_layer_planner_the_benchmark_says_so(
     monkeypatch.setitem(sys.modules, "plait.plan.per_layer_search", None)  # ImportError
     assert main([*ARGV]) == 2
     assert "plait.plan.per_layer_search) cannot be imported" in capsys.readouterr().err
+
+
+def test_the_matrix_measures_every_setting_in_turn_past_one_that_fails(
+    planner: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    seen: list[list[str]] = []
+
+    @contextmanager
+    def launcher(config: PlanBenchConfig) -> Iterator[measuring.Launch]:
+        yield fake_train(seen)  # here, for the simulated hosts too
+
+    monkeypatch.setattr(runs, "launcher", launcher)
+    plans = ("column", "follow", "row")
+    planner += [answer(plans, Plan(dp=1, tp=2)), ConfigError("cnn refused")]
+    planner += [answer(plans, Plan(dp=1, tp=2)) for _ in range(4)]
+    out, md = tmp_path / "o.json", tmp_path / "m.md"
+    argv = ["bench", "plan", "--per-layer", "--matrix", "--workers", "2", "--repeats", "1",
+            "--steps", "3", "--warmup", "1", "--json", str(out), "--markdown", str(md)]  # fmt: skip
+    assert main(argv) == 1
+    requests = sys.modules["plait.plan.per_layer_search"].requests  # type: ignore[attr-defined]
+    assert [(r.model, r.hosts, r.link_rate) for r in requests] == [
+        ("wide", 1, None), ("cnn", 1, None), ("gpt", 1, None),
+        ("wide", 2, "100mbit"), ("cnn", 2, "100mbit"), ("gpt", 2, "100mbit"),
+    ]  # fmt: skip
+    assert len(seen) == 5 * 3  # five settings measured, three plans each, one repeat
+    doc = json.loads(out.read_text())
+    assert [d.get("failed") for d in doc["settings"]] == [None, "cnn refused", *[None] * 4]
+    text = md.read_text()
+    # wide on 2 hosts at 100mbit: 1.2x the best global plan misses the 1.3x bar
+    assert ("| wide, 2 ranks on 2 simulated hosts, link 100mbit | per-layer[column row] x2 | "
+            "1.20x | 2.00x | +0.0% | MISS | PASS | PASS |") in text  # fmt: skip
+    assert "| wide, 2 ranks on this machine | per-layer[column row] x2 | 1.20x | 2.00x | " \
+           "+0.0% | n/a | PASS | PASS |" in text  # fmt: skip
+    assert "| cnn, 2 ranks on this machine | not measured |" in text
+    assert "cnn, 2 ranks on this machine: not measured: cnn refused" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--matrix"], "--matrix is --per-layer's"),
+        (["--per-layer", "--matrix", "--model", "gpt"], "--matrix sets --model, --hosts"),
+        (["--per-layer", "--matrix", "--workers", "3"], "--workers 3 % 2 = 1 != 0"),
+    ],
+)
+def test_the_matrix_refuses_what_it_sets_itself(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "plan", *argv]) == 2
+    assert message in capsys.readouterr().err

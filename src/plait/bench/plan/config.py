@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plait.bench.fields import at_least_1, json_field, size
@@ -25,6 +25,13 @@ MAX_TOP_PICK_GAP = 0.05
 MIN_LAYER_GAIN = 1.3
 MAX_LAYER_LOSS = 0.05
 GAIN_MODEL, GAIN_HOSTS, GAIN_LINK = "wide", 2, "100mbit"
+#: --per-layer --matrix: issue 36's settings, each model on this machine, then on 2
+#: simulated hosts at 100 Mbit/s: (model, hosts, link rate)
+MATRIX = tuple(
+    (model, hosts, link)
+    for hosts, link in ((1, None), (GAIN_HOSTS, GAIN_LINK))
+    for model in ("wide", "cnn", "gpt")
+)
 
 
 @dataclass(kw_only=True)
@@ -55,7 +62,9 @@ class PlanBenchConfig:
     and memory per rank, the per-layer plan's measured speed-up over the other two, the
     layout it chose, and the bars: at least 1.3x the best global plan on wide with
     --hosts 2 --link-rate 100mbit, never more than 5% slower than it, predicted within 10%
-    (--top and --sample are not used).
+    (--top and --sample are not used). --matrix runs the issue's six settings one after
+    the other in one command: wide, cnn and gpt on this machine, then on 2 simulated hosts
+    at 100mbit.
     """
 
     model: str | None = field(
@@ -97,6 +106,12 @@ class PlanBenchConfig:
         metadata=option("measure the per-layer plan against the best global plan and plain "
                         "data parallelism (issue 36)"),
     )  # fmt: skip
+    matrix: bool = field(
+        default=False,
+        metadata=option("with --per-layer: every setting of issue 36 in turn (wide, cnn, gpt; "
+                        "this machine, then 2 hosts at 100mbit), instead of --model, --hosts "
+                        "and --link-rate"),
+    )  # fmt: skip
     top: int = field(default=5, metadata=option("the planner's best plans to run"))
     sample: int = field(
         default=10, metadata=option("other feasible plans to run, drawn at random (seeded)")
@@ -128,6 +143,15 @@ class PlanBenchConfig:
                 f"--workers {self.workers} % --hosts {self.hosts} = "
                 f"{self.workers % self.hosts} != 0: every host runs the same number of ranks"
             )
+        if self.matrix and not self.per_layer:
+            raise ConfigError("--matrix is --per-layer's: give both")
+        if self.matrix and (self.workload or self.model or self.hosts > 1 or self.link_rate):
+            raise ConfigError("--matrix sets --model, --hosts and --link-rate itself (issue "
+                              "36's settings): leave them out, or leave out --matrix")  # fmt: skip
+        if self.matrix and self.workers % GAIN_HOSTS:
+            raise ConfigError(f"--matrix runs on {GAIN_HOSTS} hosts too: --workers "
+                              f"{self.workers} % {GAIN_HOSTS} = {self.workers % GAIN_HOSTS} "
+                              "!= 0")  # fmt: skip
         if self.link_rate is not None and self.hosts < 2:
             raise ConfigError(f"--link-rate {self.link_rate} needs --hosts >= 2 (a link "
                               "between hosts); got --hosts 1")  # fmt: skip
@@ -150,6 +174,13 @@ class PlanBenchConfig:
         if self.device != "cpu":
             what["device"] = self.device
         return what
+
+    def settings(self) -> list[PlanBenchConfig]:
+        """With --matrix, one config per setting of MATRIX (else this one alone)."""
+        if not self.matrix:
+            return [self]
+        return [replace(self, matrix=False, model=m, hosts=h, link_rate=link)
+                for m, h, link in MATRIX]  # fmt: skip
 
     @property
     def memory_bytes(self) -> int | None:

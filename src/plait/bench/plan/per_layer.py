@@ -11,7 +11,9 @@ per_layer_tables.py's.
 Each is measured as every plan of `plait bench plan` is (the same warm-up, steps and
 repeats). Where the best global plan is plain data parallelism it runs once and both rows
 show it. Memory per rank is reported where a run counts it; a run that does not is still
-timed. The planner is imported only when the benchmark runs.
+timed. With --matrix, every setting of issue 36 in turn (config.MATRIX): a setting that
+cannot be measured at all (the search refuses it, no simulated hosts) is reported and the
+next one runs. The planner is imported only when the benchmark runs.
 """
 
 from __future__ import annotations
@@ -26,14 +28,39 @@ from typing import Any
 from plait.bench.plan import per_layer_tables, runs
 from plait.bench.plan.config import PlanBenchConfig
 from plait.bench.workers import BenchFailed
+from plait.errors import ConfigError
 from plait.parallel.layout import FOLLOW, LayerPlan
 
 PLAN_FILE = "per-layer-plan.json"
 
 
 def measure(config: PlanBenchConfig) -> dict[str, Any]:
-    """The three plans measured: {"kind", "where", "notes", "chosen", "all_data", "plan",
-    "plan_file", "rows", "speedups", "bars", "overheads", "load_average_1min", "config"}."""
+    """`measure_one`'s document; with --matrix {"kind": "per-layer-matrix", "settings":
+    [each setting's document, or {"what", "where", "failed", "config"} where it could not
+    be measured]}."""
+    if not config.matrix:
+        return measure_one(config)
+    docs: list[dict[str, Any]] = []
+    for one in config.settings():
+        print(f"== {what(one)}, {one.where}", file=sys.stderr, flush=True)
+        try:
+            docs.append(measure_one(one))
+        except (BenchFailed, ConfigError) as e:  # this setting only: the next one runs
+            print(f"{what(one)}, {one.where}: not measured: {e}", file=sys.stderr)
+            docs.append({"kind": "per-layer", "what": what(one), "where": one.where,
+                         "failed": str(e), "config": vars(one)})  # fmt: skip
+    return {"kind": "per-layer-matrix", "settings": docs}
+
+
+def what(config: PlanBenchConfig) -> str:
+    """The model or workload a config plans."""
+    return config.workload or config.fixed()["model"]
+
+
+def measure_one(config: PlanBenchConfig) -> dict[str, Any]:
+    """The three plans measured: {"kind", "what", "where", "notes", "chosen", "all_data",
+    "plan", "plan_file", "rows", "speedups", "bars", "overheads", "load_average_1min",
+    "config"}."""
     answer, data, used = predict(config)
     layer_plan: LayerPlan = answer.best_layers.plan
     folder = runs.scratch("plan-per-layer")
@@ -54,7 +81,7 @@ def measure(config: PlanBenchConfig) -> dict[str, Any]:
     if same:
         rows[-1]["same_as"] = "global"
     return {
-        "kind": "per-layer", "where": config.where, "notes": notes,
+        "kind": "per-layer", "what": what(config), "where": config.where, "notes": notes,
         "chosen": "per-layer" if isinstance(answer.chosen, LayerPlan) else "global",
         "all_data": all_data(layer_plan), "plan": layer_plan.to_json(),
         "plan_file": str(plan_file), "rows": rows, "speedups": per_layer_tables.speedups(rows),

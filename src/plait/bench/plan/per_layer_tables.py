@@ -23,7 +23,7 @@ from plait.bench.plan.config import (
     PlanBenchConfig,
 )
 from plait.bench.plan.runs import MIB, Measured, Way
-from plait.bench.render import Report, Table, ratio, ungrouped
+from plait.bench.render import Line, Report, Table, ratio, ungrouped
 from plait.sizes import parse_rate
 
 WHICH = {"per-layer": "per-layer (searched)", "global": "best global", "data": "data parallel"}
@@ -153,6 +153,49 @@ def layout_table(plan: dict[str, Any]) -> Table:
 
 
 def report(doc: dict[str, Any], config: PlanBenchConfig) -> Report:
+    """One setting's report (`report_one`); with --matrix a table of every setting's
+    speed-ups and bars, then each setting's report. Exit status 1 if a run or a setting
+    failed."""
+    if doc["kind"] != "per-layer-matrix":
+        return report_one(doc)
+    settings = doc["settings"]
+    summary = Table("issue 36's settings: the per-layer plan's measured speed-ups and bars",
+                    SUMMARY_HEAD, ungrouped(summary_cells(d) for d in settings),
+                    left="setting")  # fmt: skip
+    parts: list[Table | Line] = [summary]
+    markdown: list[Table | Line] = [summary]
+    status = 0
+    for d in settings:
+        heading = f"{d['what']}, {d['where']}"
+        if "failed" in d:
+            parts.append(Line(f"{heading}: not measured: {d['failed']}", to="stderr"))
+            markdown.append(Line(f"#### {heading}\n\nnot measured: {d['failed']}"))
+            status = 1
+            continue
+        one = report_one(d)
+        parts += [Line(f"== {heading}", markup=False), *one.parts]
+        markdown += [Line(f"#### {heading}"), *one.markdown]
+        status = max(status, one.status)
+    return Report(parts, 110, markdown=markdown, status=status)
+
+
+SUMMARY_HEAD = ("setting", "per-layer plan", "vs global", "vs data", "err", "1.3x", "<= +5%",
+                "err <= 10%")  # fmt: skip
+
+
+def summary_cells(d: dict[str, Any]) -> list[str]:
+    """A setting's line of the --matrix table: its speed-ups and its bars' verdicts."""
+    setting = f"{d['what']}, {d['where']}"
+    if "failed" in d:
+        return [setting, "not measured", *[""] * (len(SUMMARY_HEAD) - 2)]
+    layer = _by_way(d["rows"])["per-layer"]
+    s = d["speedups"]
+    return [setting, layer["label"], ratio(s["over_global"]), ratio(s["over_data"]),
+            tables.pct(layer["step_error"]),
+            *(tables.VERDICT[b["passed"]] for b in d["bars"])]  # fmt: skip
+
+
+def report_one(doc: dict[str, Any]) -> Report:
     """The three plans' table, the speed-ups, the layout and the bars; Markdown (for
     docs/bench-plan.md): where it ran, the table, the layout, then the rest as a list.
     Exit status 1 if a run failed."""
@@ -166,7 +209,7 @@ def report(doc: dict[str, Any], config: PlanBenchConfig) -> Report:
             *tables.overheads_lines(doc.get("overheads"))]  # fmt: skip
     failed = [f"{WHICH[r['way']]} ({r['label']})" for r in rows
               if r["failed"] and not r.get("same_as")]  # fmt: skip
-    head = f"{doc['where']}, {config.fixed().get('model') or config.workload}"
+    head = f"{doc['what']}, {doc['where']}"
     return tables.finish(doc, [table, layout_table(doc["plan"])], info,
                          tables.bar_lines(doc["bars"]), failed, head,
                          "plait bench plan --per-layer")  # fmt: skip

@@ -211,9 +211,11 @@ def cells(r: dict[str, Any], limit: int | None) -> list[str]:
     ]  # fmt: skip
 
 
+VERDICT = {True: "PASS", False: "MISS", None: "n/a"}  # a bar's `passed`, in words
+
+
 def bar_lines(bar_list: Sequence[dict[str, Any]]) -> list[str]:
-    word = {True: "PASS", False: "MISS", None: "n/a"}
-    return [f"{word[b['passed']]}  {b['name']}: {b['text']}" for b in bar_list]
+    return [f"{VERDICT[b['passed']]}  {b['name']}: {b['text']}" for b in bar_list]
 
 
 def report(doc: dict[str, Any], config: PlanBenchConfig) -> Report:
