@@ -9,7 +9,9 @@ best` runs the best plan. `plait plan --calibrate` first fits this machine's ove
 a real step pays beyond the profile) from a few short runs, and caches them: later plans
 predict with them (--no-overheads: without). `plait plan --from-trace t.json` says where
 the prediction for a traced run (`plait train --trace t.json`) was wrong, and refits the
-machine's overheads to it (`--save` keeps them). See docs/planning.md.
+machine's overheads to it (`--save` keeps them). `plait plan --per-layer` also searches
+per-layer plans (each layer its own split) and prints the best layer by layer, with its gain
+over the best global plan. See docs/planning.md and docs/per-layer.md.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         req = config.request()
         if config.calibrate:
             return calibrate(req)
+        if config.per_layer:
+            return per_layer(config, req)
         preds, how = ranked(req, budget=config.budget, seed=config.seed,
                             fitted=not config.no_overheads)  # fmt: skip
     except ConfigError as e:
@@ -66,6 +70,25 @@ def run(args: argparse.Namespace) -> int:
     )
     if config.json is not None:
         report.write_json(config.json, report.to_json(req, preds, how, used))
+    return 0
+
+
+def per_layer(config: PlanConfig, req: PlanRequest) -> int:
+    """--per-layer: the best global and per-layer plans, layer by layer (and --json).
+
+    Raises:
+        ConfigError: see `per_layer_search.search_layers`.
+    """
+    from plait.plan import overheads, per_layer_report, report
+    from plait.plan.per_layer_search import search_layers
+
+    fitted = not config.no_overheads
+    answer = search_layers(req, budget=config.budget, seed=config.seed, fitted=fitted)
+    used = overheads.load(config.device) if fitted else None
+    line = report.overheads_line(used, config.no_overheads, config.device)
+    print(per_layer_report.table(req, answer, line))
+    if config.json is not None:
+        report.write_json(config.json, per_layer_report.to_json(req, answer, used))
     return 0
 
 

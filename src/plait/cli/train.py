@@ -14,7 +14,6 @@ import sys
 
 from plait.errors import EXIT_BAD_INPUT, ConfigError
 from plait.options import add_options, given
-from plait.plan.best import PLANS
 from plait.train.config import TrainConfig
 
 
@@ -26,14 +25,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(p, TrainConfig)
-    p.add_argument(
-        "--plan",
-        choices=PLANS,
-        help="run the planner's best plan for this model, workers and batch (plait plan): it "
-        "chooses --dp/--pp/--tp, --zero, --chunks, --schedule, --precision, --compression, "
-        "--activation-checkpointing, --priority and --strategy",
-    )
+    add_options(p, TrainConfig)  # --plan among them (TrainConfig.plan)
     p.set_defaults(func=run)
 
 
@@ -41,11 +33,11 @@ def run(args: argparse.Namespace) -> int:
     from plait.train import job
 
     options = given(args, TrainConfig)
-    if getattr(args, "plan", None) is not None:
+    if options.get("plan") == "best":  # the planner runs here, before any worker starts
         from plait.plan.best import choose
 
         try:
-            options = choose(args.plan, options)
+            options = choose(options)
         except ConfigError as e:
             print(f"plait train: error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT

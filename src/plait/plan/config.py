@@ -70,6 +70,14 @@ class PlanConfig:
         metadata=option("Metropolis-Hastings proposals, where the space is too large to list"),
     )
     seed: int = field(default=SEED, metadata=option("the Metropolis-Hastings walk's seed"))
+    per_layer: bool = field(
+        default=False,
+        metadata=option(
+            "also search per-layer plans (each layer data-parallel, split or on one rank, "
+            "as FlexFlow does) and print the best layer by layer, its gain over the best "
+            "global plan, and which of the two plait train --plan best runs"
+        ),
+    )
     calibrate: bool = field(
         default=False,
         metadata=option(
@@ -118,6 +126,9 @@ class PlanConfig:
             raise ConfigError(
                 "--calibrate runs its own plans; --from-trace refits to a run you traced: give one"
             )
+        if self.per_layer and (self.calibrate or self.from_trace is not None):
+            what = "--calibrate" if self.calibrate else "--from-trace"
+            raise ConfigError(f"--per-layer plans a request; {what} does not: give one")
         if self.save and self.from_trace is None:
             raise ConfigError("--save writes what --from-trace refitted: give --from-trace FILE")
         if self.from_trace is None:  # (else the workers are the trace's)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plait.comm.algorithms import hierarchical, shm
+from plait.comm.algorithms import hierarchical, shm, tree
 from plait.comm.algorithms.model import DEFAULT, NETWORK, AlphaBeta
 from plait.comm.dispatch import auto, calibration
 
@@ -87,8 +87,50 @@ class Costs:
         p = len(ranks)
         if p <= 1:
             return 0.0
-        link = self.inside if self.level(ranks) == "local" else self.network
+        link = self.link(ranks)
         return (p - 1) * (link.alpha + n * link.beta)
+
+    def link(self, ranks: list[int]) -> AlphaBeta:
+        """The alpha-beta constants of a collective over `ranks`: the host's inside one,
+        the network's across (every message priced at the slower level)."""
+        return self.inside if self.level(ranks) == "local" else self.network
+
+    def reduce_scatter(self, n: float, ranks: list[int]) -> float:
+        """Seconds of a ring reduce-scatter of n bytes on every rank (each keeps n / p,
+        summed): (p-1) messages of n/p bytes, each reduced (Thakur et al. 2005)."""
+        p = len(ranks)
+        if p <= 1:
+            return 0.0
+        c = self.link(ranks)
+        return (p - 1) * (c.alpha + n / p * (c.beta + c.gamma))
+
+    def alltoall(self, n: float, ranks: list[int]) -> float:
+        """Seconds of a pairwise all-to-all of a tensor of n bytes in all, n / p on each
+        rank: p-1 rounds, each sending one rank n / p^2 bytes."""
+        p = len(ranks)
+        if p <= 1:
+            return 0.0
+        c = self.link(ranks)
+        return (p - 1) * (c.alpha + n / (p * p) * c.beta)
+
+    def gather(self, n: float, ranks: list[int]) -> float:
+        """Seconds of gathering a tensor of n bytes in all (n / p on each rank) on one rank:
+        the root receives p-1 messages, (p-1)/p n bytes; scatter is its mirror."""
+        p = len(ranks)
+        if p <= 1:
+            return 0.0
+        c = self.link(ranks)
+        return (p - 1) * (c.alpha + n / p * c.beta)
+
+    scatter = gather
+
+    def broadcast(self, n: float, ranks: list[int]) -> float:
+        """Seconds of a binomial-tree broadcast of n bytes (lg p messages of n bytes each);
+        reduce is its mirror, its additions left out as comm's formula leaves them."""
+        p = len(ranks)
+        return tree.one_way_cost(int(n), p, self.link(ranks)) if p > 1 else 0.0
+
+    reduce = broadcast
 
     def to_servers(self, n: float, workers: int, servers: int) -> float:
         """Seconds for `workers` ranks to each push n bytes to `servers` servers (each takes

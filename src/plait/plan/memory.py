@@ -66,7 +66,7 @@ def stages(plan: Plan, s: Setting) -> list[Rank]:
     for stage in range(p):
         parts = [groups[kk] for kk in range(stage, p * v, p)]  # this stage's model parts
         mine = [i for part in parts for i in part]
-        psi = sum(_params(layers[i], tp) for i in mine)
+        psi = sum(tp_params(layers[i], tp) for i in mine)
         if plan.strategy == "ps":  # parameters and gradients; the servers hold the rest
             states = 8.0 * psi
         else:
@@ -78,7 +78,7 @@ def stages(plan: Plan, s: Setting) -> list[Rank]:
         for part in parts:
             before = 0.0  # what the part's earlier layers keep
             for i in part:
-                full = _saved(prof, layers[i], plan.precision, micro, tp)
+                full = tp_saved(prof, layers[i], plan.precision, micro, tp)
                 if plan.checkpointing and layers[i].repeated:
                     again = max(again, before + full)
                     keep = layers[i].input_bytes * micro
@@ -131,18 +131,18 @@ def _gathered(mine: list[LayerCost], tp: int) -> float:
     in no repeated block: embeddings, the head), gathered for the whole step, and two
     blocks, the one computing and the next prefetched. A model without blocks (mlp) is
     taken as units of one layer each: two of the largest."""
-    blocks = [_params(layer, tp) for layer in mine if layer.repeated]
+    blocks = [tp_params(layer, tp) for layer in mine if layer.repeated]
     if not blocks:
-        return 2 * 4.0 * max((_params(layer, tp) for layer in mine), default=0)
-    root = sum(_params(layer, tp) for layer in mine if not layer.repeated)
+        return 2 * 4.0 * max((tp_params(layer, tp) for layer in mine), default=0)
+    root = sum(tp_params(layer, tp) for layer in mine if not layer.repeated)
     return 4.0 * (root + sum(sorted(blocks)[-2:]))
 
 
-def _params(layer: LayerCost, tp: int) -> int:
+def tp_params(layer: LayerCost, tp: int) -> int:
     return layer.params // tp if tp > 1 and layer.tp_allreduces > 0 else layer.params
 
 
-def _saved(prof: Profile, layer: LayerCost, precision: str, micro: float, tp: int) -> float:
+def tp_saved(prof: Profile, layer: LayerCost, precision: str, micro: float, tp: int) -> float:
     """A layer's saved bytes in `precision` on one tp rank. Megatron splits what lies between
     a section's column- and row-parallel linears (heads, the MLP's hidden width) over tp, and keeps
     whole each section's input and its layer norm's output, the input of the column-

@@ -304,10 +304,15 @@ def _walk(space: Space, s: Setting, budget: int, seed: int) -> list[Prediction]:
         if plan not in seen:
             seen[plan] = simulate(plan, s)
         new = seen[plan]
-        t_new, t_cur = _cost(new), _cost(current)
-        # Metropolis: downhill always (and anywhere from an infeasible plan), uphill with
-        # probability exp(-BETA * relative slowdown), never into an infeasible plan
-        worse = math.inf if math.isinf(t_new) else BETA * (t_new - t_cur) / t_cur
-        if t_new <= t_cur or math.isinf(t_cur) or rng.random() < math.exp(-worse):
+        if accepts(_cost(new), _cost(current), rng):
             current = new
     return list(seen.values())
+
+
+def accepts(t_new: float, t_cur: float, rng: random.Random) -> bool:
+    """Metropolis' acceptance of a proposal of cost `t_new` from one of `t_cur` (step
+    seconds, infinite where infeasible): downhill always (and anywhere from an infeasible
+    plan), uphill with probability exp(-BETA * relative slowdown), never into an
+    infeasible plan."""
+    worse = math.inf if math.isinf(t_new) else BETA * (t_new - t_cur) / t_cur
+    return t_new <= t_cur or math.isinf(t_cur) or rng.random() < math.exp(-worse)

@@ -45,8 +45,9 @@ schedule's peak, as the runtime counts them; buffers apart).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from plait.pipeline.balance import split_sizes
 from plait.pipeline.schedule import Action, build
@@ -58,6 +59,8 @@ from plait.plan.plan import Plan, Prediction
 from plait.plan.profile import at, layer_cost
 from plait.plan.reductions import FIRST, SERVERS, reductions
 from plait.plan.setting import Setting
+
+P = TypeVar("P")  # a prediction: a Plan's or a per-layer plan's (per_layer.py)
 
 
 def simulate(plan: Plan, s: Setting) -> Prediction:
@@ -83,19 +86,33 @@ def _chosen(plan: Plan, s: Setting) -> tuple[float, Prediction]:
     take no share and their workers no refinement: in sync mode the servers wait in their
     poll while the workers compute, and the workers all wait at once while the servers
     update (reductions.py), so no worker's wait frees a core for another's compute."""
-    hosts = max(1, plan.workers // s.costs.local)
-    per_host = plan.workers / hosts
-    slow = _slowdown(per_host / s.cores, s.overheads.share)
-    pred = _simulate(plan, s, slow)
-    if slow > 1.0 and plan.strategy != "ps":
-        busy = pred.breakdown["compute_total_s"] / (plan.pp * pred.step_s)
-        shared = _slowdown(per_host * min(1.0, busy) / s.cores, s.overheads.share)
+    return refined(
+        plan.workers, s, lambda slow: _simulate(plan, s, slow),
+        lambda pred: pred.breakdown["compute_total_s"] / (plan.pp * pred.step_s),
+        again=plan.strategy != "ps",
+    )  # fmt: skip
+
+
+def refined(
+    workers: int, s: Setting, predict: Callable[[float], P], busy: Callable[[P], float],
+    again: bool = True,
+) -> tuple[float, P]:  # fmt: skip
+    """(the slowdown, `predict(slowdown)`) for `workers` ranks sharing the hosts' cores
+    (`simulate`'s mean-field view): at the ranks per core, then, where that slows them
+    and `again`, once more with the ranks counted by `busy(prediction)`, the share of
+    the step a rank computes, if that is less."""
+    hosts = max(1, workers // s.costs.local)
+    per_host = workers / hosts
+    slow = slowdown(per_host / s.cores, s.overheads.share)
+    pred = predict(slow)
+    if slow > 1.0 and again:
+        shared = slowdown(per_host * min(1.0, busy(pred)) / s.cores, s.overheads.share)
         if shared < slow:
-            return shared, _simulate(plan, s, shared)
+            return shared, predict(shared)
     return slow, pred
 
 
-def _slowdown(per_core: float, share: float) -> float:
+def slowdown(per_core: float, share: float) -> float:
     """A rank's compute slowdown when `per_core` ranks share each core (1 where they fit)."""
     return max(1.0, 1.0 + share * (per_core - 1.0)) if per_core > 1.0 else 1.0
 
@@ -109,7 +126,7 @@ class _Step(NamedTuple):
     grads: list[int]  # each layer's gradient elements on one rank
 
 
-def _slowed(o: Overheads, slow: float) -> Overheads:
+def slowed(o: Overheads, slow: float) -> Overheads:
     """`o` with its per-call costs slowed by `slow` too: they are Python's work on the
     rank's CPU (issuing a message, packing a bucket, a collective's bookkeeping and its wait
     for a peer that shares the cores), which shares the cores as the compute does."""
@@ -122,7 +139,7 @@ def _slowed(o: Overheads, slow: float) -> Overheads:
 
 def _build(plan: Plan, s: Setting, slow: float) -> _Step:
     """One replica's step as a task graph, every rank's compute slowed by `slow`."""
-    s = replace(s, overheads=_slowed(s.overheads, slow))
+    s = replace(s, overheads=slowed(s.overheads, slow))
     prof, costs, o = s.profile, s.costs, s.overheads
     p, v, m, tp, dp = plan.pp, plan.virtual, plan.chunks, plan.tp, plan.dp
     micro = s.batch / (dp * m)  # samples per micro-batch

@@ -20,7 +20,7 @@ from typing import Any
 
 from plait.options import build, flatten, group, load, option
 from plait.ps.config import PSConfig
-from plait.train import lr_schedule, parts_ps, strategies
+from plait.train import layer_plan, lr_schedule, parts_ps, strategies
 from plait.train.errors import ConfigError
 from plait.train.parts import (
     DeviceConfig,
@@ -97,6 +97,22 @@ class TrainConfig:
             default_text=str(parts_ps.DEFAULT_SERVERS),
         ),
     )
+    plan: str | None = field(
+        default=None,
+        metadata=option(
+            "train with a per-layer plan, each layer data-parallel or split its own way over "
+            "the workers (docs/per-layer.md): FILE, the plan's JSON (plait plan --per-layer "
+            "--json FILE writes one), or best: the planner's choice for this model, workers "
+            "and batch, a per-layer plan or the best global one (--dp/--pp/--tp, --zero, "
+            "--precision, ... as if given)",
+            metavar="FILE|best",
+        ),
+    )
+    layer_plan: dict[str, Any] | None = field(
+        default=None,
+        metadata=option("the per-layer plan --plan names, as its JSON (read on creation)",
+                        cli=False),
+    )  # fmt: skip
     workload: WorkloadConfig = field(
         default_factory=WorkloadConfig, metadata=group("model and data")
     )
@@ -134,6 +150,7 @@ class TrainConfig:
         self._fill_ps()
         self.mesh = self.mesh.filled(self.workers)
         self.device = self.device.filled()
+        self._check_plan()
         self._check_batch()
         self._check_mesh()
         self._check_zero()
@@ -251,6 +268,18 @@ class TrainConfig:
         self.ps = replace(ps, lr=self.peak_lr, **server_optimizer(self.optimizer, self.rates))
         if self.priority:  # the servers' slices are P3's (--slice-mb), sent in consumption order
             self.ps = replace(self.ps, priority=True, slice_mb=self.slice_mb)
+
+    def _check_plan(self) -> None:
+        """--plan: the options a per-layer plan runs with; the plan read (once: a worker's
+        config carries it) and made for --workers (the model's fit: preflight.py)."""
+        if self.plan is None:
+            if self.layer_plan is not None:
+                raise ConfigError("a per-layer plan (layer_plan) without --plan: give --plan")
+            return
+        layer_plan.check_options(self.plan, self.options())
+        if self.layer_plan is None:
+            self.layer_plan = layer_plan.read(self.plan)
+        layer_plan.check_workers(self.plan, self.layer_plan, self.workers)
 
     def _check_batch(self) -> None:
         """The global batch splits evenly over the replicas, at least a sample per chunk."""

@@ -33,6 +33,34 @@ def evaluate(model: nn.Module, work: Workload, comm: Communicator, device: torch
 
 
 @torch.no_grad()
+def evaluate_rows(
+    model: nn.Module, work: Workload, comm: Communicator, device: torch.device
+) -> float:
+    """`evaluate` for a model whose forward is a collective over every rank's rows of one
+    batch (a per-layer model, plait.parallel.apply): each forward takes CHUNK held-out
+    samples per rank, as many on every rank (a last batch's short shares padded with
+    samples nobody counts), so every rank runs as many forwards of the same shapes."""
+    was_training = model.training
+    model.eval()
+    score = torch.zeros(2, dtype=torch.float64)
+    data, rank, world = work.data, comm.rank, comm.size
+    for start in range(0, data.num_val, CHUNK * world):
+        batch = torch.arange(start, min(start + CHUNK * world, data.num_val))
+        per = -(-len(batch) // world)  # every rank's rows of this batch
+        mine = batch[rank * per : (rank + 1) * per]
+        counted = len(mine)
+        x, y = data.val_batch(torch.cat([mine, batch[: per - counted]]))
+        out = model(x.to(device))
+        if counted:
+            value, count = work.metric.score(out[:counted], y[:counted].to(device))
+            score[0] += float(value)
+            score[1] += float(count)
+    model.train(was_training)
+    total = comm.allreduce(score, op="sum")
+    return float(total[0] / total[1])
+
+
+@torch.no_grad()
 def evaluate_alone(model: nn.Module, work: Workload, device: torch.device) -> float:
     """The same figure as `evaluate`, computed by one process on the whole held-out set."""
     total = score_shard(model, work, 0, 1, device)

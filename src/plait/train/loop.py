@@ -70,7 +70,8 @@ def train(
             "config was made for a Workload object (WorkloadConfig(given=True)), but train() "
             "got none: pass it, train(config, workload=...)"
         )
-    kind = step_type(config.strategy, config.mesh.on_mesh, config.zero)
+    kind = step_type(config.strategy, config.mesh.on_mesh, config.zero,
+                     per_layer=config.layer_plan is not None)  # fmt: skip
     group = kind.join(config) if group is None else group
     # --trace: before the Step is built, so that its sub-communicators share the recorder
     tracing = traced.Tracing(group, config.log.trace)

@@ -2,8 +2,9 @@
 the device, a compiler for --compile, the data's extra, a --workload that builds, --out
 writable, a checkpoint to resume whole and written with the same options, a teacher of
 the same data and task, a model that cuts into --pp stages (each with parameters) and
-splits over --tp ranks, the files --json, --trace and --profile write. Each fails in one
-line naming what to change (docs/training.md promises them "before any worker starts").
+splits over --tp ranks, or whose layers take --plan's choices, the files --json, --trace
+and --profile write. Each fails in one line naming what to change (docs/training.md
+promises them "before any worker starts").
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from plait.ps import run_files
 from plait.sharded.filenames import MANIFEST
-from plait.train import board, compile, device, outdir, resumable
+from plait.train import board, compile, device, layer_plan, outdir, resumable
 from plait.train import data as datasets
 from plait.train.config import TrainConfig
 from plait.train.errors import CheckpointError, ConfigError
@@ -50,7 +51,8 @@ def check(config: TrainConfig) -> TrainConfig:
         outdir.check_writable(out)
     if config.distill.teacher is not None:
         _check_teacher(config)
-    if config.mesh.on_mesh and config.workload.path is None and not config.workload.given:
+    splits = config.mesh.on_mesh or config.layer_plan is not None
+    if splits and config.workload.path is None and not config.workload.given:
         _check_built_in(config)
     if config.log.json is not None:
         outdir.check_file_writable(config.log.json)
@@ -108,8 +110,9 @@ def _check_teacher(config: TrainConfig) -> None:
 
 
 def _check_built_in(config: TrainConfig) -> None:
-    """--pp/--tp on a built-in model: built here, so that a mesh it does not fit is one
-    line before any worker starts (a --workload's model: _check_workload)."""
+    """--pp/--tp/--plan on a built-in model: built here (on the CPU), so that a mesh or a
+    plan it does not fit is one line before any worker starts (a --workload's model:
+    _check_workload)."""
     from plait.train import workloads
 
     assert config.workload.model is not None
@@ -118,7 +121,8 @@ def _check_built_in(config: TrainConfig) -> None:
 
 
 def _check_fits(config: TrainConfig, model: Any) -> None:
-    """The model cuts into --pp (times --virtual) stages and splits over --tp ranks."""
+    """The model cuts into --pp (times --virtual) stages and splits over --tp ranks; its
+    layers take --plan's choices."""
     from plait.tensor_parallel.parallelize import check
     from plait.train.workload import stages
 
@@ -143,6 +147,20 @@ def _check_fits(config: TrainConfig, model: Any) -> None:
             check(model, mesh.tp)
         except ValueError as e:
             raise ConfigError(f"--tp {mesh.tp}: {e}") from None
+    if config.layer_plan is not None:
+        _check_layers(config, model)
+
+
+def _check_layers(config: TrainConfig, model: Any) -> None:
+    """--plan's per-layer plan has a choice for each layer of the model, one it takes."""
+    from plait.parallel import kinds
+    from plait.parallel.layout import LayerPlan, check
+
+    assert config.layer_plan is not None and config.plan is not None
+    try:
+        check(LayerPlan.from_json(config.layer_plan), kinds(model))
+    except ConfigError as e:
+        raise ConfigError(f"--plan {layer_plan.shown(config.plan)}: {e}") from None
 
 
 def _without_parameters(layers: list[Any], pp: int, virtual: int) -> tuple[int, list[str]] | None:

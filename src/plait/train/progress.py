@@ -64,6 +64,8 @@ def header(rec: Record) -> list[str]:
     ]
     if rec.get("mesh"):
         lines.append(f"mesh: {rec['mesh']} over {rec['workers']} workers")
+    if rec.get("plan"):  # --plan: a per-layer plan's label
+        lines.append(f"plan: {rec['plan']}")
     if rec.get("compute"):
         lines.append(f"compute: {rec['compute']}")
     if rec.get("elastic"):

@@ -122,14 +122,17 @@ class StepType(Protocol):
     def __call__(self, config: TrainConfig, group: Any, work: Workload) -> Step: ...
 
 
-def step_type(strategy: str, on_mesh: bool, zero: int = 0) -> StepType:
-    """The Step class of `strategy` (its mesh Step when `on_mesh`, which shards over the
-    dp axis itself with `zero` > 0; else its sharded one with `zero` > 0), as its row of
-    strategies.py names it; imports it (torch)."""
+def step_type(strategy: str, on_mesh: bool, zero: int = 0, per_layer: bool = False) -> StepType:
+    """The Step class of `strategy` (its per-layer Step with a per-layer plan (--plan); its
+    mesh Step when `on_mesh`, which shards over the dp axis itself with `zero` > 0; else
+    its sharded one with `zero` > 0), as its row of strategies.py names it; imports it
+    (torch)."""
     row = STRATEGIES[strategy]
     path = row.mesh_step if on_mesh else row.sharded_step if zero else row.step
+    if per_layer:
+        path = row.layer_step
     if path is None:
-        raise ValueError(f"strategy {strategy} has no Step for a mesh or for --zero")
+        raise ValueError(f"strategy {strategy} has no Step for a mesh, --zero or --plan")
     module, _, name = path.partition(":")
     found: StepType = getattr(importlib.import_module(module), name)
     return found

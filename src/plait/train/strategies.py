@@ -6,7 +6,8 @@ path: the Steps need torch, and the command line reads this table without it.
 - `allreduce`: `plait.DataParallel` wraps the model; after backward every rank's gradients
   are the average over ranks (torch DDP's contract), so any optimizer takes the same step
   everywhere (steps/data_parallel.py). With --pp or --tp the model is laid on a mesh and
-  the average runs over its dp axis (steps/mesh.py).
+  the average runs over its dp axis (steps/mesh.py). With --plan, a per-layer plan says
+  how each layer splits over the ranks (plait.parallel.apply, steps/per_layer.py).
 - `ps`: a parameter server (`plait.ps`, steps/ps.py). Each step a worker pushes its own
   gradient and pulls the new parameters; the servers apply the optimizer.
 
@@ -34,6 +35,7 @@ class Strategy:
     mesh_step: str | None = None  # its Step when --pp or --tp > 1 (None: it has none)
     checkpoints: bool = False  # whether --out and --resume work with `step`
     sharded_step: str | None = None  # its Step with --zero 1-3 (None: it has none)
+    layer_step: str | None = None  # its Step with --plan, a per-layer plan (None: none)
     precisions: tuple[str, ...] = tuple(PRECISIONS)  # the --precision values it takes
     reduces_gradients: bool = True  # whether ranks average gradients (--reduce-dtype)
     limits: str = ""  # why it takes fewer of the options above, for the error
@@ -100,6 +102,7 @@ STRATEGIES: dict[str, Strategy] = {
         mesh_step="plait.train.steps.mesh:MeshStep",
         checkpoints=True,
         sharded_step="plait.train.steps.sharded:ShardedStep",
+        layer_step="plait.train.steps.per_layer:PerLayerStep",
     ),
     "ps": Strategy(
         name="ps",
