@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table as RichTable
+from rich.text import Text
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def _rich(t: Table) -> RichTable:
         if last is not None and group != last:
             table.add_section()
         last = group
-        table.add_row(*cells)
+        table.add_row(*(Text(c) for c in cells))  # data, not markup: a label's [...] shows
     return table
 
 

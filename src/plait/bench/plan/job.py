@@ -1,11 +1,9 @@
 """`plait bench plan`, the parent side: ask the planner, choose plans, run them (runs.py) in
-rounds; the report is tables.py's.
+rounds; the report is tables.py's. With --per-layer, per_layer.py measures and
+per_layer_tables.py reports instead.
 
 The planner (plait.plan) is imported only here and only when the benchmark runs, so the
-command line parses without it. Runs go in rounds: every chosen plan once per repeat, in a
-fresh seeded order each round, so that the machine's drift over minutes (a shared 2-core
-machine drifts more than most differences measured) spreads over every plan alike rather
-than landing on the plans that happened to run last.
+command line parses without it.
 """
 
 from __future__ import annotations
@@ -15,31 +13,32 @@ import random
 import sys
 from collections.abc import Sequence, Set
 from dataclasses import asdict
-from functools import partial
 from typing import Any
 
-from plait.bench.plan import runs, tables
+from plait.bench.plan import per_layer, per_layer_tables, runs, tables
 from plait.bench.plan.config import PlanBenchConfig
+from plait.bench.render import Report
 from plait.bench.runner import Benchmark
-from plait.bench.turns import shuffled, take_turns
 from plait.bench.workers import BenchFailed
 
 
 def measure(config: PlanBenchConfig) -> dict[str, Any]:
     """Every chosen plan measured: {"where", "note", "rows", "bars", "memory_mae",
-    "spearman", "overheads", "load_average_1min", "config"}."""
+    "spearman", "overheads", "load_average_1min", "config"}; with --per-layer,
+    per_layer.measure's document."""
+    if config.per_layer:
+        return per_layer.measure(config)
     predictions, used, seen = predict(config)
     chosen, note = choose(predictions, config.top, config.sample, config.seed, seen)
     print(note, file=sys.stderr)
     load = [os.getloadavg()[0]]  # the machine's load: shared, its noise varies with it
-    measured = run_plans(chosen, config)
+    ways = {rank: runs.Way(p.plan.label(), tuple(p.plan.train_args()), p.step_s,
+                           tuple(p.peak_bytes)) for rank, _, p in chosen}  # fmt: skip
+    measured = runs.run_plans(ways, config)
     load.append(os.getloadavg()[0])
     rows = [tables.make_row(rank, pick, p, measured[rank], p.plan.label() in seen)
             for rank, pick, p in chosen]  # fmt: skip
-    where = f"{config.workers} ranks" + (
-        f" on {config.hosts} simulated hosts, link {config.link_rate or 'unlimited'}"
-        if config.hosts > 1 else " on this machine")  # fmt: skip
-    return {"where": where, "note": note, "rows": rows,
+    return {"where": config.where, "note": note, "rows": rows,
             "bars": tables.bars(rows, config.memory_bytes),
             "memory_mae": tables.memory_mae(rows), "spearman": tables.spearman(rows),
             "overheads": None if used is None else asdict(used),
@@ -57,20 +56,12 @@ def predict(config: PlanBenchConfig) -> tuple[list[Any], Any, set[str]]:
     except ImportError as e:
         raise BenchFailed(2, f"the planner (plait.plan) cannot be imported: {e}") from None
 
-    cores = max(1, (os.cpu_count() or 1) // config.hosts)
-    fixed = config.fixed()
-    request = planner.PlanRequest(
-        model=fixed.get("model"), workers=config.workers, hosts=config.hosts,
-        link_rate=config.link_rate, memory_per_rank=config.memory_bytes,
-        # the simulated hosts are namespaces of this machine: they share its cores
-        cores_per_host=cores if config.hosts > 1 else None,
-        batch_size=config.batch_size, workload=config.workload, device=config.device,
-    )  # fmt: skip
+    request = config.request()
     used = overheads.load(config.device)  # what search's setting() predicts with
     found = planner.search(request)
     if not any(p.feasible for p in found):
         raise BenchFailed(1, f"the planner found no feasible plan for {request}")
-    seen = calibrate.calibrated(used, config.workload or fixed.get("model", "mlp"))
+    seen = calibrate.calibrated(used, config.workload or config.fixed().get("model", "mlp"))
     return list(found), used, seen
 
 
@@ -104,46 +95,9 @@ def choose(
     return chosen, note
 
 
-def run_plans(
-    chosen: Sequence[tuple[int, str, Any]], config: PlanBenchConfig
-) -> dict[int, runs.Measured]:
-    """Run every chosen plan --repeats times, in rounds (each round's order shuffled, seeded
-    by --seed); {rank: its measurements}.
-
-    A plan whose run fails is marked failed (the others still run); the log is kept."""
-    folder = runs.scratch("plan")
-    results = {rank: runs.Measured() for rank, _, _ in chosen}
-    by_rank = {rank: p for rank, _, p in chosen}
-    total = len(chosen) * config.repeats
-    done = 0
-    with runs.launcher(config) as start:
-
-        def once(rank: int, repeat: int) -> None:
-            nonlocal done
-            done += 1
-            p = by_rank[rank]
-            m, label = results[rank], p.plan.label()
-            if m.failed:
-                return
-            where = folder / f"{rank:03d}-{repeat}"
-            try:
-                step_s, peaks = runs.run_once(p.plan.train_args(), config, start, where)
-            except BenchFailed as e:
-                m.failed = str(e)
-                print(f"[{done}/{total}] {label}: failed ({where}.log): {e}",
-                      file=sys.stderr)  # fmt: skip
-                return
-            m.step_s.append(step_s)
-            m.peak_bytes.append(peaks)
-            print(f"[{done}/{total}] {label}: {step_s * 1e3:.2f} ms (pred "
-                  f"{p.step_s * 1e3:.2f}), peak {max(peaks) / tables.MIB:.3g} MiB "
-                  f"(pred {max(p.peak_bytes) / tables.MIB:.3g})", file=sys.stderr,
-                  flush=True)  # fmt: skip
-
-        # the ranks are unique, and a shuffle's permutation depends on the count alone
-        order = partial(shuffled, seed=config.seed)
-        take_turns(list(by_rank), config.repeats, once, order=order)
-    return results
+def report(doc: dict[str, Any], config: PlanBenchConfig) -> Report:
+    """tables.report, or with --per-layer per_layer_tables.report."""
+    return (per_layer_tables.report if config.per_layer else tables.report)(doc, config)
 
 
-BENCHMARK = Benchmark(measure=measure, report=tables.report)
+BENCHMARK = Benchmark(measure=measure, report=report)

@@ -21,11 +21,9 @@ from plait.bench.plan.config import (
     MAX_TOP_PICK_GAP,
     PlanBenchConfig,
 )
-from plait.bench.plan.runs import Measured
+from plait.bench.plan.runs import MIB, Measured
 from plait.bench.render import Line, Report, Table
 from plait.plan.calibrate import UNITS
-
-MIB = 1 << 20
 
 
 def make_row(
@@ -188,7 +186,7 @@ HEAD = ("#", "plan", "pick", "pred ms", "meas ms", "spread", "err", "pred MiB", 
         "mem err", "fits")  # fmt: skip
 
 
-def _pct(value: float | None) -> str:
+def pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:+.1f}%"
 
 
@@ -207,15 +205,17 @@ def cells(r: dict[str, Any], limit: int | None) -> list[str]:
         str(r["rank"]), r["label"], pick, f"{r['predicted_step_s'] * 1e3:.2f}",
         "failed" if meas is None else f"{meas * 1e3:.2f}",
         "" if r["step_spread"] is None else f"{100 * r['step_spread']:.0f}%",
-        _pct(r["step_error"]),
-        _mib(r["predicted_peak_max"]), _mib(r["measured_peak_max"]), _pct(r["memory_error"]),
+        pct(r["step_error"]),
+        _mib(r["predicted_peak_max"]), _mib(r["measured_peak_max"]), pct(r["memory_error"]),
         fits,
     ]  # fmt: skip
 
 
+VERDICT = {True: "PASS", False: "MISS", None: "n/a"}  # a bar's `passed`, in words
+
+
 def bar_lines(bar_list: Sequence[dict[str, Any]]) -> list[str]:
-    word = {True: "PASS", False: "MISS", None: "n/a"}
-    return [f"{word[b['passed']]}  {b['name']}: {b['text']}" for b in bar_list]
+    return [f"{VERDICT[b['passed']]}  {b['name']}: {b['text']}" for b in bar_list]
 
 
 def report(doc: dict[str, Any], config: PlanBenchConfig) -> Report:
@@ -233,14 +233,24 @@ def report(doc: dict[str, Any], config: PlanBenchConfig) -> Report:
         f"ranking: Spearman correlation of predicted and measured step time {rho:.2f} over "
         f"{len(measured_rows(rows))} plans"]  # fmt: skip
     info += overheads_lines(doc.get("overheads"))
-    parts: list[Table | Line] = [table, *(Line(t, markup=False) for t in info)]
-    parts += [Line(line, markup=False) for line in bar_lines(bar_list)]
     failed = [r["label"] for r in rows if r["failed"]]
+    return finish(doc, [table], info, bar_lines(bar_list), failed,
+                  f"{doc['where']}; {doc['note']}", "plait bench plan")  # fmt: skip
+
+
+def finish(
+    doc: dict[str, Any], shown: Sequence[Table], info: Sequence[str], bar_text: Sequence[str],
+    failed: Sequence[str], head: str, command: str,
+) -> Report:  # fmt: skip
+    """The report from its parts: the tables, the lines `info`, the bars, and on stderr the
+    plans that failed (then the exit status is 1); Markdown: `head` with the load average,
+    the tables, then the bars and `info` as a list."""
+    parts: list[Table | Line] = [*shown, *(Line(t, markup=False) for t in [*info, *bar_text])]
     if failed:
-        parts.append(Line(f"plait bench plan: {len(failed)} plan(s) failed to run: "
+        parts.append(Line(f"{command}: {len(failed)} plan(s) failed to run: "
                           f"{', '.join(failed)}", to="stderr"))  # fmt: skip
     load = doc["load_average_1min"]
-    head = (f"{doc['where']}; {doc['note']}; load average {load['start']:.1f} at the start, "
-            f"{load['end']:.1f} at the end")  # fmt: skip
-    listed = "\n".join(f"- {line}" for line in [*bar_lines(bar_list), *info])
-    return Report(parts, 110, markdown=[Line(head), table, Line(listed)], status=1 if failed else 0)
+    head += f"; load average {load['start']:.1f} at the start, {load['end']:.1f} at the end"
+    listed = "\n".join(f"- {line}" for line in [*bar_text, *info])
+    return Report(parts, 110, markdown=[Line(head), *shown, Line(listed)],
+                  status=1 if failed else 0)  # fmt: skip
