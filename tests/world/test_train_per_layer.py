@@ -25,6 +25,7 @@ from support.world import run_world
 ENV = {"PLAIT_TIMEOUT": "60"}
 OPTIONS = {"model": "mlp", "steps": 3, "batch_size": 16, "seed": 3}
 MEGATRON = LayerPlan(("follow", "column", "follow", "row"), 2)
+ON_ONE = LayerPlan(("follow", "rank:0", "follow", "rank:0"), 2)  # rank 1 holds nothing
 # float32: each rank's matmuls sum over half the features and the conversions add the
 # halves, another order than one whole matmul's: a relative error ~1e-7 per sum (eps
 # 1.2e-7), ~1e-6 after 3 steps. 1e-5 allows that; any scale or sign error in a gradient
@@ -39,7 +40,8 @@ def battery(comm: Communicator, tmp: str) -> dict[str, Any]:
         return figures
 
     plan = json.dumps(MEGATRON.to_json())  # as --plan best passes it on
-    return {"plain": run(), "split": run(plan=plan, trace=f"{tmp}/trace.json")}
+    return {"plain": run(), "split": run(plan=plan, trace=f"{tmp}/trace.json"),
+            "one": run(plan=json.dumps(ON_ONE.to_json()))}  # fmt: skip
 
 
 @pytest.mark.timeout(120)
@@ -54,3 +56,7 @@ def test_a_per_layer_plan_trains_as_data_parallelism(tmp_path: Path) -> None:
     assert len(memory) == 2 and memory[0]["parameters"] < plain["rank_memory"][0]["parameters"]
     assert (tmp_path / "trace.json").is_file()
     assert results[1]["split"]["losses"] == split["losses"]  # every rank reports the same
+    # the whole model on rank 0: rank 1 steps an optimizer over no parameter of its own
+    one = results[0]["one"]
+    assert one["losses"] == pytest.approx(plain["losses"], rel=RTOL)
+    assert one["rank_memory"][1]["parameters"] == 0 < one["rank_memory"][0]["parameters"]

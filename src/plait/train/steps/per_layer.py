@@ -30,6 +30,17 @@ from plait.train.steps.compute import Compute
 from plait.train.workload import LossFn, Workload
 
 
+class _Nothing:
+    """The parameters of a rank that holds none: one empty tensor that never has a
+    gradient (an optimizer skips it), so the loop's optimizer and schedule run alike."""
+
+    def __init__(self) -> None:
+        self.empty = torch.nn.Parameter(torch.empty(0))
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [self.empty]
+
+
 class PerLayerStep(AllreduceStep):
     """This rank's parts of the model, laid out by the run's per-layer plan over `comm`."""
 
@@ -43,7 +54,10 @@ class PerLayerStep(AllreduceStep):
         # fp32 (layer_plan.py refuses the rest): the trace's events and the activations'
         # bytes, counted on the first step, as every Step's
         self.compute = Compute(config, self.device, recorder=comm.recorder)
-        self.optimizer = make_optimizer(self.model, config)  # this rank's parameters
+        # this rank's parameters; a rank that holds none (every layer rank:R elsewhere)
+        # steps an empty placeholder, as torch's optimizers take no empty list
+        held = self.model if any(True for _ in self.model.parameters()) else _Nothing()
+        self.optimizer = make_optimizer(held, config)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> torch.Tensor:
         """This rank's rows in and out: its loss is its rows' mean, as under data
