@@ -11,9 +11,12 @@ plan expressed per layer where it can be (plain data parallelism: every layer da
 replica split by tensor parallelism over all W: blocks split, the rest data), else from
 every layer data.
 
-The answer holds both searches' best and `chosen`, the faster of the two as predicted
-(the global one on a tie, or where no per-layer plan fits in memory): what `plait train
---plan best` runs.
+The answer holds both searches' best and `chosen`: what `plait train --plan best` runs.
+That is the per-layer plan only where it is predicted at least `MARGIN` faster than the
+best global plan, else the global one (and where no per-layer plan fits in memory): the
+planner's step times miss by 5-10% (docs/bench-plan.md), so a smaller predicted gain is
+no gain to count on, and the global plan is the one with fewer moving parts (no
+conversions between layers, checkpoints).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from plait.plan.profile import Profile
 from plait.plan.search import BETA, accepts, ranked, setting
 from plait.plan.setting import Setting
 
+MARGIN = 0.05  # a per-layer plan is chosen only where predicted this much faster (docstring)
 EXHAUSTIVE = 4096  # per-layer plans predicted one by one (~1 ms each); beyond, the walk
 
 
@@ -40,7 +44,7 @@ class LayerAnswer:
 
     best_global: Prediction  # the global search's top plan
     best_layers: LayerPrediction  # the best per-layer plan found
-    chosen: Plan | LayerPlan  # the faster of the two (the global one on a tie)
+    chosen: Plan | LayerPlan  # the per-layer plan where MARGIN faster, else the global one
     visited: list[LayerPrediction]  # every per-layer plan predicted
     how: str  # how the per-layer plans were searched, in words
     kinds: list[LayerKind]  # the model's layers as the plan sees them
@@ -111,7 +115,9 @@ def search_layers(
             f"{BETA:g}, seed {seed}, from {start.label()}"
         )
     best = min(visited, key=lambda p: (not p.feasible, p.step_s, p.plan.label()))
-    faster = best.feasible and (not best_global.feasible or best.step_s < best_global.step_s)
+    faster = best.feasible and (
+        not best_global.feasible or best.step_s < (1.0 - MARGIN) * best_global.step_s
+    )
     chosen: Plan | LayerPlan = best.plan if faster else best_global.plan
     return LayerAnswer(best_global, best, chosen, visited, how, layers)
 

@@ -80,12 +80,13 @@ def measure_one(config: PlanBenchConfig) -> dict[str, Any]:
     rows = [per_layer_tables.make_row(k, w, measured[k]) for k, w in ways.items()]
     if same:
         rows[-1]["same_as"] = "global"
+    chosen = "per-layer" if isinstance(answer.chosen, LayerPlan) else "global"
     return {
         "kind": "per-layer", "what": what(config), "where": config.where, "notes": notes,
-        "chosen": "per-layer" if isinstance(answer.chosen, LayerPlan) else "global",
+        "chosen": chosen,
         "all_data": all_data(layer_plan), "plan": layer_plan.to_json(),
         "plan_file": str(plan_file), "rows": rows, "speedups": per_layer_tables.speedups(rows),
-        "bars": per_layer_tables.bars(rows, per_layer_tables.gain_applies(config)),
+        "bars": per_layer_tables.bars(rows, per_layer_tables.gain_applies(config), chosen),
         "overheads": None if used is None else asdict(used),
         "load_average_1min": {"start": load[0], "end": load[1]}, "config": vars(config),
     }  # fmt: skip
