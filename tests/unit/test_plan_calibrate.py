@@ -172,3 +172,29 @@ def test_the_runs_use_the_request_s_model_and_batch_on_this_machine() -> None:
     assert (req.workers, req.hosts, req.link_rate, req.batch_size) == (4, 1, None, 16)
     argv = measuring.train_argv(["--workers", "2"], req.train_options(), 30, 0, "o.json")
     assert argv[:7] == ["train", "--workers", "2", "--model", "gpt", "--batch-size", "16"]
+
+
+def test_a_second_model_is_fitted_with_the_runs_kept_from_the_first(
+    fits: list[list[Observation]], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.setattr(measuring, "local", fake_train(STEPS))
+    assert main(["plan", "--model", "mlp", "--workers", "4", "--calibrate"]) == 0
+    assert main(["plan", "--model", "wide", "--workers", "4", "--calibrate"]) == 0
+    out = capsys.readouterr().out
+    mlp, wide = fits[0], fits[2]  # (each calibration: the time fit, then the memory fit)
+    assert [o.source for o in wide] == [
+        *(o.source.replace("mlp", "wide") for o in mlp),
+        *(o.source for o in mlp),
+    ]
+    assert [o.step_s for o in wide[9:]] == [o.step_s for o in mlp]  # as measured, kept
+    assert [o.plan for o in wide[9:]] == [o.plan for o in mlp]
+    assert wide[9].setting.batch == mlp[0].setting.batch  # mlp's own request rebuilt
+    assert wide[9].setting.overheads == Overheads() and wide[9].peak_bytes == (4 * MIB,)
+    assert "fitted with the kept runs of mlp" in out
+    # mlp again: its new runs replace its kept ones, wide's stay
+    assert main(["plan", "--model", "mlp", "--workers", "4", "--calibrate"]) == 0
+    again = fits[4]
+    assert len(again) == 18 and sum(o.source.startswith("calibrate mlp") for o in again) == 9
+    kept = json.loads(calibration.runs_path().read_text())["runs"]
+    assert sorted({r["what"] for r in kept}) == ["mlp", "wide"] and len(kept) == 18

@@ -24,10 +24,19 @@ succeed is anything written: a failed run or Ctrl-C leaves the old cache as it w
 
 Each run's source is "calibrate MODEL: LABEL", so that `plait bench plan` can leave the
 calibration's own plans out of the plans it checks the predictions on (`calibrated`).
+
+One model's runs cannot tell every term apart: gpt's steps are all long, so a fixed cost
+per step and a compute scale trade off against each other, and a fit to gpt alone
+predicted cnn's 8 ms steps at 30 ms. So every calibration's runs are kept beside the cache
+(`runs_path`: the plan, the request's model and batch, the measured step and memory), and
+calibrating another model fits over its runs and those kept from every other model
+calibrated on this machine (`earlier`): the terms then hold for all of them. Calibrating
+a model again replaces its own kept runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -35,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -96,6 +105,7 @@ class Calibration:
     path: Path  # where the cache was written
     skipped: tuple[str, ...]  # runs the model cannot make, and why
     seconds: float  # the calibration's wall time
+    joined: tuple[str, ...] = ()  # the other models whose kept runs the fit took too
 
 
 def source(what: str, plan: Plan) -> str:
@@ -191,6 +201,10 @@ def calibrate(
               f"({time.perf_counter() - t0:.0f} s)", file=out, flush=True)  # fmt: skip
         observations.append(Observation(plan, s, step, None if peaks is None else tuple(peaks),
                                         source(what, plan)))  # fmt: skip
+    kept = [r for r in load_runs(req.device) if r["what"] != what]
+    others, joined = earlier(kept, req.device, out)
+    mine = [_stored(o, what, req) for o in observations]
+    observations += others
     time_fit = fit(observations)
     fitted = time_fit.overheads
     if not fitted.fitted_from:
@@ -201,8 +215,73 @@ def calibrate(
         fitted = replace(fitted, memory_rank=rank_bytes, memory_margin=margin)
         memory_rows = tuple(tuple(r) for r in rows)
     path = overheads.save(fitted, req.device)
+    save_runs([*kept, *mine], req.device)
     return Calibration(fitted, time_fit, memory_rows, path, tuple(skipped),
-                       time.perf_counter() - began)  # fmt: skip
+                       time.perf_counter() - began, joined)  # fmt: skip
+
+
+def runs_path(device: str = "cpu") -> Path:
+    """Where the calibration runs of every model are kept: beside this machine's cache."""
+    from plait.plan import overheads
+
+    return overheads.cache_path(device).with_suffix(".runs.json")
+
+
+def load_runs(device: str = "cpu") -> list[dict[str, Any]]:
+    """The kept calibration runs ([] where none, or unreadable: calibrate again)."""
+    try:
+        data = json.loads(runs_path(device).read_text())
+        return [r for r in data["runs"] if {"what", "request", "plan", "step_s"} <= set(r)]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+
+
+def save_runs(runs: list[dict[str, Any]], device: str = "cpu") -> None:
+    """Keep `runs` (atomically)."""
+    path = runs_path(device)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"version": 1, "runs": runs}, indent=1))
+    os.replace(tmp, path)
+
+
+def _stored(o: Any, what: str, req: PlanRequest) -> dict[str, Any]:
+    """A run as kept: its plan, the request's model, workload and batch, what it measured."""
+    asked = {"model": req.model, "workload": req.workload, "batch_size": req.batch_size}
+    return {"what": what, "request": asked, "plan": asdict(o.plan), "step_s": o.step_s,
+            "peak_bytes": None if o.peak_bytes is None else list(o.peak_bytes),
+            "source": o.source}  # fmt: skip
+
+
+def earlier(
+    kept: list[dict[str, Any]], device: str, out: IO[str]
+) -> tuple[list[Any], tuple[str, ...]]:
+    """The kept runs of other models as observations (each model's setting rebuilt from
+    its cached profile), and those models; a model whose setting no longer builds (a
+    workload gone) is left out with a line on `out`."""
+    from plait.errors import PlaitError
+    from plait.plan.fit import Observation
+    from plait.plan.search import setting
+
+    found: list[Any] = []
+    models: list[str] = []
+    settings: dict[str, Any] = {}
+    for r in kept:
+        what = r["what"]
+        if what not in settings:
+            try:
+                asked = PlanRequest(workers=WORKERS, device=device, **r["request"])
+                settings[what] = setting(request(asked), fitted=False)[0]
+            except (PlaitError, OSError, ValueError) as e:
+                settings[what] = None
+                print(f"left out the kept runs of {what}: {e}", file=out)
+            else:
+                models.append(what)
+        if settings[what] is not None:
+            peaks = r.get("peak_bytes")
+            held = None if peaks is None else tuple(peaks)
+            plan = Plan(**r["plan"])
+            found.append(Observation(plan, settings[what], float(r["step_s"]), held, r["source"]))
+    return found, tuple(models)
 
 
 def terms(o: Overheads) -> list[tuple[str, str, str]]:
@@ -234,6 +313,9 @@ def report(c: Calibration) -> str:
     measured (the residuals), and where the cache is."""
     runs = len(c.overheads.fitted_from)
     lines = [f"plait plan --calibrate: {runs} runs in {c.seconds:.0f} s; the fitted overheads:"]
+    if c.joined:
+        lines[0] = (f"plait plan --calibrate: {runs} runs in {c.seconds:.0f} s, fitted with the "
+                    f"kept runs of {', '.join(c.joined)}; the fitted overheads:")  # fmt: skip
     lines += _table(("term", "value", "unit"), terms(c.overheads), left=(0, 2))
     lines += [
         "",
