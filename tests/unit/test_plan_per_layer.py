@@ -133,6 +133,19 @@ def test_a_rank_layer_holds_its_parameters_on_that_rank_only():
     assert alone.held == [[0, 110, 0, 0], [0, 0, 0, 0]]
 
 
+def test_a_rank_layer_has_the_cores_to_itself_and_the_data_layers_share_them():
+    # 4 ranks on 2 cores: rank 0 computes its layer alone (the others wait in the
+    # conversion after it) at the profile's speed; the data layer runs 4 ranks at once,
+    # slowed by the mean field of the rest of the step, not of the whole step
+    kinds = [linear(16, 16), linear(16, 16)]
+    s = Setting(lines(2, 1e-4, 0), 64, Costs.of(4, None), cores=2)
+    mixed = simulate_layers(LayerPlan(("rank:0", "data"), 4), kinds, s).breakdown
+    assert mixed["alone_s"] == pytest.approx(1e-3 + 64 * 1e-4 + 2e-3 + 64 * 2e-4)
+    assert mixed["crowd_slowdown"] > mixed["slowdown"] + 0.5
+    data = simulate_layers(data_parallel(kinds, 4), kinds, s).breakdown
+    assert data["alone_s"] == 0.0 and data["crowd_slowdown"] == data["slowdown"] == 2.0
+
+
 def _global(step_s: float) -> Prediction:
     return Prediction(Plan(dp=2), step_s, 64 / step_s, [0, 0], "compute")
 
