@@ -104,6 +104,23 @@ def test_a_column_layer_is_allgathered_and_reduce_scattered_as_costs_prices_them
     assert pred.breakdown["convert L0 forward_s"] == pytest.approx(into.forward_s)
 
 
+def test_a_gather_to_a_rank_crosses_the_network_from_the_other_host_only():
+    # 4 ranks on 2 hosts: rank 1 sends its rows to rank 0 inside the host, ranks 2 and 3
+    # over the network, one message after another (no ring to slow to its slowest link)
+    costs = Costs.of(2, 12.5e6)  # 100 Mbit/s
+    n, ranks = 4096.0, [0, 1, 2, 3]
+    inside, net = costs.inside, costs.network
+    across = 2 * (net.alpha + n / 4 * net.beta)
+    assert costs.gather(n, ranks, root=0) == pytest.approx(
+        inside.alpha + n / 4 * inside.beta + across
+    )
+    assert costs.scatter(n, ranks, root=3) == pytest.approx(costs.gather(n, ranks, root=0))
+    kinds = [linear(8, 8)]
+    s = Setting(fake(layers=1, f=1.0, b=2.0, params=64), 512, costs, cores=1000)
+    into, _ = simulate_layers(LayerPlan(("rank:2",), 4), kinds, s).conversions
+    assert into.forward_s == pytest.approx(costs.gather(8.0 * 512, ranks, root=2))
+
+
 def test_the_gradient_sync_overlaps_the_rest_of_the_backward():
     # 4 layers, f 1 s, b 2 s, each layer's allreduce 1 s as its backward ends: every sync
     # but the first layer's hides behind the next layer's backward

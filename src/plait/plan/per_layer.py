@@ -84,8 +84,6 @@ PRICES = {
     "reduce_scatter": Costs.reduce_scatter,
     "alltoall": Costs.alltoall,
     "allreduce": Costs.allreduce,
-    "gather": Costs.gather,
-    "scatter": Costs.scatter,
     "broadcast": Costs.broadcast,
     "reduce": Costs.reduce,
 }
@@ -226,6 +224,8 @@ def op_seconds(costs: Costs, op: Op, nbytes: float, workers: int) -> float:
         return 0.0
     if op.kind == "send":
         return costs.send(nbytes, op.src, op.root)
+    if op.kind in ("gather", "scatter"):  # to or from its root, each message at its level
+        return costs.gather(nbytes, list(range(workers)), op.root)
     return float(PRICES[op.kind](costs, nbytes, list(range(workers))))
 
 
