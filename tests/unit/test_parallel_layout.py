@@ -12,7 +12,9 @@ import itertools
 
 import pytest
 import torch
+from torch import nn
 
+from plait.parallel.apply import Placeholder
 from plait.parallel.layout import (
     BATCH,
     BLOCK,
@@ -210,3 +212,16 @@ def test_the_output_is_converted_to_batch() -> None:
         assert (conv.before, conv.dst) == (2, BATCH)
     res = resolve(LayerPlan(("split", "split"), 4), [BLK, BLK])
     assert [(c.src, c.dst) for c in res.conversions] == [(BATCH, FULL), (FULL, BATCH)]
+
+
+def test_a_placeholder_works_out_a_shape_once_per_input_shape() -> None:
+    # the meta forward (Python meta kernels) runs once per input shape, not every step
+    calls = []
+    layer = nn.Linear(4, 3)
+    layer.register_forward_hook(lambda *_: calls.append(1))
+    held = Placeholder(layer, holder=1)
+    x = torch.empty(0, requires_grad=True)
+    for rows in (5, 5, 7):
+        y, whole = held(x, torch.empty(rows, 4, device="meta"))
+        assert whole.shape == (rows, 3) and whole.device.type == "meta" and y.requires_grad
+    assert len(calls) == 2

@@ -104,6 +104,23 @@ def test_a_column_layer_is_allgathered_and_reduce_scattered_as_costs_prices_them
     assert pred.breakdown["convert L0 forward_s"] == pytest.approx(into.forward_s)
 
 
+def test_a_gather_to_a_rank_crosses_the_network_from_the_other_host_only():
+    # 4 ranks on 2 hosts: rank 1 sends its rows to rank 0 inside the host, ranks 2 and 3
+    # over the network, one message after another (no ring to slow to its slowest link)
+    costs = Costs.of(2, 12.5e6)  # 100 Mbit/s
+    n, ranks = 4096.0, [0, 1, 2, 3]
+    inside, net = costs.inside, costs.network
+    across = 2 * (net.alpha + n / 4 * net.beta)
+    assert costs.gather(n, ranks, root=0) == pytest.approx(
+        inside.alpha + n / 4 * inside.beta + across
+    )
+    assert costs.scatter(n, ranks, root=3) == pytest.approx(costs.gather(n, ranks, root=0))
+    kinds = [linear(8, 8)]
+    s = Setting(fake(layers=1, f=1.0, b=2.0, params=64), 512, costs, cores=1000)
+    into, _ = simulate_layers(LayerPlan(("rank:2",), 4), kinds, s).conversions
+    assert into.forward_s == pytest.approx(costs.gather(8.0 * 512, ranks, root=2))
+
+
 def test_the_gradient_sync_overlaps_the_rest_of_the_backward():
     # 4 layers, f 1 s, b 2 s, each layer's allreduce 1 s as its backward ends: every sync
     # but the first layer's hides behind the next layer's backward
@@ -131,6 +148,19 @@ def test_a_rank_layer_holds_its_parameters_on_that_rank_only():
     assert alone.peak_bytes[1] == pytest.approx(states + 2 * 100.0 * 16)
     # the ReLU follows it to rank 1: it computes there and nowhere else
     assert alone.held == [[0, 110, 0, 0], [0, 0, 0, 0]]
+
+
+def test_a_rank_layer_has_the_cores_to_itself_and_the_data_layers_share_them():
+    # 4 ranks on 2 cores: rank 0 computes its layer alone (the others wait in the
+    # conversion after it) at the profile's speed; the data layer runs 4 ranks at once,
+    # slowed by the mean field of the rest of the step, not of the whole step
+    kinds = [linear(16, 16), linear(16, 16)]
+    s = Setting(lines(2, 1e-4, 0), 64, Costs.of(4, None), cores=2)
+    mixed = simulate_layers(LayerPlan(("rank:0", "data"), 4), kinds, s).breakdown
+    assert mixed["alone_s"] == pytest.approx(1e-3 + 64 * 1e-4 + 2e-3 + 64 * 2e-4)
+    assert mixed["crowd_slowdown"] > mixed["slowdown"] + 0.5
+    data = simulate_layers(data_parallel(kinds, 4), kinds, s).breakdown
+    assert data["alone_s"] == 0.0 and data["crowd_slowdown"] == data["slowdown"] == 2.0
 
 
 def _global(step_s: float) -> Prediction:

@@ -113,14 +113,15 @@ class Costs:
         c = self.link(ranks)
         return (p - 1) * (c.alpha + n / (p * p) * c.beta)
 
-    def gather(self, n: float, ranks: list[int]) -> float:
-        """Seconds of gathering a tensor of n bytes in all (n / p on each rank) on one rank:
-        the root receives p-1 messages, (p-1)/p n bytes; scatter is its mirror."""
+    def gather(self, n: float, ranks: list[int], root: int | None = None) -> float:
+        """Seconds of gathering a tensor of n bytes in all (n / p on each rank) on `root`
+        (the first of `ranks` by default): it receives p-1 messages, (p-1)/p n bytes, one
+        after another, each at the level between the sender and it (no ring: a message
+        from the root's own host never crosses the network); scatter is its mirror."""
         p = len(ranks)
-        if p <= 1:
-            return 0.0
-        c = self.link(ranks)
-        return (p - 1) * (c.alpha + n / p * c.beta)
+        root = ranks[0] if root is None else root
+        links = [self.link([root, r]) for r in ranks if r != root]
+        return sum(c.alpha + n / p * c.beta for c in links)
 
     scatter = gather
 

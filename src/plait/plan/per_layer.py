@@ -29,9 +29,12 @@ converts between layers. Tasks, on one compute queue per rank and one link queue
   step's fixed cost (`Overheads.step_fixed`).
 
 The overheads apply as in simulate.py: `compute_scale` on every compute task, the cores'
-sharing (`simulate.refined`: the ranks per core, refined once by the share of the step a
-rank computes), and the per-call costs slowed with the compute. A pipeline action's cost
-(`Overheads.action`) is not paid: a per-layer step has no pipeline actions.
+sharing (simulate.py's mean field: the ranks per core, refined once by the share of the
+step a rank computes), and the per-call costs slowed with the compute; but a layer only a
+few of a host's ranks compute (rank:R) runs at their own ranks per core (R alone: full
+speed), and the layers every rank computes at the mean field of the rest of the step
+(`_simulate`). A pipeline action's cost (`Overheads.action`) is not paid: a per-layer step
+has no pipeline actions.
 
 Why the all-data plan differs from simulate.py's plain data parallelism (a few %): the
 sync here is one allreduce per layer as its backward ends, where DataParallel packs the
@@ -69,7 +72,7 @@ from plait.plan.costs import Costs
 from plait.plan.graph import Graph
 from plait.plan.profile import LayerCost, layer_cost
 from plait.plan.setting import Setting
-from plait.plan.simulate import bottleneck_of, refined, slowed
+from plait.plan.simulate import bottleneck_of, slowdown, slowed
 from plait.train.memory import OPTIMIZER_BYTES, formula
 
 PRECISION = "fp32"  # what a per-layer plan computes in
@@ -81,8 +84,6 @@ PRICES = {
     "reduce_scatter": Costs.reduce_scatter,
     "alltoall": Costs.alltoall,
     "allreduce": Costs.allreduce,
-    "gather": Costs.gather,
-    "scatter": Costs.scatter,
     "broadcast": Costs.broadcast,
     "reduce": Costs.reduce,
 }
@@ -150,10 +151,33 @@ def simulate_layers(plan: LayerPlan, kinds: list[LayerKind], s: Setting) -> Laye
             f"the model has {len(kinds)} layers and its profile {len(s.profile.layers)}: "
             "profile the model the plan is for"
         )
-    return refined(
-        plan.workers, s, lambda slow: _simulate(plan, kinds, s, slow),
-        lambda pred: pred.breakdown["compute_total_s"] / (plan.workers * pred.step_s),
-    )[1]  # fmt: skip
+    # simulate.refined's mean field, twice: at the ranks per core, then refined once by
+    # the share of the step a rank computes (the optimizer, the fixed and per-call costs)
+    # and once by the share of the crowded part of the step a rank computes (the layers
+    # every rank computes): see `_simulate`
+    w, o = plan.workers, s.overheads
+    per_host = w / max(1, w // s.costs.local)
+    full = slowdown(per_host / s.cores, o.share)
+    first = _simulate(plan, kinds, s, full, full)
+    if full == 1.0:
+        return first
+    whole = first.breakdown["compute_total_s"] / (w * first.step_s)
+    slow, crowd = (min(full, slowdown(per_host * min(1.0, busy) / s.cores, o.share))
+                   for busy in (whole, _crowded(first)))  # fmt: skip
+    if slow == crowd == full:
+        return first
+    return _simulate(plan, kinds, s, slow, crowd)
+
+
+def _crowded(pred: LayerPrediction) -> float:
+    """The share of the step's crowded part a rank computes: the step less the layers a
+    few of a host's ranks compute alone (rank:R: the others wait in a collective, off the
+    cores), their compute not counted."""
+    b = pred.breakdown
+    crowded = pred.step_s - b["alone_s"]
+    if crowded <= 0.0:
+        return 0.0
+    return (b["compute_total_s"] - b["alone_total_s"]) / (pred.plan.workers * crowded)
 
 
 def placement(choice: str, layout: str, workers: int, batch: int) -> tuple[list[int], float, float]:
@@ -200,6 +224,8 @@ def op_seconds(costs: Costs, op: Op, nbytes: float, workers: int) -> float:
         return 0.0
     if op.kind == "send":
         return costs.send(nbytes, op.src, op.root)
+    if op.kind in ("gather", "scatter"):  # to or from its root, each message at its level
+        return costs.gather(nbytes, list(range(workers)), op.root)
     return float(PRICES[op.kind](costs, nbytes, list(range(workers))))
 
 
@@ -214,11 +240,25 @@ def _boundary_bytes(layers: list[LayerCost], before: int, batch: int) -> float:
     return per_sample * batch
 
 
-def _simulate(plan: LayerPlan, kinds: list[LayerKind], s: Setting, slow: float) -> LayerPrediction:
-    """`simulate_layers` with every rank's compute slowed by `slow`."""
+def _simulate(
+    plan: LayerPlan, kinds: list[LayerKind], s: Setting, slow: float, crowd: float
+) -> LayerPrediction:
+    """`simulate_layers` with the cores' sharing given: the layers every rank of a host
+    computes slowed by `crowd`, the optimizer and the fixed and per-call costs by `slow`,
+    and a layer that only k < the host's ranks compute (rank:R: k = 1) by k per core.
+
+    Such a layer's ranks have the host's cores to themselves: the others wait at the
+    conversion after it, blocked in a poll, off the cores (rank R at full speed, 4 ranks
+    on 2 cores). One figure for the whole step (simulate.refined's mean field, all that
+    the global plans need) would spread R's solitude over the layers every rank computes,
+    which run all 4 ranks at once, 2 to a core: those get `crowd`, refined by the share
+    of the rest of the step a rank computes (`_crowded`). Every layer computed by every
+    rank (no rank:R): crowd = slow, as the global simulator's data parallelism."""
+    w = plan.workers
+    per_host = min(w, s.costs.local)
     s = replace(s, overheads=slowed(s.overheads, slow))
     prof, costs, o = s.profile, s.costs, s.overheads
-    w, batch, layers = plan.workers, s.batch, s.profile.layers
+    batch, layers = s.batch, s.profile.layers
     res = resolve(plan, kinds)
     everyone = list(range(w))
     wire = "network" if costs.level(everyone) == "network" else "link"
@@ -242,10 +282,19 @@ def _simulate(plan: LayerPlan, kinds: list[LayerKind], s: Setting, slow: float) 
             last[r] = [t]
 
     costed = []  # per layer: (ranks, forward s, backward s)
+    alone_s = alone_total_s = 0.0  # the step's seconds in layers a few ranks compute alone
     for layer, choice, layout in zip(layers, plan.choices, res.layouts, strict=True):
         ranks, samples, share = placement(choice, layout, w, batch)
         f, b, _ = layer_cost(prof, layer, PRECISION, samples)
-        f, b = (x * slow * o.compute_scale * share for x in (f, b))
+        on_host = max(
+            sum(costs.host(r) == h for r in ranks) for h in {costs.host(r) for r in ranks}
+        )
+        alone = on_host < per_host
+        shared = slowdown(on_host / s.cores, o.share) if alone else crowd
+        f, b = (x * shared * o.compute_scale * share for x in (f, b))
+        if alone:
+            alone_s += f + b
+            alone_total_s += (f + b) * len(ranks)
         if choice == "split" and layer.tp_allreduces:  # Megatron's allreduces, both ways
             tp = costs.allreduce(layer.output_bytes * batch, everyone) + o.collective
             f, b = f + layer.tp_allreduces * tp, b + layer.tp_allreduces * tp
@@ -281,6 +330,7 @@ def _simulate(plan: LayerPlan, kinds: list[LayerKind], s: Setting, slow: float) 
             g.add(f"fixed r{r}", f"r{r}", o.step_fixed, [t], cat="fixed")
     pred = _predict(plan, kinds, s, g, params, priced, sync_s, slow)
     pred.held = each
+    pred.breakdown.update(alone_s=alone_s, alone_total_s=alone_total_s, crowd_slowdown=crowd)
     return pred
 
 

@@ -42,6 +42,16 @@ from plait.train import outdir, preflight
 from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
 
+# glibc's malloc for the workers, unless the environment says otherwise: every block from
+# the heap (no mmap) and the heap never trimmed. Its defaults return a large freed block to
+# the system (munmap, or trimming the heap's top once 2 x its adaptive mmap threshold is
+# free), so a step that frees and allocates again a tensor of many MiB (a gradient, the
+# optimizer's temporaries: wide's 4.2M-parameter layer, 16 MiB each) page-faults it back in
+# every step, in the kernel's time: sgd's step over wide 24 ms (8k faults) instead of 8,
+# what the profile (each layer's fastest of 5, the optimizer's alone) never sees. Kept, the
+# memory a step frees serves the next, as PyTorch's CUDA caching allocator does.
+ALLOCATOR = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**64 - 1)}
+
 
 def under_launcher() -> bool:
     """Whether this process is one rank of a job started by torchrun or `plait run`."""
@@ -243,8 +253,8 @@ def run(
     if elastic.elastic:
         also += f" (elastic: the run goes on while at least {elastic.min_workers} live)"
     renderer.text(f"plait train: starting {_count(config.workers, 'worker')}{also}")
-    children = dict(os.environ, PLAIT_TRAIN_EVENTS="1", PLAIT_TRAIN_T0=repr(t0),
-                    PLAIT_DEVICE=str(config.device.name))  # fmt: skip
+    children = {**ALLOCATOR, **os.environ, "PLAIT_TRAIN_EVENTS": "1",
+                "PLAIT_TRAIN_T0": repr(t0), "PLAIT_DEVICE": str(config.device.name)}  # fmt: skip
     if elastic.elastic and elastic.max_workers is not None:  # joiners admitted up to it
         children["PLAIT_ELASTIC_MAX"] = str(elastic.max_workers)
     cmd = [sys.executable, "-m", "plait.train.worker", json.dumps(config.to_dict())]
