@@ -91,7 +91,15 @@ def test_a_column_layer_is_allgathered_and_reduce_scattered_as_costs_prices_them
     n = 8.0 * 32  # fake's 8 bytes a sample, the whole global batch
     ranks = [0, 1, 2, 3]
     assert into.forward_s == pytest.approx(costs.allgather(n / 4, ranks) + 1e-3)
-    assert into.backward_s == pytest.approx(costs.reduce_scatter(n, ranks) + 1e-3)
+    assert into.backward_s == 0.0  # the model's input needs no gradient: no reduce-scatter
+    # after a layer with parameters it does: a second column layer's input is
+    # reduce-scattered backward
+    two = simulate_layers(
+        LayerPlan(("data", "column"), 4),
+        [linear(8, 8)] * 2,
+        Setting(fake(layers=2, params=64), 32, costs, 1000, overheads=o),
+    )
+    assert two.conversions[0].backward_s == pytest.approx(costs.reduce_scatter(n, ranks) + 1e-3)
     # a reduce-scatter then an all-gather is the ring allreduce (Thakur et al. 2005)
     ring_s = ring.allreduce_cost(int(n), 4, DEFAULT)
     assert costs.reduce_scatter(n, ranks) + costs.allgather(n / 4, ranks) == pytest.approx(ring_s)

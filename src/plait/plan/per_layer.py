@@ -268,8 +268,10 @@ def _simulate(
     priced: dict[int, tuple[float, float]] = {}
     for c in res.conversions:
         n = _boundary_bytes(layers, c.before, batch)
-        priced[c.before] = (_ops_s(costs, c.forward, n, w, o.collective),
-                            _ops_s(costs, c.backward, n, w, o.collective))  # fmt: skip
+        # before any layer with parameters the tensor needs no gradient: no backward runs
+        graded = any(x.params for x in layers[: c.before])
+        back = _ops_s(costs, c.backward, n, w, o.collective) if graded else 0.0
+        priced[c.before] = (_ops_s(costs, c.forward, n, w, o.collective), back)
 
     def convert(before: int, way: int) -> None:  # a collective: every rank waits for it
         took = priced[before][way]
