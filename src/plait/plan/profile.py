@@ -32,7 +32,6 @@ count and the device: a second `plait plan` on the same machine measures nothing
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import re
@@ -178,30 +177,6 @@ def cached(workload: Workload, lo: int, hi: int, optimizer: str, device: str = "
     return found
 
 
-def _tp_units(layer: nn.Module) -> int:
-    """The gcd of the layer's attention heads and MLP hidden sizes (the checks of
-    plait.tensor_parallel.parallelize: every tp rank holds whole heads, equal slices)."""
-    found = 0
-    for m in layer.modules():
-        q, fc, width = getattr(m, "q", None), getattr(m, "fc", None), getattr(m, "head_dim", 0)
-        if all(hasattr(m, a) for a in ("k", "v", "out")) and q is not None and width:
-            found = math.gcd(found, int(q.out_features) // int(width))
-        elif hasattr(m, "proj") and fc is not None:
-            found = math.gcd(found, int(fc.out_features))
-    return found
-
-
-def _tp_allreduces(layer: nn.Module) -> int:
-    """Megatron allreduces of `layer`'s forward once split over tp: one per attention
-    (q, k, v, out) and one per MLP (fc, proj), as plait.tensor_parallel.parallelize finds them."""
-    return sum(
-        1
-        for m in layer.modules()
-        if all(hasattr(m, a) for a in ("q", "k", "v", "out"))
-        or all(hasattr(m, a) for a in ("fc", "proj"))
-    )
-
-
 def _factors(
     layers: list[LayerCost], by_precision: list[dict[str, Lines]]
 ) -> dict[str, tuple[float, float]]:
@@ -234,6 +209,7 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
     from plait import devices
     from plait.activations import blocks_worth_checkpointing
     from plait.plan.probes import Probe, fastest_s, probes
+    from plait.tensor_parallel.parallelize import allreduces, units
     from plait.train.parts_compute import PRECISIONS
     from plait.train.workload import stages
 
@@ -304,8 +280,8 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
                     input_bytes=g.input_bytes / hi,
                     output_bytes=g.output_bytes / hi,
                     repeated=any(id(b) in inside for b in blocks),
-                    tp_allreduces=_tp_allreduces(layer),
-                    tp_units=_tp_units(layer),
+                    tp_allreduces=allreduces(layer),
+                    tp_units=units(layer),
                     by_precision=own[-1],
                     halves=(
                         _line(lo, halved[(lo, i)][0], hi, halved[(hi, i)][0]),

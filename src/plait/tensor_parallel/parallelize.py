@@ -71,6 +71,11 @@ def units(model: nn.Module) -> int:
     return found
 
 
+def allreduces(model: nn.Module) -> int:
+    """The allreduces `model`'s forward makes once split: one per attention and per MLP."""
+    return sum(1 for module in model.modules() if _kind(module) is not None)
+
+
 def check(model: nn.Module, size: int) -> None:
     """Raise ValueError unless `model` splits over `size` tp ranks (what `parallelize`
     checks, without a communicator: before any rank starts)."""

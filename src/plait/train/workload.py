@@ -161,22 +161,22 @@ class Workload:
 
 
 def stages(model: nn.Module) -> list[nn.Module]:
-    """`model` as the list of stages whose composition is its forward (for a pipeline).
+    """`model` as the list of stages whose composition is its forward (for a pipeline):
+    its layers, as `plait.parallel.kinds.layers_of` reads them.
 
     Raises:
         ConfigError: the model is neither an nn.Sequential nor has a layers() method.
     """
-    as_layers = getattr(model, "layers", None)
-    if callable(as_layers):
-        found: list[nn.Module] = as_layers()
-        return found
-    if isinstance(model, nn.Sequential):
-        return list(model)
-    raise ConfigError(
-        f"a pipeline (--pp) cuts the model into stages, and {type(model).__name__} is not a "
-        "sequence of them: build the model as an nn.Sequential, or give it a layers() "
-        "method that returns its stages in order"
-    )
+    from plait.parallel.kinds import layers_of  # (it imports comm: only when cut)
+
+    try:
+        return layers_of(model)
+    except ConfigError:
+        raise ConfigError(
+            f"a pipeline (--pp) cuts the model into stages, and {type(model).__name__} is not "
+            "a sequence of them: build the model as an nn.Sequential, or give it a layers() "
+            "method that returns its stages in order"
+        ) from None
 
 
 def load(path: str) -> Workload:
