@@ -11,16 +11,22 @@ from support.horovod_checks import Checks, make_batch, same_params
 
 
 def check_duplicate_names(hvd: Any, ck: Checks, comm: Any) -> None:
-    """Horovod's four test_horovod_*_duplicate_name_error (test/parallel/test_torch.py):
-    rank 0 posts a named op and the same name again (ValueError) before a barrier that the
-    other ranks pass before posting theirs; then the firsts meet, with the right result."""
+    """Horovod's four test_horovod_*_duplicate_name_error (test/parallel/test_torch.py): a
+    rank that posts a name again while the first is still in flight gets ValueError; the
+    firsts then meet, with the right result.
+
+    Horovod's test lets the last rank to post check its duplicate after its first could
+    already have run (its cycle time makes that unlikely; plait's event-driven sequencer
+    made it fail one CI run in many), and a name is free again once its op has run, so here
+    every rank checks while some other rank has not posted the name yet: rank 0 checks
+    "dup_a" before the others post it; they check "dup_b" before rank 0 posts it."""
     n, r = comm.size, comm.rank
     tensor = torch.full((17, 17, 17), float(r + 1))
     starts = {
-        "allreduce": lambda: hvd.allreduce_async(tensor, name="duplicate_name", op=hvd.Sum),
-        "allgather": lambda: hvd.allgather_async(tensor, name="duplicate_name"),
-        "broadcast": lambda: hvd.broadcast_async(tensor, name="duplicate_name", root_rank=0),
-        "reducescatter": lambda: hvd.reducescatter_async(tensor, name="duplicate_name", op=hvd.Sum),
+        "allreduce": lambda nm: hvd.allreduce_async(tensor, name=nm, op=hvd.Sum),
+        "allgather": lambda nm: hvd.allgather_async(tensor, name=nm),
+        "broadcast": lambda nm: hvd.broadcast_async(tensor, name=nm, root_rank=0),
+        "reducescatter": lambda nm: hvd.reducescatter_async(tensor, name=nm, op=hvd.Sum),
     }
     total = n * (n + 1) / 2
     rows = [(17 + n - 1 - q) // n for q in range(n)]  # reducescatter: lower ranks one more row
@@ -31,16 +37,20 @@ def check_duplicate_names(hvd: Any, ck: Checks, comm: Any) -> None:
         "reducescatter": torch.full((rows[r], 17, 17), total),
     }
     for what, start in starts.items():
-        first = None
+        again = f"{what}: the same name again"
         if r == 0:
-            first = start()
-            ck.raises(f"{what}: the same name again", ValueError, start, "same name")
+            first_a = start("dup_a")
+            ck.raises(again, ValueError, lambda s=start: s("dup_a"), "same name")
         hvd.barrier()
         if r > 0:
-            first = start()
-            ck.raises(f"{what}: the same name again", ValueError, start, "same name")
+            first_b = start("dup_b")
+            ck.raises(again, ValueError, lambda s=start: s("dup_b"), "same name")
+            first_a = start("dup_a")  # the last to post "dup_a": it may run at once
         hvd.barrier()
-        ck.equal(f"{what}: the firsts met", hvd.synchronize(first), wants[what])
+        if r == 0:
+            first_b = start("dup_b")
+        ck.equal(f"{what}: the firsts met (dup_a)", hvd.synchronize(first_a), wants[what])
+        ck.equal(f"{what}: the firsts met (dup_b)", hvd.synchronize(first_b), wants[what])
 
 
 def check_names_in_any_order(hvd: Any, ck: Checks, comm: Any) -> None:

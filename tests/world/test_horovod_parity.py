@@ -10,7 +10,6 @@ Adasum, sparse gradients and SyncBatchNorm have files of their own
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -78,15 +77,18 @@ def check_same_name_in_flight(hvd: Any, ck: Checks, comm: Any) -> None:
         "reducescatter": lambda n: hvd.reducescatter_async(t, name=n),
         "alltoall": lambda n: hvd.alltoall_async(t, name=n),
     }
-    hvd.barrier()
-    if comm.rank != 0:
-        time.sleep(0.3)  # rank 0's first ops wait for us meanwhile: all still in progress
-    # one name per op (a name is refused whatever the op), all five in flight at once
-    firsts = {what: start(f"x-{what}") for what, start in starts.items()}
+    # one name per op (a name is refused whatever the op), all five in flight at once: rank 0
+    # posts its firsts and the seconds before the others post theirs (the barrier), so none
+    # of its firsts can have run yet
+    firsts = {}
     if comm.rank == 0:
+        firsts = {what: start(f"x-{what}") for what, start in starts.items()}
         for what, start in starts.items():
             ck.raises(f"second {what} 'x-{what}'", ValueError,
                       lambda s=start, n=f"x-{what}": s(n), f"cannot {what}")  # fmt: skip
+    hvd.barrier()
+    if comm.rank != 0:
+        firsts = {what: start(f"x-{what}") for what, start in starts.items()}
     for first in firsts.values():
         hvd.synchronize(first)
     for what, start in starts.items():
