@@ -176,9 +176,12 @@ def _expected_calls(par: Any, choices: tuple[str, ...]) -> tuple[int, int]:
             ops += conv.backward
         collectives += sum(op.moves_bytes and op.kind != "send" for op in ops)
         sends += sum(op.kind == "send" for op in ops)
-    # Megatron's split: one allreduce forward per row-parallel layer, one backward per
-    # column-parallel layer's input (q, k, v and fc: 4 per block)
-    tp = sum(isinstance(m, ColumnParallelLinear | RowParallelLinear) for m in par.modules())
+    # Megatron's split: one allreduce forward per row-parallel layer (out, proj), one
+    # backward per column-parallel input (q, k and v share one, fc: 2 per block)
+    rows = sum(isinstance(m, RowParallelLinear) for m in par.modules())
+    columns = [m for m in par.modules() if isinstance(m, ColumnParallelLinear)]
+    inputs = {id(m.shared) for m in columns if m.shared is not None}
+    tp = rows + len(inputs) + sum(m.shared is None for m in columns)
     # one allreduce per layer with "sum" gradients: a data layer's, a row layer's bias
     buckets = sum(c == "data" for c in choices) + sum(c == "row" for c in choices)
     return collectives + tp + buckets, sends

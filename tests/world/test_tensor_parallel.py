@@ -157,11 +157,15 @@ def _gpt(comm: Communicator) -> dict[str, Any]:
             return {"error": str(e)}
         return {"error": None}
     torch.manual_seed(3)
-    par = parallelize(GPT(cfg).to(f64), Mesh(tp=comm.size, comm=comm))
+    mesh = Mesh(tp=comm.size, comm=comm)
+    par = parallelize(GPT(cfg).to(f64), mesh)
     sharded = sum(isinstance(m, ColumnParallelLinear | RowParallelLinear) for m in par.modules())
     ref(ids).square().mean().backward()
+    start = mesh.tp.issued
     out = par(ids)
+    forward = mesh.tp.issued - start
     out.square().mean().backward()
+    backward = mesh.tp.issued - start - forward
     worst = _close(out, ref(ids))
     for (name, p), (_, r) in zip(par.named_parameters(), ref.named_parameters(), strict=True):
         assert p.grad is not None and r.grad is not None, name
@@ -170,7 +174,7 @@ def _gpt(comm: Communicator) -> dict[str, Any]:
             if p.shape[dim] != r.shape[dim]:
                 want = r.grad.chunk(comm.size, dim)[comm.rank]
         worst = max(worst, _close(p.grad, want))
-    return {"worst": worst, "sharded": sharded}
+    return {"worst": worst, "sharded": sharded, "calls": (forward, backward)}
 
 
 @pytest.mark.parametrize("world", GPT_AT, indirect=True)
@@ -181,4 +185,7 @@ def test_parallelized_gpt_matches_the_full_one(world: list[dict[str, Any]]) -> N
             assert r["error"].startswith("blocks.0.attn: n_head 4 % tp 3 = 1 != 0: every tp rank")
         else:
             assert r["sharded"] == 2 * 6  # q, k, v, out, fc, proj per block
+            # Megatron's 2 allreduces a block each way: forward after out and after proj,
+            # backward before q, k and v's shared input and before fc's (not 3 + 1)
+            assert r["calls"] == (2 * 2, 2 * 2), r["calls"]
             assert r["worst"] < 1e-10, r["worst"]

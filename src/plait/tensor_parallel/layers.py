@@ -5,6 +5,9 @@ rank computes its Y_i; RowParallelLinear splits the input features (weight colum
 Y = sum_i X_i A_i, summed by an allreduce. A column layer followed by a row layer (an MLP,
 or attention's q/k/v then out) needs one allreduce forward and one backward.
 
+Attention's q, k and v read one input: they share a `SharedInput`, so its gradient (the sum
+of the three) is allreduced once, as Megatron's fused qkv projection does, not once each.
+
 Every layer can be cut from a full one (`from_linear`, `from_embedding`), so that tests and
 `parallelize` give each rank exactly its slice of the unsharded model's weights, on the full
 layer's device and in its dtype.
@@ -26,11 +29,35 @@ def _part(n: int, comm: Communicator, what: str) -> int:
     return n // comm.size
 
 
+class SharedInput:
+    """One `copy_to_tp` for the column layers that read the same input tensor (attention's
+    q, k and v): autograd sums their gradients into the one copy, whose backward then
+    allreduces once (1 collective where one copy each makes 3).
+
+    Matched by identity: a layer given another tensor (a cross-attention's memory)
+    copies that one instead. `clear` after the module's forward, so that no input is kept
+    alive past it (parallelize hooks it onto the attention)."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self._input: torch.Tensor | None = None
+        self._copy: torch.Tensor | None = None
+
+    def copy(self, x: torch.Tensor) -> torch.Tensor:
+        if self._input is not x or self._copy is None:
+            self._input, self._copy = x, copy_to_tp(x, self.comm)
+        return self._copy
+
+    def clear(self) -> None:
+        self._input = self._copy = None
+
+
 class ColumnParallelLinear(nn.Module):
     """y = x A^T + b with A's rows (output features) split over tp ranks.
 
     Input (..., in_features), the same on every rank; output (..., out_features / tp), or
-    the full (..., out_features) with gather_output=True.
+    the full (..., out_features) with gather_output=True. `shared`: the input's copy is
+    shared with other column layers that read it (SharedInput).
     """
 
     def __init__(
@@ -40,9 +67,10 @@ class ColumnParallelLinear(nn.Module):
         comm: Communicator,
         bias: bool = True,
         gather_output: bool = False,
+        shared: SharedInput | None = None,
     ) -> None:
         super().__init__()
-        self.comm, self.gather_output = comm, gather_output
+        self.comm, self.gather_output, self.shared = comm, gather_output, shared
         self.in_features, self.out_features = in_features, out_features
         local = _part(out_features, comm, "out_features")
         self.weight = nn.Parameter(torch.empty(local, in_features))
@@ -51,10 +79,14 @@ class ColumnParallelLinear(nn.Module):
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, comm: Communicator, gather_output: bool = False
+        cls,
+        linear: nn.Linear,
+        comm: Communicator,
+        gather_output: bool = False,
+        shared: SharedInput | None = None,
     ) -> ColumnParallelLinear:
         layer = cls(linear.in_features, linear.out_features, comm, linear.bias is not None,
-                    gather_output)  # fmt: skip
+                    gather_output, shared)  # fmt: skip
         with torch.no_grad():
             layer.weight.copy_(linear.weight.chunk(comm.size, dim=0)[comm.rank])
             if linear.bias is not None and layer.bias is not None:
@@ -62,7 +94,8 @@ class ColumnParallelLinear(nn.Module):
         return layer.to(linear.weight.device, linear.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(copy_to_tp(x, self.comm), self.weight, self.bias)  # (..., out / tp)
+        x = copy_to_tp(x, self.comm) if self.shared is None else self.shared.copy(x)
+        y = F.linear(x, self.weight, self.bias)  # (..., out / tp)
         return gather_from_tp(y, self.comm) if self.gather_output else y
 
 

@@ -5,7 +5,8 @@ Works by structure, not by class, so this layer does not import the models above
 `head_dim` (it must infer its number of heads from the width of `q`, as plait's gpt does);
 an *MLP* is a module with `nn.Linear` attributes `fc` and `proj`. q/k/v and fc become
 column-parallel (each rank computes whole heads / a slice of the hidden units) and
-out/proj row-parallel: one allreduce per attention and per MLP forward, one backward.
+out/proj row-parallel: one allreduce per attention and per MLP forward, one backward (q, k
+and v share their input's copy: layers.SharedInput).
 Everything else (embeddings, layer norms, the head) stays replicated; its gradients come
 out the same on every tp rank, because every rank sees the same activations.
 """
@@ -13,12 +14,13 @@ out the same on every tp rank, because every rank sees the same activations.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from torch import nn
 
 from plait.comm.communicator import Communicator
 from plait.comm.mesh import Mesh
-from plait.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from plait.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, SharedInput
 
 
 def _linears(module: nn.Module, names: tuple[str, ...]) -> bool:
@@ -116,10 +118,21 @@ def parallelize(model: nn.Module, mesh: Mesh | Communicator) -> nn.Module:
     for module in list(model.modules()):
         kind = _kind(module)
         if kind == "attention":
+            shared = SharedInput(tp)
             for proj in ("q", "k", "v"):
-                setattr(module, proj, ColumnParallelLinear.from_linear(getattr(module, proj), tp))
+                linear = getattr(module, proj)
+                setattr(module, proj, ColumnParallelLinear.from_linear(linear, tp, shared=shared))
+            module.__dict__["plait_tp_input"] = shared  # the hook reads it: a deepcopy has its own
+            module.register_forward_hook(_forget_input)
             module.out = RowParallelLinear.from_linear(module.out, tp)  # type: ignore[arg-type]
         elif kind == "mlp":
             module.fc = ColumnParallelLinear.from_linear(module.fc, tp)  # type: ignore[arg-type]
             module.proj = RowParallelLinear.from_linear(module.proj, tp)  # type: ignore[arg-type]
     return model
+
+
+def _forget_input(module: nn.Module, args: Any, output: Any) -> None:
+    """After an attention's forward: its q, k and v's shared input is not kept alive."""
+    shared = module.plait_tp_input
+    assert isinstance(shared, SharedInput)
+    shared.clear()
