@@ -31,6 +31,7 @@ count and the device: a second `plait plan` on the same machine measures nothing
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -46,10 +47,11 @@ if TYPE_CHECKING:
     from plait.train.workload import Workload
 
 REPEATS = 5
-VERSION = 5  # of the cached JSON's meaning: a profile of another version is measured again
+VERSION = 6  # of the cached JSON's meaning: a profile of another version is measured again
 # (3: `repeated` only where --activation-checkpointing accepts the model: blocks, not layers;
 # 4: lines per layer for each precision, `LayerCost.by_precision`; 5: zero-bubble's B and W
-# halves, `LayerCost.halves`)
+# halves, `LayerCost.halves`; 6: the optimizer with the recipe's weight decay, and every
+# figure under the workers' allocator)
 Line = tuple[float, float]  # (a, c): a + c * samples
 Lines = tuple[Line, Line, Line]  # forward seconds, backward seconds, saved bytes
 MIDDLE = 8  # samples at which the whole model's factors (`Profile.precisions`) are read
@@ -208,7 +210,7 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
 
     from plait import devices
     from plait.activations import blocks_worth_checkpointing
-    from plait.plan.probes import Probe, fastest_s, probes
+    from plait.plan.probes import Probe, fastest_s, probes, workers_allocator
     from plait.tensor_parallel.parallelize import allreduces, units
     from plait.train.parts_compute import PRECISIONS
     from plait.train.workload import stages
@@ -219,6 +221,8 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
     # exact fp32 matmuls and convolutions, as `plait train` runs on CUDA without --tf32
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    kept = contextlib.ExitStack()  # the allocator as the workers have it (probes.py)
+    kept.enter_context(workers_allocator())
     try:
         model = workload.build_model(0).to(where)
         layers = stages(model)
@@ -289,24 +293,39 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
                     ),
                 )
             )
-        step_per_param = _optimizer_cost(model, optimizer, where)
+        step_per_param = _optimizer_cost(
+            model, optimizer, where, _weight_decay(workload, optimizer)
+        )
     finally:
+        kept.close()
         torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     return Profile(workload.name, costs, optimizer, step_per_param, _factors(costs, own), device)
 
 
-def _optimizer_cost(model: nn.Module, optimizer: str, device: torch.device) -> float:
-    """Seconds per parameter of one optimizer step on `device` (lars and lamb timed as
-    adamw: the same passes over the state, plus norms)."""
+def _weight_decay(workload: Workload, optimizer: str) -> float:
+    """The weight decay `plait train` gives `optimizer` on this workload (its recipe's)."""
+    from plait.train.recipes import CUSTOM, RECIPES
+
+    rates = RECIPES.get(workload.name, CUSTOM).rates
+    return rates[optimizer].weight_decay if optimizer in rates else 0.0
+
+
+def _optimizer_cost(
+    model: nn.Module, optimizer: str, device: torch.device, weight_decay: float
+) -> float:
+    """Seconds per parameter of one optimizer step on `device`, configured as `plait train`
+    configures it (its momentum, Nesterov, the recipe's `weight_decay`: sgd's adds a pass
+    and a temporary per parameter; lars and lamb timed as adamw: the same passes over the
+    state, plus norms)."""
     import torch
 
     from plait.train.optimizers import MAKERS
 
     maker = MAKERS["adamw" if optimizer in ("lars", "lamb") else optimizer]
-    opt = maker(model.parameters(), 1e-3, 0.0, None)
+    opt = maker(model.parameters(), 1e-3, weight_decay, None)
     for p in model.parameters():
-        p.grad = torch.zeros_like(p)
+        p.grad = torch.full_like(p, 1e-3)
     from plait.plan.probes import fastest_s
 
     (seconds,) = fastest_s([opt.step], device, REPEATS)
