@@ -67,7 +67,7 @@ LAYERS: list[set[str]] = [
     {"comm.transport", "comm.bootstrap"},  # the engine, shared memory; the job's start-up
     {"comm.core"},  # the vocabulary: Request, Channel, Link, Topology, ops, dtypes
     {"trace"},
-    {"devices", "options", "lazy", "sizes", "files"},
+    {"devices", "options", "lazy", "sizes", "files", "allocator"},
     {"saved_tensors"},  # the one count of activations' bytes: runtimes, profile, checkpoint
     {"env"},
     {"errors"},

@@ -4,13 +4,10 @@ the workers' allocator (issue 36's finding: wide's step was profiled at 4.8 ms a
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
-from plait.plan import probes
 from plait.plan import profile as profiling
 from plait.train import optimizers
 from plait.train.recipes import CUSTOM, RECIPES
@@ -37,23 +34,3 @@ def test_the_optimizer_is_timed_with_the_recipes_weight_decay(monkeypatch):
     monkeypatch.setattr(profiling, "REPEATS", 1)
     per_param = profiling._optimizer_cost(nn.Linear(8, 8), "sgd", torch.device("cpu"), 1e-4)
     assert given == [1e-4] and per_param > 0
-
-
-def _resident() -> int:
-    """This process's resident bytes."""
-    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
-
-
-@pytest.mark.skipif(probes._glibc() is None, reason="needs glibc's malloc (Linux)")
-def test_the_workers_allocator_keeps_what_a_run_frees():
-    size = 64 << 20  # above glibc's largest mmap threshold: freed with munmap by default
-
-    def grown_after_free() -> int:
-        before = _resident()
-        block = torch.ones(size // 4)  # touched: resident
-        del block
-        return _resident() - before
-
-    assert grown_after_free() < size // 2  # unmapped at once: the next run faults it in
-    with probes.workers_allocator():
-        assert grown_after_free() > size // 2  # kept for the next run, as in a worker

@@ -6,12 +6,8 @@ counts only its own work, the fastest of a few runs taken in turns.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import math
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,45 +18,17 @@ if TYPE_CHECKING:
     from plait.train.workload import Workload
 
 LONG_S = 0.05  # a run this long is timed twice only (fp16 on a CPU: most of a profile's time)
-# glibc's mallopt parameters, and their defaults (malloc/malloc.c)
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
-_DEFAULT_TRIM, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
 
 
-@contextlib.contextmanager
-def workers_allocator() -> Iterator[None]:
-    """Time under the allocator settings `plait train` gives its workers (train/job.py's
-    ALLOCATOR: no mmap, no trim), so that memory a run frees serves the next run as it
-    does in a training step, instead of page faults in the kernel's time on every run: an
-    optimizer's step over 16 MiB of weights with weight decay or Nesterov's extra pass
-    (a fresh temporary per parameter) took 15 ms here instead of the workers' 8.
+def workers_allocator() -> contextlib.AbstractContextManager[None]:
+    """Time under the allocator settings `plait train`'s ranks run with (plait.allocator:
+    no mmap, no trim), so that memory a run frees serves the next run as it does in a
+    training step, instead of page faults in the kernel's time on every run: an optimizer's
+    step over 16 MiB of weights with weight decay or Nesterov's extra pass (a fresh
+    temporary per parameter) took 15 ms here instead of the workers' 8."""
+    from plait.allocator import kept
 
-    glibc only (elsewhere: nothing changes). The defaults come back afterwards, but glibc's
-    dynamic mmap threshold stays off in this process (any mallopt turns it off)."""
-    libc = _glibc()
-    if libc is None:
-        yield
-        return
-    libc.mallopt(_M_MMAP_MAX, 0)
-    libc.mallopt(_M_TRIM_THRESHOLD, -1)  # read as unsigned: never trim
-    try:
-        yield
-    finally:
-        libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
-        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM)
-
-
-def _glibc() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version  # noqa: B018 (raises AttributeError under musl)
-    except (OSError, AttributeError, TypeError):
-        return None
-    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    return libc
+    return kept()
 
 
 def fastest_s(runs: list[Any], device: torch.device, repeats: int) -> list[float]:

@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from plait import env
+from plait import allocator, env
 from plait.errors import EXIT_BAD_INPUT
 from plait.ps.run_files import MANIFEST as PS_MANIFEST
 from plait.sharded.filenames import MANIFEST
@@ -42,15 +42,10 @@ from plait.train import outdir, preflight
 from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
 
-# glibc's malloc for the workers, unless the environment says otherwise: every block from
-# the heap (no mmap) and the heap never trimmed. Its defaults return a large freed block to
-# the system (munmap, or trimming the heap's top once 2 x its adaptive mmap threshold is
-# free), so a step that frees and allocates again a tensor of many MiB (a gradient, the
-# optimizer's temporaries: wide's 4.2M-parameter layer, 16 MiB each) page-faults it back in
-# every step, in the kernel's time: sgd's step over wide 24 ms (8k faults) instead of 8,
-# what the profile (each layer's fastest of 5, the optimizer's alone) never sees. Kept, the
-# memory a step frees serves the next, as PyTorch's CUDA caching allocator does.
-ALLOCATOR = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**64 - 1)}
+# glibc's malloc for the workers, unless the environment says otherwise: what a step frees
+# is kept for the next (plait.allocator; a rank started by another launcher sets the same
+# itself, worker.run)
+ALLOCATOR = allocator.ENV
 
 
 def under_launcher() -> bool:
