@@ -30,7 +30,9 @@ converts between layers. Tasks, on one compute queue per rank and one link queue
 
 The overheads apply as in simulate.py: `compute_scale` on every compute task, the cores'
 sharing (simulate.py's mean field: the ranks per core, refined once by the share of the
-step a rank computes), and the per-call costs slowed with the compute; but a layer only a
+step a rank computes, where a conversion inside one host in which every rank moves the
+whole tensor counts as computing: `SYMMETRIC`), and the per-call costs slowed with the
+compute; but a layer only a
 few of a host's ranks compute (rank:R) runs at their own ranks per core (R alone: full
 speed), and the layers every rank computes at the mean field of the rest of the step
 (`_simulate`). A pipeline action's cost (`Overheads.action`) is not paid: a per-layer step
@@ -161,7 +163,8 @@ def simulate_layers(plan: LayerPlan, kinds: list[LayerKind], s: Setting) -> Laye
     first = _simulate(plan, kinds, s, full, full)
     if full == 1.0:
         return first
-    whole = first.breakdown["compute_total_s"] / (w * first.step_s)
+    b = first.breakdown
+    whole = (b["compute_total_s"] + w * b["busy_convert_s"]) / (w * first.step_s)
     slow, crowd = (min(full, slowdown(per_host * min(1.0, busy) / s.cores, o.share))
                    for busy in (whole, _crowded(first)))  # fmt: skip
     if slow == crowd == full:
@@ -177,7 +180,8 @@ def _crowded(pred: LayerPrediction) -> float:
     crowded = pred.step_s - b["alone_s"]
     if crowded <= 0.0:
         return 0.0
-    return (b["compute_total_s"] - b["alone_total_s"]) / (pred.plan.workers * crowded)
+    w = pred.plan.workers
+    return (b["compute_total_s"] - b["alone_total_s"] + w * b["busy_convert_s"]) / (w * crowded)
 
 
 def placement(choice: str, layout: str, workers: int, batch: int) -> tuple[list[int], float, float]:
@@ -216,6 +220,14 @@ def summed(choice: str, layer: LayerCost, kind: LayerKind) -> int:
 
 def _bias(layer: LayerCost, kind: LayerKind) -> int:
     return max(0, layer.params - kind.in_features * kind.out_features)
+
+
+# collectives in which every rank moves the whole tensor through the host's shared memory
+# (copies in or out, a reduction's sums, the waits' spin): every rank is on a core
+# meanwhile, as a rank is not while it only hands its 1/W part to a gather's root (or takes
+# it from a scatter's) and waits, or waits for a link between hosts
+SYMMETRIC = frozenset({"allgather", "reduce_scatter", "alltoall", "allreduce", "broadcast",
+                       "reduce"})  # fmt: skip
 
 
 def op_seconds(costs: Costs, op: Op, nbytes: float, workers: int) -> float:
@@ -266,12 +278,17 @@ def _simulate(
     last: list[list[int]] = [[] for _ in everyone]  # per rank: its last task, as deps
     convs = {c.before: c for c in res.conversions}
     priced: dict[int, tuple[float, float]] = {}
+    busy = 0.0  # seconds of conversions that keep every rank of the host on a core
     for c in res.conversions:
         n = _boundary_bytes(layers, c.before, batch)
         # before any layer with parameters the tensor needs no gradient: no backward runs
         graded = any(x.params for x in layers[: c.before])
         back = _ops_s(costs, c.backward, n, w, o.collective) if graded else 0.0
         priced[c.before] = (_ops_s(costs, c.forward, n, w, o.collective), back)
+        if wire == "link":
+            both = c.forward + (c.backward if graded else ())
+            busy += _ops_s(costs, tuple(op for op in both if op.kind in SYMMETRIC), n, w,
+                           o.collective)  # fmt: skip
 
     def convert(before: int, way: int) -> None:  # a collective: every rank waits for it
         took = priced[before][way]
@@ -332,7 +349,8 @@ def _simulate(
             g.add(f"fixed r{r}", f"r{r}", o.step_fixed, [t], cat="fixed")
     pred = _predict(plan, kinds, s, g, params, priced, sync_s, slow)
     pred.held = each
-    pred.breakdown.update(alone_s=alone_s, alone_total_s=alone_total_s, crowd_slowdown=crowd)
+    pred.breakdown.update(alone_s=alone_s, alone_total_s=alone_total_s, crowd_slowdown=crowd,
+                          busy_convert_s=busy)  # fmt: skip
     return pred
 
 

@@ -99,12 +99,14 @@ def table(req: PlanRequest, answer: LayerAnswer, overheads: str = "") -> str:
         f"{max(best.peak_bytes) / MiB:.1f} MiB/rank, bottleneck {best.bottleneck}{verdict}): "
         f"{answer.gain:.2f}x the best global plan"
     )
+    error = f"{answer.margin:.0%}, the planner's error here"
     if answer.per_layer_chosen:
-        lines.append("plait train --plan best runs the per-layer plan")
+        lines.append(f"plait train --plan best runs the per-layer plan (predicted faster by "
+                     f"more than {error})")  # fmt: skip
     else:
         lines.append(
             f"plait train --plan best runs the best global plan ({g.plan.label()}): the "
-            "per-layer plan is not predicted faster"
+            f"per-layer plan is not predicted faster by more than {error}"
         )
     return "\n".join(lines)
 
@@ -123,6 +125,7 @@ def to_json(
         "best_global": answer.best_global.to_dict(),
         "chosen": "per-layer" if isinstance(chosen, LayerPlan) else "global",
         "gain": answer.gain,
+        "margin": answer.margin,
         "search": answer.how,
         "visited": len(answer.visited),
     }
