@@ -26,11 +26,16 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 # mallopt's parameters (glibc malloc/malloc.h), their environment names, the values kept
-# (-1 for the trim threshold is read as unsigned: never trim) and glibc's defaults
-_PARAMS = {  # name: (mallopt parameter, kept value, glibc's default)
-    "MALLOC_MMAP_MAX_": (-4, 0, 65536),
-    "MALLOC_TRIM_THRESHOLD_": (-1, -1, 128 * 1024),
+# (-1 for the trim threshold is read as unsigned: never trim), and what `kept` leaves after
+_PARAMS = {  # name: (mallopt parameter, kept value, after)
+    "MALLOC_MMAP_MAX_": (-4, 0, 65536),  # glibc's default
+    "MALLOC_TRIM_THRESHOLD_": (-1, -1, 64 << 20),  # twice the mmap threshold, as glibc's
 }
+_M_MMAP_THRESHOLD = -3
+# glibc raises its mmap threshold as large blocks are freed, up to 32 MiB on 64 bits; any
+# mallopt freezes it where it is, and a threshold frozen low makes every larger tensor an
+# mmap and a munmap: 16 MiB tensors made 20x slower. So `kept` leaves it at that ceiling
+_MMAP_THRESHOLD_AFTER = 32 << 20
 ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**64 - 1)}
 
 
@@ -51,7 +56,9 @@ def keep_freed(environ: Mapping[str, str] = os.environ) -> list[str]:
 @contextlib.contextmanager
 def kept() -> Iterator[None]:
     """Keep what this process frees while inside (a profile timed as the workers run), then
-    glibc's defaults again; its dynamic mmap threshold stays off (any mallopt turns it off)."""
+    let glibc return large blocks again, as its own adaptive thresholds end up doing (the
+    mmap threshold at its 32 MiB ceiling, trimming beyond twice that): any mallopt stops
+    their adapting, so they are set where adapting would have taken them."""
     libc = _glibc()
     if libc is None:
         yield
@@ -61,8 +68,9 @@ def kept() -> Iterator[None]:
     try:
         yield
     finally:
-        for param, _value, default in _PARAMS.values():
-            libc.mallopt(param, default)
+        for param, _value, after in _PARAMS.values():
+            libc.mallopt(param, after)
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_AFTER)
 
 
 def _glibc() -> Any:

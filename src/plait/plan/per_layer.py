@@ -32,11 +32,10 @@ The overheads apply as in simulate.py: `compute_scale` on every compute task, th
 sharing (simulate.py's mean field: the ranks per core, refined once by the share of the
 step a rank computes, where a conversion inside one host in which every rank moves the
 whole tensor counts as computing: `SYMMETRIC`), and the per-call costs slowed with the
-compute; but a layer only a
-few of a host's ranks compute (rank:R) runs at their own ranks per core (R alone: full
-speed), and the layers every rank computes at the mean field of the rest of the step
-(`_simulate`). A pipeline action's cost (`Overheads.action`) is not paid: a per-layer step
-has no pipeline actions.
+compute; but a layer only a few of a host's ranks compute (rank:R) runs at their own ranks
+per core (R alone: full speed), and the layers every rank computes at the mean field of
+the rest of the step (`_simulate`). A pipeline action's cost (`Overheads.action`) is not
+paid: a per-layer step has no pipeline actions.
 
 Why the all-data plan differs from simulate.py's plain data parallelism (a few %): the
 sync here is one allreduce per layer as its backward ends, where DataParallel packs the
