@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from plait import allocator
-from plait.plan import probes
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's malloc.h
 
@@ -49,7 +48,7 @@ def test_a_rank_keeps_what_it_frees_unless_the_environment_says(libc: Libc) -> N
 
 
 def test_the_profile_keeps_what_it_frees_then_glibc_adapts_again(libc: Libc) -> None:
-    with probes.workers_allocator():
+    with allocator.kept():  # the profile's timings
         assert libc.calls == [(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1)]
     # after: where glibc's own adapting ends (mmap threshold at its 32 MiB ceiling, trim at
     # twice that); a threshold left frozen at 128 KiB by the mallopt made every later

@@ -1,5 +1,6 @@
-"""`plait train`'s workers keep the memory a step frees (train/job.py's ALLOCATOR), unless
-the environment already says how glibc's malloc should behave."""
+"""`plait train`'s workers keep the memory a step frees (plait.allocator.ENV, in the
+environment train/job.py gives them), unless the environment already says how glibc's
+malloc should behave."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 
 import plait.launch
+from plait import allocator
 from plait.train import job
 
 
@@ -24,10 +26,10 @@ def _workers_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 def test_the_workers_malloc_keeps_what_a_step_frees(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in job.ALLOCATOR:
+    for name in allocator.ENV:
         monkeypatch.delenv(name, raising=False)
     env = _workers_env(monkeypatch)
-    assert {k: env[k] for k in job.ALLOCATOR} == job.ALLOCATOR
+    assert {k: env[k] for k in allocator.ENV} == allocator.ENV
     assert env["MALLOC_MMAP_MAX_"] == "0"
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # the user's own wins
     assert _workers_env(monkeypatch)["MALLOC_TRIM_THRESHOLD_"] == "131072"

@@ -5,7 +5,6 @@ counts only its own work, the fastest of a few runs taken in turns.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -18,17 +17,6 @@ if TYPE_CHECKING:
     from plait.train.workload import Workload
 
 LONG_S = 0.05  # a run this long is timed twice only (fp16 on a CPU: most of a profile's time)
-
-
-def workers_allocator() -> contextlib.AbstractContextManager[None]:
-    """Time under the allocator settings `plait train`'s ranks run with (plait.allocator:
-    no mmap, no trim), so that memory a run frees serves the next run as it does in a
-    training step, instead of page faults in the kernel's time on every run: an optimizer's
-    step over 16 MiB of weights with weight decay or Nesterov's extra pass (a fresh
-    temporary per parameter) took 15 ms here instead of the workers' 8."""
-    from plait.allocator import kept
-
-    return kept()
 
 
 def fastest_s(runs: list[Any], device: torch.device, repeats: int) -> list[float]:

@@ -6,7 +6,8 @@ A layer is a pipeline layer (`GPT.layers()`, an `nn.Sequential`'s children:
 the output of the one before, on one thread (as a worker runs: OMP_NUM_THREADS=1), in
 that thread's CPU time (time the scheduler gave others is not counted), the fastest of
 `REPEATS` runs after one warm-up (others' load only adds), the last layer with the
-workload's loss. This happens at two micro-batch sizes, `lo` and `hi`; every
+workload's loss, under the allocator settings the workers run with (plait.allocator.kept:
+no mmap, no trim). This happens at two micro-batch sizes, `lo` and `hi`; every
 figure at another size is the line through those two (seconds = a + c * samples: a fixed
 cost per call plus a cost per sample), clamped at zero slope where noise made the larger
 size faster. Every layer is measured so under each precision that runs here too (bf16 and
@@ -210,7 +211,8 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
 
     from plait import devices
     from plait.activations import blocks_worth_checkpointing
-    from plait.plan.probes import Probe, fastest_s, probes, workers_allocator
+    from plait.allocator import kept as workers_allocator
+    from plait.plan.probes import Probe, fastest_s, probes
     from plait.tensor_parallel.parallelize import allreduces, units
     from plait.train.parts_compute import PRECISIONS
     from plait.train.workload import stages
@@ -221,7 +223,9 @@ def measure(workload: Workload, lo: int, hi: int, optimizer: str, device: str = 
     # exact fp32 matmuls and convolutions, as `plait train` runs on CUDA without --tf32
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    kept = contextlib.ExitStack()  # the allocator as the workers have it (probes.py)
+    # the allocator as the workers have it (plait.allocator: a freed block kept, so that a
+    # timing pays no page fault a worker never sees: sgd's step over wide 15 ms, not 8)
+    kept = contextlib.ExitStack()
     kept.enter_context(workers_allocator())
     try:
         model = workload.build_model(0).to(where)

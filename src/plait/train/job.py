@@ -42,11 +42,6 @@ from plait.train import outdir, preflight
 from plait.train.config import TrainConfig, check_given
 from plait.train.errors import CheckpointError, ConfigError, MissingExtraError
 
-# glibc's malloc for the workers, unless the environment says otherwise: what a step frees
-# is kept for the next (plait.allocator; a rank started by another launcher sets the same
-# itself, worker.run)
-ALLOCATOR = allocator.ENV
-
 
 def under_launcher() -> bool:
     """Whether this process is one rank of a job started by torchrun or `plait run`."""
@@ -248,7 +243,8 @@ def run(
     if elastic.elastic:
         also += f" (elastic: the run goes on while at least {elastic.min_workers} live)"
     renderer.text(f"plait train: starting {_count(config.workers, 'worker')}{also}")
-    children = {**ALLOCATOR, **os.environ, "PLAIT_TRAIN_EVENTS": "1",
+    # glibc keeps what a step frees (plait.allocator), unless the environment says otherwise
+    children = {**allocator.ENV, **os.environ, "PLAIT_TRAIN_EVENTS": "1",
                 "PLAIT_TRAIN_T0": repr(t0), "PLAIT_DEVICE": str(config.device.name)}  # fmt: skip
     if elastic.elastic and elastic.max_workers is not None:  # joiners admitted up to it
         children["PLAIT_ELASTIC_MAX"] = str(elastic.max_workers)

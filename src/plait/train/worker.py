@@ -47,7 +47,7 @@ EXIT_NON_FINITE = 3
 
 def run(config: TrainConfig) -> int:
     """Train `config` as this process's rank of the job; return the exit status."""
-    allocator.keep_freed()  # started by torchrun or `plait run`: not by job.py's ALLOCATOR
+    allocator.keep_freed()  # started by torchrun or `plait run`: not by job.py's environment
     kind = step_type(config.strategy, config.mesh.on_mesh, config.zero,
                      per_layer=config.layer_plan is not None)  # fmt: skip
     group = kind.join(config)  # a parameter-server rank serves and exits inside
